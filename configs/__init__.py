@@ -1,0 +1,1 @@
+"""Shipped YAML presets (scheduler configs, hardware/model profiles); read with importlib.resources."""

@@ -1,0 +1,107 @@
+"""Prompt assigners: map each prompt (all n samples together) to a decode actor."""
+
+from __future__ import annotations
+
+import heapq
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from rlhfless_sdk.batch import PromptBatch
+from rlhfless_sdk.records import NoParams, Record
+
+
+class SortedParams(Record):
+    split: Literal["work", "count"] = Field(
+        default="work",
+        description="Cut the sorted order into ranges of equal predicted tokens (work) or equal sample counts.",
+    )
+
+
+class SortedAssigner:
+    """The paper's assignment: sort prompts by predicted length and give each actor a contiguous range.
+
+    Actor 0 gets the longest prompts, actor N-1 the shortest, so no actor mixes short and long responses
+    (predicted-length ranges of different actors do not overlap). ``split=work`` cuts the sorted order where
+    the running predicted tokens (n * length) cross multiples of total/N, so the actor holding the long
+    prompts gets fewer of them; ``split=count`` gives each actor the same number of samples.
+    """
+
+    def __init__(self, params: SortedParams | None = None) -> None:
+        self.split = (params or SortedParams()).split
+
+    def assign(self, batch: PromptBatch, predicted: np.ndarray, num_actors: int) -> np.ndarray:
+        p = len(batch)
+        out = np.zeros(p, dtype=np.int64)
+        if p == 0:
+            return out
+        order = np.argsort(-predicted, kind="stable")
+        n = batch.n_samples[order]
+        weight = n * np.maximum(predicted[order], 1e-9) if self.split == "work" else n.astype(np.float64)
+        cum = np.cumsum(weight)
+        start = cum - weight  # the work before each prompt decides its range
+        actor = np.minimum((start * num_actors / cum[-1]).astype(np.int64), num_actors - 1)
+        out[order] = actor
+        return out
+
+
+class LeastPendingAssigner:
+    """OpenRLHF 0.11.2's dispatch: each prompt, in order, to the engine with the fewest unfinished samples.
+
+    At plan time nothing has finished yet, so the count is the samples assigned so far (ties: lowest index).
+    """
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def assign(self, batch: PromptBatch, predicted: np.ndarray, num_actors: int) -> np.ndarray:
+        p = len(batch)
+        if p == 0:
+            return np.zeros(0, dtype=np.int64)
+        n = batch.n_samples
+        if (n == n[0]).all():  # equal group sizes: exactly round-robin
+            return np.arange(p, dtype=np.int64) % num_actors
+        heap = [(0, a) for a in range(num_actors)]
+        out = np.empty(p, dtype=np.int64)
+        for i, k in enumerate(n.tolist()):
+            pending, a = heapq.heappop(heap)
+            out[i] = a
+            heapq.heappush(heap, (pending + k, a))
+        return out
+
+
+class RoundRobinAssigner:
+    """Prompt i goes to actor i mod N."""
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def assign(self, batch: PromptBatch, predicted: np.ndarray, num_actors: int) -> np.ndarray:
+        return np.arange(len(batch), dtype=np.int64) % num_actors
+
+
+class BalancedAssigner:
+    """Beyond the paper: longest-processing-time-first on predicted work (n * length).
+
+    Prompts in decreasing predicted work each go to the actor with the least predicted work so far, which
+    equalises the actors' total tokens (within the largest single prompt) instead of their length ranges.
+    """
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def assign(self, batch: PromptBatch, predicted: np.ndarray, num_actors: int) -> np.ndarray:
+        p = len(batch)
+        out = np.zeros(p, dtype=np.int64)
+        if p == 0:
+            return out
+        work = batch.n_samples * np.maximum(predicted, 0.0)
+        order = np.argsort(-work, kind="stable")
+        heap = [(0.0, a) for a in range(num_actors)]
+        w = work[order].tolist()
+        for rank, i in enumerate(order.tolist()):
+            load, a = heapq.heappop(heap)
+            out[i] = a
+            heapq.heappush(heap, (load + w[rank], a))
+        return out

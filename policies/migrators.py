@@ -1,0 +1,145 @@
+"""Migrators (cut-and-migrate): move unfinished samples off lagging actors while a step runs."""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Literal
+
+from pydantic import Field, NonNegativeInt
+
+from rlhfless_sdk.records import ActorProgress, MigrationDecision, NoParams, Record, SampleProgress, StepProgress
+
+
+class _Destinations:
+    """Free slots of the destination actors; each take goes to the least loaded one that still has a slot."""
+
+    def __init__(self, actors: Iterable[ActorProgress]) -> None:
+        self.free = {a.actor_id: a.free_slots for a in actors if a.free_slots > 0}
+        self.heap = [(a.running, a.actor_id) for a in actors if a.free_slots > 0]
+        heapq.heapify(self.heap)
+
+    def take(self) -> int | None:
+        while self.heap:
+            load, actor = heapq.heappop(self.heap)
+            if self.free[actor] > 0:
+                self.free[actor] -= 1
+                if self.free[actor] > 0:
+                    heapq.heappush(self.heap, (load + 1, actor))
+                return actor
+        return None
+
+
+class TauParams(Record):
+    tau: float = Field(default=0.7, gt=0.0, le=1.0, description="Share of its planned work an actor must finish.")
+    mode: Literal["tokens", "kv"] = Field(default="tokens", description="Re-prefill the tokens, or move the KV.")
+    max_migrations: NonNegativeInt = Field(default=1, description="Times one sample may be moved in a step.")
+
+
+class TauMigrator:
+    """The paper's fine-grained cut-and-migrate.
+
+    An actor that has generated ``tau`` of its planned tokens and still runs samples that have outgrown their
+    prediction (underestimated) has those samples cut and moved to other actors with free slots, emptiest
+    first; no other actor is interrupted. Destinations are actors that are not themselves cutting this round.
+    """
+
+    def __init__(self, params: TauParams | None = None) -> None:
+        self.params = params or TauParams()
+
+    def decide(self, progress: StepProgress) -> list[MigrationDecision]:
+        p = self.params
+        by_actor: dict[int, list[SampleProgress]] = defaultdict(list)
+        for s in progress.unfinished:
+            by_actor[s.actor_id].append(s)
+        sources = {
+            a.actor_id
+            for a in progress.actors
+            if a.done_fraction >= p.tau
+            and any(s.tokens_generated > s.predicted_length for s in by_actor.get(a.actor_id, ()))
+        }
+        if not sources:
+            return []
+        dests = _Destinations(a for a in progress.actors if a.actor_id not in sources)
+        out: list[MigrationDecision] = []
+        for src in sorted(sources):
+            for s in sorted(by_actor[src], key=lambda s: s.tokens_generated - s.predicted_length, reverse=True):
+                if s.tokens_generated <= s.predicted_length or s.migrations >= p.max_migrations:
+                    continue
+                to = dests.take()
+                if to is None:
+                    return out
+                out.append(_decision(s, to, p.mode))
+        return out
+
+
+class GlobalParams(Record):
+    threshold: float = Field(
+        default=0.2, gt=0.0, le=1.0, description="Migrate once at most this share of the step's samples remain."
+    )
+    mode: Literal["tokens", "kv"] = "tokens"
+    max_migrations: NonNegativeInt = 1
+
+
+class GlobalMigrator:
+    """RLHFuse-style: once few samples remain overall, consolidate all of them onto as few actors as possible.
+
+    The actors with the most running samples keep theirs and take the rest into their free slots, so the
+    others can be released; this is one global decision, not per-actor.
+    """
+
+    def __init__(self, params: GlobalParams | None = None) -> None:
+        self.params = params or GlobalParams()
+
+    def decide(self, progress: StepProgress) -> list[MigrationDecision]:
+        p = self.params
+        remaining = len(progress.unfinished)
+        if remaining == 0 or remaining > p.threshold * max(progress.total_samples, remaining):
+            return []
+        by_actor: dict[int, list[SampleProgress]] = defaultdict(list)
+        for s in progress.unfinished:
+            by_actor[s.actor_id].append(s)
+        actors = sorted((a for a in progress.actors if by_actor.get(a.actor_id)), key=lambda a: (-a.running, a.actor_id))
+        keepers, capacity, movable = [], 0, remaining
+        for a in actors:  # smallest prefix of busiest actors whose free slots absorb everyone else's samples
+            keepers.append(a)
+            capacity += a.free_slots
+            movable -= len(by_actor[a.actor_id])
+            if capacity >= movable:
+                break
+        dests = _Destinations(keepers)
+        keep_ids = {a.actor_id for a in keepers}
+        out: list[MigrationDecision] = []
+        for a in actors:
+            if a.actor_id in keep_ids:
+                continue
+            for s in by_actor[a.actor_id]:
+                if s.migrations >= p.max_migrations:
+                    continue
+                to = dests.take()
+                if to is None:
+                    return out
+                out.append(_decision(s, to, p.mode))
+        return out
+
+
+def _decision(s: SampleProgress, to: int, mode: Literal["tokens", "kv"]) -> MigrationDecision:
+    return MigrationDecision(
+        uid=s.uid,
+        sample_index=s.sample_index,
+        from_actor=s.actor_id,
+        to_actor=to,
+        tokens_generated=s.tokens_generated,
+        mode=mode,
+    )
+
+
+class NoMigrator:
+    """Baseline: never migrate."""
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def decide(self, progress: StepProgress) -> list[MigrationDecision]:
+        return []

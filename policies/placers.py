@@ -1,0 +1,58 @@
+"""Actor placers: put the learner, the prefill actor and the decode actors onto nodes and GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from rlhfless_sdk.errors import RlhflessError
+from rlhfless_sdk.records import Actor, ActorPlacement, Cluster, NoParams
+
+
+class _Allocator:
+    """Hands out GPUs node by node; an actor's GPUs always come from one node."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.order = [n.name for n in cluster.nodes]
+        self.free = {n.name: list(range(n.num_gpus)) for n in cluster.nodes}
+
+    def take(self, actor: Actor, prefer: str | None = None) -> ActorPlacement:
+        nodes = ([prefer] if prefer else []) + [n for n in self.order if n != prefer]
+        for node in nodes:
+            if len(self.free[node]) >= actor.num_gpus:
+                gpus, self.free[node] = self.free[node][: actor.num_gpus], self.free[node][actor.num_gpus :]
+                return ActorPlacement(actor=actor, node=node, gpu_indices=gpus)
+        raise RlhflessError(f"no node has {actor.num_gpus} free GPU(s) left for {actor.role} actor {actor.actor_id}")
+
+
+class PackPlacer:
+    """OpenRLHF's PACK placement group order: decode actors 0..N-1 fill node after node, then the others."""
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def place(
+        self, decode_loads: np.ndarray, cluster: Cluster, gpus_per_actor: int, extra: Sequence[Actor]
+    ) -> list[ActorPlacement]:
+        alloc = _Allocator(cluster)
+        out = [alloc.take(Actor(actor_id=i, num_gpus=gpus_per_actor)) for i in range(len(decode_loads))]
+        return out + [alloc.take(a) for a in extra]
+
+
+class LocalityAwarePlacer:
+    """The paper's placement: learner and prefill actor on the first node, the heaviest decode actors beside
+    them, lighter ones on later (further) nodes, so KV and weight transfers of the big actors stay on-node."""
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def place(
+        self, decode_loads: np.ndarray, cluster: Cluster, gpus_per_actor: int, extra: Sequence[Actor]
+    ) -> list[ActorPlacement]:
+        alloc = _Allocator(cluster)
+        home = max(cluster.nodes, key=lambda n: n.num_gpus).name  # first of the largest nodes
+        out = [alloc.take(a, prefer=home) for a in sorted(extra, key=lambda a: a.role != "learner")]
+        for i in np.argsort(-np.asarray(decode_loads, dtype=np.float64), kind="stable").tolist():
+            out.append(alloc.take(Actor(actor_id=i, num_gpus=gpus_per_actor), prefer=home))
+        return out

@@ -1,0 +1,74 @@
+"""Actor scalers: choose how many decode actors a step uses."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import numpy as np
+from pydantic import ConfigDict, Field, PositiveInt
+
+from rlhfless_sdk.records import CandidateEstimate, Record
+
+
+def candidate_grid(lo: int, hi: int, max_candidates: int) -> list[int]:
+    """Every count in [lo, hi] when there are few, else a geometric grid that keeps both ends."""
+    if hi - lo + 1 <= max_candidates:
+        return list(range(lo, hi + 1))
+    grid = np.unique(np.round(np.geomspace(lo, hi, max_candidates)).astype(np.int64))
+    return [int(x) for x in grid]
+
+
+def minmax(x: np.ndarray) -> np.ndarray:
+    span = x.max() - x.min()
+    return np.zeros_like(x) if span <= 0 else (x - x.min()) / span
+
+
+class CostAwareParams(Record):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    lam: float = Field(default=0.7, ge=0.0, le=1.0, alias="lambda", description="Weight of time against cost.")
+    max_candidates: PositiveInt = Field(default=32, description="Counts tried; a geometric grid beyond this.")
+
+
+class CostAwareScaler:
+    """The paper's scaler: N' = argmin_N lambda * T~(N) + (1 - lambda) * C~(N).
+
+    T~ and C~ are the cost model's step time and GPU-seconds, min-max normalised over the candidates; ties go
+    to the faster candidate, then the smaller N.
+    """
+
+    def __init__(self, params: CostAwareParams | None = None) -> None:
+        self.params = params or CostAwareParams()
+
+    def candidates(self, min_actors: int, max_actors: int) -> Sequence[int]:
+        return candidate_grid(min_actors, max_actors, self.params.max_candidates)
+
+    def scores(self, estimates: Sequence[CandidateEstimate]) -> np.ndarray:
+        t = np.array([e.time_s for e in estimates], dtype=np.float64)
+        c = np.array([e.gpu_seconds for e in estimates], dtype=np.float64)
+        return self.params.lam * minmax(t) + (1.0 - self.params.lam) * minmax(c)
+
+    def choose(self, estimates: Sequence[CandidateEstimate]) -> int:
+        s = self.scores(estimates)
+        best = min(range(len(estimates)), key=lambda i: (s[i], estimates[i].time_s, estimates[i].num_actors))
+        return estimates[best].num_actors
+
+
+class FixedParams(Record):
+    num_actors: PositiveInt | None = Field(
+        default=None,
+        description="Decode actors every step, clipped to what fits; default: as many as fit (OpenRLHF's count).",
+    )
+
+
+class FixedScaler:
+    """Baseline: the same actor count every step (OpenRLHF's fixed ``--vllm.num_engines``)."""
+
+    def __init__(self, params: FixedParams | None = None) -> None:
+        self.num_actors = (params or FixedParams()).num_actors
+
+    def candidates(self, min_actors: int, max_actors: int) -> Sequence[int]:
+        n = max_actors if self.num_actors is None else self.num_actors
+        return [min(max(n, min_actors), max_actors)]
+
+    def choose(self, estimates: Sequence[CandidateEstimate]) -> int:
+        return estimates[0].num_actors

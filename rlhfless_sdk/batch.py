@@ -1,0 +1,104 @@
+"""PromptBatch: the columnar view of a step's prompts that policies work on.
+
+Records are validated once at the boundary (``Prompt``); policies then see numpy columns, so a plan for
+100,000 prompts never loops over pydantic objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
+
+from rlhfless_sdk.records import Prompt
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """A step's prompts, in the order their samples must come back.
+
+    Prompt token ids, when known, are stored flat: prompt i is ``token_flat[token_offsets[i]:token_offsets[i+1]]``
+    (``token_offsets`` is the cumulative sum of ``prompt_lengths``). ``true_lengths`` (per prompt, the mean true
+    response length) is set only by simulators; the ``oracle`` predictor reads it and refuses to run without it.
+    """
+
+    uids: list[str]
+    prompt_lengths: np.ndarray
+    n_samples: np.ndarray
+    token_flat: np.ndarray | None = None
+    true_lengths: np.ndarray | None = None
+    _sample_offsets: np.ndarray = field(init=False, repr=False)
+    _token_offsets: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        p = len(self.uids)
+        if self.prompt_lengths.shape != (p,) or self.n_samples.shape != (p,):
+            raise ValueError(
+                f"PromptBatch columns disagree: {p} uids, prompt_lengths {self.prompt_lengths.shape}, "
+                f"n_samples {self.n_samples.shape}"
+            )
+        if p and int(self.n_samples.min()) < 1:
+            raise ValueError("PromptBatch.n_samples: every prompt needs at least one sample")
+        tok_off = np.zeros(p + 1, dtype=np.int64)
+        np.cumsum(self.prompt_lengths, out=tok_off[1:])
+        object.__setattr__(self, "_token_offsets", tok_off)
+        if self.token_flat is not None and self.token_flat.shape != (int(tok_off[-1]),):
+            raise ValueError(
+                f"PromptBatch.token_flat has {self.token_flat.shape[0]} tokens, prompt_lengths sum to {int(tok_off[-1])}"
+            )
+        if self.true_lengths is not None and self.true_lengths.shape != (p,):
+            raise ValueError(f"PromptBatch.true_lengths has shape {self.true_lengths.shape} for {p} prompts")
+        offsets = np.zeros(p + 1, dtype=np.int64)
+        np.cumsum(self.n_samples, out=offsets[1:])
+        object.__setattr__(self, "_sample_offsets", offsets)
+
+    @classmethod
+    def from_prompts(cls, prompts: Sequence[Prompt], true_lengths: Sequence[float] | None = None) -> PromptBatch:
+        lengths = np.fromiter((p.length for p in prompts), dtype=np.int64, count=len(prompts))
+        flat = None
+        if prompts and all(p.token_ids is not None for p in prompts):
+            ids = chain.from_iterable(p.token_ids for p in prompts)  # type: ignore[misc]
+            flat = np.fromiter(ids, dtype=np.int64, count=int(lengths.sum()))
+        return cls(
+            uids=[p.uid for p in prompts],
+            prompt_lengths=lengths,
+            n_samples=np.fromiter((p.n_samples for p in prompts), dtype=np.int64, count=len(prompts)),
+            token_flat=flat,
+            true_lengths=None if true_lengths is None else np.asarray(true_lengths, dtype=np.float64),
+        )
+
+    @classmethod
+    def empty(cls) -> PromptBatch:
+        return cls(uids=[], prompt_lengths=np.zeros(0, np.int64), n_samples=np.zeros(0, np.int64))
+
+    @property
+    def has_tokens(self) -> bool:
+        return self.token_flat is not None
+
+    @property
+    def token_offsets(self) -> np.ndarray:
+        """``token_offsets[i]:token_offsets[i+1]`` is prompt i in ``token_flat`` (length P+1)."""
+        return self._token_offsets
+
+    def tokens(self, i: int) -> np.ndarray:
+        """Prompt i's token ids (requires ``has_tokens``)."""
+        assert self.token_flat is not None, "this batch carries no token ids"
+        return self.token_flat[self._token_offsets[i] : self._token_offsets[i + 1]]
+
+    def __len__(self) -> int:
+        return len(self.uids)
+
+    @property
+    def total_samples(self) -> int:
+        return int(self._sample_offsets[-1])
+
+    @property
+    def sample_offsets(self) -> np.ndarray:
+        """``offsets[i]:offsets[i+1]`` are prompt i's samples in sample order (length P+1)."""
+        return self._sample_offsets
+
+    def sample_prompt_index(self) -> np.ndarray:
+        """The prompt index of every sample, samples in prompt order."""
+        return np.repeat(np.arange(len(self), dtype=np.int64), self.n_samples)

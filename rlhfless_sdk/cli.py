@@ -1,0 +1,110 @@
+"""The ``rlhfless`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from rlhfless_sdk import __version__
+from rlhfless_sdk.config import config_json_schema, read_scheduler_config
+from rlhfless_sdk.errors import ConfigError, RlhflessError
+from rlhfless_sdk.plugins import get_plugin_manager
+from rlhfless_sdk.protocols import POLICY_KINDS
+
+
+class _Group(click.Group):
+    """Turns any RlhflessError into one clear line on stderr and exit status 2."""
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except RlhflessError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="rlhfless")
+def main() -> None:
+    """RLHFless: plan and simulate RLHF rollout scheduling, and drive OpenRLHF with it."""
+
+
+@main.command("plugins")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of {kind, name, plugin, description}.")
+def plugins_cmd(as_json: bool) -> None:
+    """List every registered policy and scheduler, by kind, with the plugin that provides it."""
+    pm = get_plugin_manager()
+    reg = pm.registry
+    rows = []
+    for kind in POLICY_KINDS:
+        for name in reg.names(kind):
+            spec = reg.policy(kind, name)
+            rows.append({"kind": kind, "name": name, "plugin": spec.plugin, "description": spec.description})
+    for name in reg.names("scheduler"):
+        preset = reg.schedulers[name]
+        rows.append(
+            {"kind": "scheduler", "name": name, "plugin": preset.plugin, "description": preset.config.description}
+        )
+    for row in rows:
+        row["distribution"] = pm.distribution(row["plugin"])
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"no policies registered. {reg.autoload_note}".strip())
+        return
+    width = max(len(r["name"]) for r in rows)
+    pwidth = max(len(r["plugin"]) for r in rows)
+    for kind in (*POLICY_KINDS, "scheduler"):
+        kind_rows = [r for r in rows if r["kind"] == kind]
+        if not kind_rows:
+            continue
+        click.secho(f"{kind}:", bold=True)
+        for r in kind_rows:
+            click.echo(f"  {r['name']:<{width}}  {r['plugin']:<{pwidth}}  {r['description']}")
+
+
+@main.group("config")
+def config_group() -> None:
+    """Validate scheduler configs and print their schema."""
+
+
+@config_group.command("validate")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+def config_validate(files: tuple[Path, ...]) -> None:
+    """Check scheduler config FILES; exit 1 naming the YAML path of each bad field."""
+    registry = get_plugin_manager().registry
+    bad = 0
+    for path in files:
+        try:
+            cfg = read_scheduler_config(path, registry)
+        except ConfigError as exc:
+            bad += 1
+            click.echo(str(exc), err=True)
+        else:
+            click.echo(f"{path}: ok (scheduler {cfg.name!r})")
+    if bad:
+        sys.exit(1)
+
+
+@config_group.command("schema")
+def config_schema() -> None:
+    """Print the JSON Schema of a scheduler config file."""
+    click.echo(json.dumps(config_json_schema(), indent=2))
+
+
+@config_group.command("show")
+@click.argument("name")
+def config_show(name: str) -> None:
+    """Print the registered scheduler preset NAME as YAML."""
+    import yaml
+
+    cfg = get_plugin_manager().registry.scheduler(name)
+    click.echo(yaml.safe_dump(cfg.model_dump(mode="json", exclude_defaults=False), sort_keys=False))
+
+
+if __name__ == "__main__":
+    main()

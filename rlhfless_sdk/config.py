@@ -1,0 +1,152 @@
+"""Scheduler configs: a named composition of one policy of each kind plus parameters, read from YAML.
+
+Validation runs in two passes so every error names its YAML path: the file's structure (``SchedulerConfig``),
+then each policy name and its parameters against the plugin registry (the policy's own ``params`` model).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from pydantic import Field, PositiveInt, ValidationError, model_validator
+
+from rlhfless_sdk.errors import ConfigError, ConfigProblem
+from rlhfless_sdk.records import Record
+
+if TYPE_CHECKING:
+    from rlhfless_sdk.plugins import Registry
+
+
+class PolicyRef(Record):
+    """A policy chosen by name, with its parameters (``assigner: sorted`` is short for ``{name: sorted}``)."""
+
+    name: str = Field(min_length=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+
+class SchedulerConfig(Record):
+    """A scheduler: one policy of each kind, plus the planner's own parameters."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    description: str = ""
+    predictor: PolicyRef
+    prefill_planner: PolicyRef
+    assigner: PolicyRef
+    migrator: PolicyRef
+    scaler: PolicyRef
+    placer: PolicyRef
+    min_actors: PositiveInt = Field(default=1, description="Fewest decode actors the scaler may choose.")
+    max_actors: PositiveInt | None = Field(
+        default=None, description="Most decode actors the scaler may choose; default: every GPU of the cluster."
+    )
+    prefill_capacity_tokens: PositiveInt = Field(
+        default=65536, description="Tokens the prefill actor can hold in one deduplicated batch."
+    )
+
+    @model_validator(mode="after")
+    def _actor_range(self) -> SchedulerConfig:
+        if self.max_actors is not None and self.max_actors < self.min_actors:
+            raise ValueError(f"max_actors={self.max_actors} is below min_actors={self.min_actors}")
+        return self
+
+    def policy_refs(self) -> dict[str, PolicyRef]:
+        from rlhfless_sdk.protocols import POLICY_KINDS
+
+        return {kind: getattr(self, kind) for kind in POLICY_KINDS}
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the YAML node at ``loc`` (or of its deepest existing parent)."""
+    node, line = root, (root.start_mark.line + 1 if root is not None else None)
+    for part in loc:
+        nxt = None
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value == str(part):
+                    nxt = value
+                    break
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            nxt = node.value[part]
+        if nxt is None:
+            break
+        node, line = nxt, nxt.start_mark.line + 1
+    return line
+
+
+def problems_from_validation(
+    err: ValidationError, prefix: tuple[Any, ...] = (), root: yaml.Node | None = None
+) -> list[ConfigProblem]:
+    problems = []
+    for e in err.errors():
+        loc = prefix + tuple(e["loc"])
+        msg = e["msg"]
+        if e["type"] == "missing":
+            msg = "required field is missing"
+        elif e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif "input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], dict | list):
+            msg = f"{msg} (got {e['input']!r})"
+        problems.append(ConfigProblem(path=_dotted(loc), message=msg, line=_line_of(root, loc)))
+    return problems
+
+
+def parse_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
+    """Parse YAML text; a syntax error becomes a ConfigError naming line and column."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        col = f", column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(source, [ConfigProblem("", f"YAML syntax error{col}: {problem}", line)]) from None
+    return data, root
+
+
+def read_scheduler_config(path: str | Path, registry: Registry | None = None) -> SchedulerConfig:
+    """Read and fully validate a scheduler config file (structure, and against ``registry`` when given)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), [ConfigProblem("", f"cannot read file: {exc.strerror or exc}")]) from None
+    return parse_scheduler_config(text, str(path), registry)
+
+
+def parse_scheduler_config(text: str, source: str, registry: Registry | None = None) -> SchedulerConfig:
+    data, root = parse_yaml(text, source)
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else type(data).__name__
+        raise ConfigError(source, [ConfigProblem("", f"expected a mapping of fields, got {got}", 1)])
+    try:
+        config = SchedulerConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, problems_from_validation(exc, root=root)) from None
+    if registry is not None:
+        problems = registry.check_config(config)
+        if problems:
+            for i, p in enumerate(problems):
+                loc = tuple(int(x) if x.isdigit() else x for x in p.path.split("."))
+                problems[i] = ConfigProblem(p.path, p.message, _line_of(root, loc))
+            raise ConfigError(source, problems)
+    return config
+
+
+def config_json_schema() -> dict[str, Any]:
+    """JSON Schema of a scheduler config file."""
+    return SchedulerConfig.model_json_schema()

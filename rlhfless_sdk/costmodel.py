@@ -1,0 +1,83 @@
+"""The analytic cost model: a step's time and GPU-seconds for one candidate plan, from a time-per-token profile.
+
+Per decode actor, with its samples' predicted lengths ``L`` and prompt lengths ``p``:
+
+- decode steps   = max(max L, sum L / slots), slots = min(max_num_seqs, kv_capacity / mean(p + L))
+- decode time    = decode_base_s * steps + decode_per_seq_s * sum L + decode_per_ctx_token_s * sum(p*L + L*(L-1)/2)
+- prefill time   = prefill_per_new_token_s * (prompt tokens not covered by a deduplicated shared prefix)
+
+Step time is the slowest actor plus the prefill actor's shared-prefix pass and one cold start; GPU-seconds
+bill each actor while it has work (serverless), plus its cold start. Everything is vectorised over samples.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlhfless_sdk.batch import PromptBatch
+from rlhfless_sdk.records import CandidateEstimate, PrefillPlan, TimePerTokenProfile
+
+
+def shared_prefix_per_prompt(batch: PromptBatch, prefill: PrefillPlan) -> np.ndarray:
+    """Tokens of each prompt that the prefill actor computes (0 everywhere without deduplication)."""
+    if not prefill.prompt_group or len(prefill.prompt_group) != len(batch):
+        return np.zeros(len(batch), dtype=np.int64)
+    return np.asarray(prefill.group_prefix_tokens, dtype=np.int64)[np.asarray(prefill.prompt_group, dtype=np.int64)]
+
+
+class AnalyticCostModel:
+    """Closed-form estimate of a step under continuous batching; see the module docstring for the formulas."""
+
+    def __init__(self, profile: TimePerTokenProfile) -> None:
+        self.profile = profile
+
+    def actor_busy_s(
+        self,
+        batch: PromptBatch,
+        predicted: np.ndarray,
+        sample_actor: np.ndarray,
+        num_actors: int,
+        prefill: PrefillPlan,
+    ) -> np.ndarray:
+        """Predicted busy seconds of each decode actor (prefill of its own tokens plus decode)."""
+        prof = self.profile
+        prompt_of = batch.sample_prompt_index()
+        lengths = np.asarray(predicted, dtype=np.float64)[prompt_of]
+        plen = batch.prompt_lengths[prompt_of].astype(np.float64)
+        new_tokens = plen - shared_prefix_per_prompt(batch, prefill)[prompt_of]
+        actor = np.asarray(sample_actor, dtype=np.int64)
+
+        count = np.bincount(actor, minlength=num_actors).astype(np.float64)
+        tokens = np.bincount(actor, weights=lengths, minlength=num_actors)
+        ctx = np.bincount(actor, weights=plen * lengths + lengths * (lengths - 1.0) / 2.0, minlength=num_actors)
+        seq_tokens = np.bincount(actor, weights=plen + lengths, minlength=num_actors)
+        longest = np.zeros(num_actors)
+        np.maximum.at(longest, actor, lengths)
+        prefill_new = np.bincount(actor, weights=new_tokens, minlength=num_actors)
+
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mean_seq = np.where(count > 0, seq_tokens / np.maximum(count, 1.0), 1.0)
+        slots = np.clip(prof.kv_capacity_tokens / np.maximum(mean_seq, 1.0), 1.0, prof.max_num_seqs)
+        steps = np.maximum(longest, tokens / slots)
+        decode = prof.decode_base_s * steps + prof.decode_per_seq_s * tokens + prof.decode_per_ctx_token_s * ctx
+        pre = np.where(count > 0, prof.prefill_base_s + prof.prefill_per_new_token_s * prefill_new, 0.0)
+        return np.where(count > 0, decode + pre, 0.0)
+
+    def estimate(
+        self,
+        batch: PromptBatch,
+        predicted: np.ndarray,
+        sample_actor: np.ndarray,
+        num_actors: int,
+        prefill: PrefillPlan,
+    ) -> CandidateEstimate:
+        prof = self.profile
+        busy = self.actor_busy_s(batch, predicted, sample_actor, num_actors, prefill)
+        used = int(np.count_nonzero(busy))
+        shared = float(sum(prefill.group_prefix_tokens)) if prefill.prompt_group else 0.0
+        prefill_actor_s = prof.prefill_per_new_token_s * shared if shared else 0.0
+        time_s = prof.cold_start_s + prefill_actor_s + float(busy.max(initial=0.0))
+        gpu_seconds = prof.gpus_per_actor * (float(busy.sum()) + used * prof.cold_start_s)
+        if prefill_actor_s:
+            gpu_seconds += prefill_actor_s + prof.cold_start_s
+        return CandidateEstimate(num_actors=num_actors, time_s=time_s, gpu_seconds=gpu_seconds)

@@ -1,0 +1,294 @@
+"""The step planner and the migration controller: compose one policy of each kind into a valid plan.
+
+Data flows one way: prompts -> predictor -> prefill planner -> (for each candidate N: assigner -> cost
+model) -> scaler picks N -> placer -> ``StepPlan``. Every policy's output is checked; a policy that raises or
+breaks its protocol's guarantee (a lost or duplicated sample, an actor out of range, a GPU used twice) is
+replaced for that step by its kind's baseline, with a warning naming the plugin, so the plan is always valid.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlhfless_sdk.batch import PromptBatch
+from rlhfless_sdk.config import SchedulerConfig
+from rlhfless_sdk.errors import RlhflessError
+from rlhfless_sdk.plugins import Registry, get_plugin_manager
+from rlhfless_sdk.protocols import CostModel
+from rlhfless_sdk.records import (
+    Actor,
+    ActorPlacement,
+    CandidateEstimate,
+    Cluster,
+    FinishedSample,
+    MigrationDecision,
+    PrefillPlan,
+    StepPlan,
+    StepProgress,
+)
+
+log = logging.getLogger("rlhfless.planner")
+
+#: The policy each kind falls back to when the configured one fails (OpenRLHF's own behaviour).
+BASELINES: dict[str, str] = {
+    "predictor": "prompt-length",
+    "prefill_planner": "none",
+    "assigner": "round-robin",
+    "migrator": "none",
+    "scaler": "fixed",
+    "placer": "pack",
+}
+
+
+class InvalidPolicyOutput(RlhflessError):
+    """A policy returned something its protocol forbids."""
+
+
+# -- output checks, one per kind --------------------------------------------------------------------------
+def check_predictions(pred: Any, batch: PromptBatch) -> np.ndarray:
+    arr = np.asarray(pred, dtype=np.float64)
+    if arr.shape != (len(batch),):
+        raise InvalidPolicyOutput(f"predicted lengths have shape {arr.shape}, expected ({len(batch)},)")
+    if arr.size and not (np.isfinite(arr).all() and arr.min() >= 0):
+        raise InvalidPolicyOutput("predicted lengths must be finite and >= 0")
+    return arr
+
+
+def check_prefill(plan: Any, batch: PromptBatch) -> PrefillPlan:
+    if not isinstance(plan, PrefillPlan):
+        raise InvalidPolicyOutput(f"prefill planner returned {type(plan).__name__}, expected PrefillPlan")
+    if plan.prompt_group:
+        if len(plan.prompt_group) != len(batch):
+            raise InvalidPolicyOutput(
+                f"prefill plan groups {len(plan.prompt_group)} prompts, the batch has {len(batch)}: "
+                "a prompt would be lost or duplicated"
+            )
+        prefix = np.asarray(plan.group_prefix_tokens, dtype=np.int64)[np.asarray(plan.prompt_group)]
+        if (prefix > batch.prompt_lengths).any():
+            raise InvalidPolicyOutput("a group's shared prefix is longer than one of its prompts")
+    return plan
+
+
+def check_assignment(assigned: Any, batch: PromptBatch, num_actors: int) -> np.ndarray:
+    """The decode actor of every sample (samples in prompt order), from a per-prompt or per-sample array."""
+    arr = np.asarray(assigned)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise InvalidPolicyOutput(f"assignment has dtype {arr.dtype}, expected integers")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.shape == (len(batch),):
+        per_sample = np.repeat(arr, batch.n_samples)
+    elif arr.shape == (batch.total_samples,):
+        per_sample = arr
+    else:
+        raise InvalidPolicyOutput(
+            f"assignment has shape {arr.shape} for {len(batch)} prompts / {batch.total_samples} samples: "
+            "a sample would be lost or duplicated"
+        )
+    if per_sample.size and (per_sample.min() < 0 or per_sample.max() >= num_actors):
+        raise InvalidPolicyOutput(f"assignment names actors outside [0, {num_actors})")
+    return per_sample
+
+
+def check_placement(
+    placements: Any, cluster: Cluster, num_actors: int, gpus_per_actor: int, extra: Sequence[Actor]
+) -> list[ActorPlacement]:
+    if not isinstance(placements, list) or not all(isinstance(p, ActorPlacement) for p in placements):
+        raise InvalidPolicyOutput("placer must return a list of ActorPlacement")
+    nodes = {n.name: n.num_gpus for n in cluster.nodes}
+    want = {(a.role, a.actor_id) for a in extra} | {("decode", i) for i in range(num_actors)}
+    got = [(p.actor.role, p.actor.actor_id) for p in placements]
+    if len(got) != len(set(got)) or set(got) != want:
+        raise InvalidPolicyOutput(f"placer placed {len(got)} actors, expected exactly {len(want)} distinct ones")
+    used: set[tuple[str, int]] = set()
+    for p in placements:
+        if p.node not in nodes:
+            raise InvalidPolicyOutput(f"placer used unknown node {p.node!r}")
+        if p.actor.role == "decode" and p.actor.num_gpus != gpus_per_actor:
+            raise InvalidPolicyOutput(f"decode actor {p.actor.actor_id} has {p.actor.num_gpus} GPUs")
+        for g in p.gpu_indices:
+            if g >= nodes[p.node] or (p.node, g) in used:
+                raise InvalidPolicyOutput(f"GPU {g} of node {p.node!r} is out of range or used twice")
+            used.add((p.node, g))
+    return placements
+
+
+class StepPlanner:
+    """Builds a ``StepPlan`` each step from a scheduler config's policies and a cost model."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        *,
+        cluster: Cluster,
+        cost_model: CostModel,
+        registry: Registry | None = None,
+        gpus_per_actor: int = 1,
+        learner_gpus: int = 1,
+    ) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.cost_model = cost_model
+        self.registry = registry or get_plugin_manager().registry
+        self.gpus_per_actor = gpus_per_actor
+        self.learner_gpus = learner_gpus
+        self.policies: dict[str, Any] = {k: self.registry.create(k, ref) for k, ref in config.policy_refs().items()}
+        self._baselines: dict[str, Any] = {}
+        self.migration = MigrationController(self)
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def policy_label(self, kind: str) -> str:
+        name = self.config.policy_refs()[kind].name
+        return f"{kind} {name!r} (plugin {self.registry.policy(kind, name).plugin!r})"
+
+    def baseline(self, kind: str) -> Any:
+        if kind not in self._baselines:
+            self._baselines[kind] = self.registry.create(kind, BASELINES[kind])
+        return self._baselines[kind]
+
+    def call(self, kind: str, fallbacks: list[str], fn: Callable[[Any], Any], check: Callable[[Any], Any]) -> Any:
+        """``check(fn(policy))``, or the same with the kind's baseline if the policy raises or fails the check."""
+        policy = self.policies[kind]
+        try:
+            return check(fn(policy))
+        except Exception as exc:
+            if self.config.policy_refs()[kind].name == BASELINES[kind]:
+                raise
+            log.warning("%s failed: %s; using baseline %r for this step", self.policy_label(kind), exc, BASELINES[kind])
+            label = f"{kind}:{self.config.policy_refs()[kind].name}"
+            if label not in fallbacks:
+                fallbacks.append(label)
+            return check(fn(self.baseline(kind)))
+
+    def extra_actors(self, prefill: PrefillPlan) -> list[Actor]:
+        extra = []
+        if self.learner_gpus:
+            extra.append(Actor(actor_id=0, role="learner", num_gpus=self.learner_gpus))
+        if prefill.prompt_group:
+            extra.append(Actor(actor_id=0, role="prefill", num_gpus=1))
+        return extra
+
+    def actor_range(self, extra: Sequence[Actor]) -> tuple[int, int]:
+        free = self.cluster.total_gpus - sum(a.num_gpus for a in extra)
+        most = free // self.gpus_per_actor
+        if self.config.max_actors is not None:
+            most = min(most, self.config.max_actors)
+        if most < self.config.min_actors:
+            raise RlhflessError(
+                f"cluster has {self.cluster.total_gpus} GPUs; after {sum(a.num_gpus for a in extra)} for "
+                f"learner/prefill, at most {most} decode actors of {self.gpus_per_actor} GPU(s) fit, "
+                f"below min_actors={self.config.min_actors}"
+            )
+        return self.config.min_actors, most
+
+    # -- the plan ----------------------------------------------------------------------------------------
+    def predict(self, batch: PromptBatch, fallbacks: list[str]) -> np.ndarray:
+        return self.call("predictor", fallbacks, lambda p: p.predict(batch), lambda o: check_predictions(o, batch))
+
+    def plan(self, batch: PromptBatch, step: int = 0, predicted: np.ndarray | None = None) -> StepPlan:
+        """The plan for one step; ``predicted`` overrides the predictor (a backend that already asked it)."""
+        t0 = time.perf_counter()
+        fallbacks: list[str] = []
+        pred = self.predict(batch, fallbacks) if predicted is None else check_predictions(predicted, batch)
+        cap = self.config.prefill_capacity_tokens
+        prefill = self.call(
+            "prefill_planner", fallbacks, lambda p: p.plan(batch, cap), lambda o: check_prefill(o, batch)
+        )
+        extra = self.extra_actors(prefill)
+        lo, hi = self.actor_range(extra)
+
+        def check_candidates(c: Any) -> list[int]:
+            cands = [int(x) for x in c]
+            if not cands or len(set(cands)) != len(cands) or min(cands) < lo or max(cands) > hi:
+                raise InvalidPolicyOutput(f"scaler candidates {cands} are empty, repeated or outside [{lo}, {hi}]")
+            return cands
+
+        candidates = self.call("scaler", fallbacks, lambda p: p.candidates(lo, hi), check_candidates)
+        assignments: dict[int, np.ndarray] = {}
+        estimates: list[CandidateEstimate] = []
+        for n in candidates:
+            sample_actor = self.call(
+                "assigner", fallbacks, lambda p, n=n: p.assign(batch, pred, n), lambda o, n=n: check_assignment(o, batch, n)
+            )
+            assignments[n] = sample_actor
+            estimates.append(self.cost_model.estimate(batch, pred, sample_actor, n, prefill))
+
+        def check_choice(c: Any) -> int:
+            if int(c) not in assignments:
+                raise InvalidPolicyOutput(f"scaler chose {c}, not one of its candidates {candidates}")
+            return int(c)
+
+        if self.config.policy_refs()["scaler"].name != BASELINES["scaler"] and any(
+            f.startswith("scaler:") for f in fallbacks
+        ):
+            chosen = check_choice(self.baseline("scaler").choose(estimates))
+        else:
+            chosen = self.call("scaler", fallbacks, lambda p: p.choose(estimates), check_choice)
+        sample_actor = assignments[chosen]
+        loads = np.bincount(sample_actor, weights=pred[batch.sample_prompt_index()], minlength=chosen)
+        gpa = self.gpus_per_actor
+        placement = self.call(
+            "placer",
+            fallbacks,
+            lambda p: p.place(loads, self.cluster, gpa, extra),
+            lambda o: check_placement(o, self.cluster, chosen, gpa, extra),
+        )
+        return StepPlan.model_construct(
+            step=step,
+            scheduler=self.config.name,
+            num_actors=chosen,
+            assignment=sample_actor.tolist(),
+            predicted_lengths=pred.tolist(),
+            prefill=prefill,
+            placement=placement,
+            candidates=estimates,
+            fallbacks=fallbacks,
+            planner_ms=(time.perf_counter() - t0) * 1000.0,
+        )
+
+    def observe(self, samples: Sequence[FinishedSample]) -> None:
+        """Feed a finished step's samples to the predictor (its length history)."""
+        try:
+            self.policies["predictor"].observe(samples)
+        except Exception as exc:
+            log.warning("%s failed to observe %d samples: %s", self.policy_label("predictor"), len(samples), exc)
+
+
+class MigrationController:
+    """Runs the scheduler's migrator while a step runs, and checks each decision before a backend applies it."""
+
+    def __init__(self, planner: StepPlanner) -> None:
+        self.planner = planner
+        self.fallbacks: list[str] = []
+        self.decisions = 0
+
+    @staticmethod
+    def check(decisions: Any, progress: StepProgress) -> list[MigrationDecision]:
+        if not isinstance(decisions, list) or not all(isinstance(d, MigrationDecision) for d in decisions):
+            raise InvalidPolicyOutput("migrator must return a list of MigrationDecision")
+        unfinished = {(s.uid, s.sample_index): s for s in progress.unfinished}
+        free = {a.actor_id: a.free_slots for a in progress.actors}
+        seen: set[tuple[str, int]] = set()
+        for d in decisions:
+            key = (d.uid, d.sample_index)
+            s = unfinished.get(key)
+            if s is None or key in seen:
+                raise InvalidPolicyOutput(f"migration of {key} names a finished, unknown or repeated sample")
+            seen.add(key)
+            if s.actor_id != d.from_actor or d.tokens_generated != s.tokens_generated:
+                raise InvalidPolicyOutput(f"migration of {key} misstates its actor or its generated tokens")
+            if free.get(d.to_actor, 0) <= 0:
+                raise InvalidPolicyOutput(f"migration of {key} to actor {d.to_actor}, which has no free slot")
+            free[d.to_actor] -= 1
+        return decisions
+
+    def decide(self, progress: StepProgress) -> list[MigrationDecision]:
+        decisions = self.planner.call(
+            "migrator", self.fallbacks, lambda p: p.decide(progress), lambda o: self.check(o, progress)
+        )
+        self.decisions += len(decisions)
+        return decisions

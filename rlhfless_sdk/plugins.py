@@ -1,0 +1,282 @@
+"""The plugin manager: loads plugins from the ``rlhfless`` entry-point group and builds the policy registry.
+
+The reference policies are a plugin like any other (entry point ``rlhfless-policies``); nothing here imports
+them. Environment variables:
+
+- ``RLHFLESS_PLUGINS=a,b``: load only these installed plugins (entry-point or distribution names; an empty
+  value loads none).
+- ``RLHFLESS_DISABLE_PLUGIN_AUTOLOAD=1``: load no installed plugin; register plugins by hand.
+- ``RLHFLESS_TRACE_HOOKS=1``: print every hook call, its plugin and its result to stderr.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+from pydantic import BaseModel, ValidationError
+
+from rlhfless_sdk import hookspecs
+from rlhfless_sdk.config import PolicyRef, SchedulerConfig, problems_from_validation
+from rlhfless_sdk.errors import ConfigProblem, PluginError, UnknownPolicyError
+from rlhfless_sdk.protocols import POLICY_KINDS, PROTOCOLS
+from rlhfless_sdk.records import PolicySpec
+
+ENTRY_POINT_GROUP = "rlhfless"
+ENV_PLUGINS = "RLHFLESS_PLUGINS"
+ENV_DISABLE_AUTOLOAD = "RLHFLESS_DISABLE_PLUGIN_AUTOLOAD"
+ENV_TRACE = "RLHFLESS_TRACE_HOOKS"
+
+log = logging.getLogger("rlhfless.plugins")
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+@dataclass(frozen=True)
+class SchedulerPreset:
+    """A registered scheduler: its config and the plugin that provides it."""
+
+    config: SchedulerConfig
+    plugin: str
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+@dataclass
+class Registry:
+    """Every policy and scheduler the loaded plugins registered, by kind and name."""
+
+    policies: dict[str, dict[str, PolicySpec]] = field(default_factory=lambda: {k: {} for k in POLICY_KINDS})
+    schedulers: dict[str, SchedulerPreset] = field(default_factory=dict)
+    autoload_note: str = ""
+
+    def names(self, kind: str) -> list[str]:
+        if kind == "scheduler":
+            return sorted(self.schedulers)
+        return sorted(self.policies[kind])
+
+    def policy(self, kind: str, name: str) -> PolicySpec:
+        if kind not in self.policies:
+            raise UnknownPolicyError("policy kind", kind, list(POLICY_KINDS))
+        try:
+            return self.policies[kind][name]
+        except KeyError:
+            raise UnknownPolicyError(kind, name, self.names(kind), self.autoload_note) from None
+
+    def scheduler(self, name: str) -> SchedulerConfig:
+        try:
+            return self.schedulers[name].config
+        except KeyError:
+            raise UnknownPolicyError("scheduler", name, self.names("scheduler"), self.autoload_note) from None
+
+    def validate_params(self, kind: str, ref: PolicyRef) -> BaseModel:
+        """The policy's params model instance, validated from ``ref.params``."""
+        return self.policy(kind, ref.name).params.model_validate(ref.params)
+
+    def check_config(self, config: SchedulerConfig) -> list[ConfigProblem]:
+        """Problems with ``config``'s policy names and parameters; empty when it can run."""
+        problems: list[ConfigProblem] = []
+        for kind, ref in config.policy_refs().items():
+            try:
+                self.validate_params(kind, ref)
+            except UnknownPolicyError as exc:
+                problems.append(ConfigProblem(f"{kind}.name", str(exc)))
+            except ValidationError as exc:
+                problems.extend(problems_from_validation(exc, prefix=(kind, "params")))
+        return problems
+
+    def create(self, kind: str, ref: PolicyRef | str) -> Any:
+        """Build the policy ``ref`` names, check it implements its kind's protocol, and return it."""
+        ref = PolicyRef.model_validate(ref)
+        spec = self.policy(kind, ref.name)
+        params = spec.params.model_validate(ref.params)
+        try:
+            policy = spec.factory(params)
+        except Exception as exc:
+            raise PluginError(f"plugin {spec.plugin!r}: {kind} {ref.name!r} factory raised {exc!r}") from exc
+        protocol = PROTOCOLS[kind]
+        if not isinstance(policy, protocol):
+            missing = [m for m in _protocol_methods(protocol) if not callable(getattr(policy, m, None))]
+            raise PluginError(
+                f"plugin {spec.plugin!r}: {kind} {ref.name!r} built a {type(policy).__name__} that does not "
+                f"implement {protocol.__name__} (missing: {', '.join(missing)})"
+            )
+        return policy
+
+
+def _protocol_methods(protocol: type) -> list[str]:
+    return sorted(n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_"))
+
+
+class PluginManager:
+    """A typed façade over pluggy: core code asks for policies by kind and name, never touches ``pm.hook``."""
+
+    def __init__(self, autoload: bool | None = None) -> None:
+        self._pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self._pm.add_hookspecs(hookspecs)
+        self._dists: dict[str, str] = {}
+        self._registry: Registry | None = None
+        if _env_flag(ENV_TRACE):
+            self._pm.trace.root.setwriter(sys.stderr.write)
+            self._pm.enable_tracing()
+        self.autoload = (not _env_flag(ENV_DISABLE_AUTOLOAD)) if autoload is None else autoload
+        if self.autoload:
+            self.load_entrypoints()
+
+    # -- loading -------------------------------------------------------------------------------------
+    def load_entrypoints(self) -> list[str]:
+        """Load the installed plugins of the ``rlhfless`` entry-point group (honouring ``RLHFLESS_PLUGINS``)."""
+        allow_env = os.environ.get(ENV_PLUGINS)
+        allow = None if allow_env is None else {x.strip() for x in allow_env.split(",") if x.strip()}
+        loaded, seen = [], set()
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            dist = ep.dist.name if ep.dist is not None else "?"
+            seen |= {ep.name, dist}
+            if allow is not None and ep.name not in allow and dist not in allow:
+                continue
+            if self._pm.get_plugin(ep.name) is not None or self._pm.is_blocked(ep.name):
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                raise PluginError(
+                    f"plugin {ep.name!r} (entry point {ep.value!r} of distribution {dist!r}) failed to import: "
+                    f"{exc!r}"
+                ) from exc
+            self.register(plugin, name=ep.name)
+            self._dists[ep.name] = f"{dist} {ep.dist.version}" if ep.dist is not None else dist
+            loaded.append(ep.name)
+        for missing in sorted((allow or set()) - seen):
+            warnings.warn(f"{ENV_PLUGINS} names {missing!r}, which is not an installed rlhfless plugin", stacklevel=2)
+        return loaded
+
+    def register(self, plugin: object, name: str | None = None) -> str:
+        """Register a plugin object or module; a hookimpl that matches no hookspec is an error."""
+        try:
+            plugin_name = self._pm.register(plugin, name=name)
+            self._pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            if self._pm.is_registered(plugin):
+                self._pm.unregister(plugin)
+            raise PluginError(f"plugin {name or plugin!r} is invalid: {exc}") from exc
+        except ValueError as exc:  # pluggy: name already registered
+            raise PluginError(str(exc)) from exc
+        self._registry = None
+        assert plugin_name is not None
+        return plugin_name
+
+    def unregister(self, name: str) -> None:
+        self._pm.unregister(name=name)
+        self._dists.pop(name, None)
+        self._registry = None
+
+    def plugin_names(self) -> list[str]:
+        return [name for name, _ in self._pm.list_name_plugin()]
+
+    def distribution(self, plugin_name: str) -> str:
+        return self._dists.get(plugin_name, "")
+
+    # -- the registry --------------------------------------------------------------------------------
+    @property
+    def registry(self) -> Registry:
+        if self._registry is None:
+            self._registry = self._build_registry()
+        return self._registry
+
+    def _call_per_plugin(self, hook_name: str, register: Callable[[str], Callable[[Any], None]]) -> None:
+        """Call ``hook_name`` on each plugin alone, so that each record is attributed to its plugin."""
+        hook = getattr(self._pm.hook, hook_name)
+        plugins = self._pm.get_plugins()
+        for impl in hook.get_hookimpls():
+            others = [p for p in plugins if p is not impl.plugin]
+            caller = self._pm.subset_hook_caller(hook_name, remove_plugins=others)
+            try:
+                caller(register=register(impl.plugin_name))
+            except (PluginError, UnknownPolicyError):
+                raise
+            except Exception as exc:
+                raise PluginError(f"plugin {impl.plugin_name!r} raised in {hook_name}: {exc!r}") from exc
+
+    def _build_registry(self) -> Registry:
+        reg = Registry()
+        if not self.autoload:
+            reg.autoload_note = f"plugin autoload is off ({ENV_DISABLE_AUTOLOAD} or autoload=False)"
+        elif os.environ.get(ENV_PLUGINS) is not None:
+            reg.autoload_note = f"{ENV_PLUGINS}={os.environ[ENV_PLUGINS]!r} limits which plugins load"
+
+        for kind, hook_name in hookspecs.KIND_HOOKS.items():
+
+            def for_plugin(plugin: str, kind: str = kind) -> Callable[[Any], None]:
+                def register(spec: PolicySpec) -> None:
+                    if not isinstance(spec, PolicySpec):
+                        raise PluginError(
+                            f"plugin {plugin!r} passed a {type(spec).__name__} to register() in "
+                            f"{hookspecs.KIND_HOOKS[kind]}; expected rlhfless_sdk.PolicySpec"
+                        )
+                    table = reg.policies[kind]
+                    if spec.name in table:
+                        raise PluginError(
+                            f"duplicate {kind} name {spec.name!r}: registered by plugin {table[spec.name].plugin!r} "
+                            f"and by plugin {plugin!r}"
+                        )
+                    table[spec.name] = spec.model_copy(update={"kind": kind, "plugin": plugin})
+
+                return register
+
+            self._call_per_plugin(hook_name, for_plugin)
+
+        def for_plugin_scheduler(plugin: str) -> Callable[[Any], None]:
+            def register(config: SchedulerConfig) -> None:
+                if not isinstance(config, SchedulerConfig):
+                    raise PluginError(
+                        f"plugin {plugin!r} passed a {type(config).__name__} to register() in "
+                        f"{hookspecs.SCHEDULER_HOOK}; expected rlhfless_sdk.SchedulerConfig"
+                    )
+                if config.name in reg.schedulers:
+                    raise PluginError(
+                        f"duplicate scheduler name {config.name!r}: registered by plugin "
+                        f"{reg.schedulers[config.name].plugin!r} and by plugin {plugin!r}"
+                    )
+                reg.schedulers[config.name] = SchedulerPreset(config=config, plugin=plugin)
+
+            return register
+
+        self._call_per_plugin(hookspecs.SCHEDULER_HOOK, for_plugin_scheduler)
+        for preset in reg.schedulers.values():  # a preset naming a policy nobody registered is a plugin bug
+            problems = reg.check_config(preset.config)
+            if problems:
+                log.warning(
+                    "scheduler %r from plugin %r is not usable: %s",
+                    preset.name,
+                    preset.plugin,
+                    "; ".join(map(str, problems)),
+                )
+        return reg
+
+
+_manager: PluginManager | None = None
+
+
+def get_plugin_manager() -> PluginManager:
+    """The process-wide plugin manager, created (and plugins loaded) on first use."""
+    global _manager
+    if _manager is None:
+        _manager = PluginManager()
+    return _manager
+
+
+def reset_plugin_manager() -> None:
+    """Forget the process-wide manager (tests; after installing a plugin at run time)."""
+    global _manager
+    _manager = None

@@ -1,0 +1,134 @@
+"""The small typed interfaces each policy kind implements.
+
+A policy is a plain object: no Ray, no vLLM, no GPU. The planner calls it with a ``PromptBatch`` (numpy
+columns) and validates what comes back, so a policy that breaks a guarantee below is replaced by its kind's
+baseline for that step rather than corrupting a training run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from rlhfless_sdk.batch import PromptBatch
+from rlhfless_sdk.records import (
+    Actor,
+    ActorPlacement,
+    CandidateEstimate,
+    Cluster,
+    FinishedSample,
+    MigrationDecision,
+    PrefillPlan,
+    StepProgress,
+)
+
+
+@runtime_checkable
+class LengthPredictor(Protocol):
+    """Predicts each prompt's response length before the step runs.
+
+    May assume: ``observe`` is called with every finished sample of earlier steps, in step order.
+    Must guarantee: ``predict`` returns a float array of shape ``(len(batch),)``, finite and >= 0, and does
+    not change the batch. A prompt never seen must still get a prediction (the policy documents its cold start).
+    """
+
+    def predict(self, batch: PromptBatch) -> np.ndarray: ...
+
+    def observe(self, samples: Sequence[FinishedSample]) -> None: ...
+
+
+@runtime_checkable
+class PrefillPlanner(Protocol):
+    """Groups prompts that share a token prefix so that the prefix is prefilled once.
+
+    May assume: ``capacity_tokens`` > 0 is what the prefill actor can hold in one batch.
+    Must guarantee: every prompt index appears in exactly one group; a group's ``prefix_tokens`` is no longer
+    than its shortest member and all members share those tokens; ``tokens_after <= tokens_before``.
+    """
+
+    def plan(self, batch: PromptBatch, capacity_tokens: int) -> PrefillPlan: ...
+
+
+@runtime_checkable
+class PromptAssigner(Protocol):
+    """Decides which decode actor runs each prompt.
+
+    May assume: ``predicted`` has shape ``(len(batch),)``, finite and >= 0; ``num_actors`` >= 1.
+    Must guarantee: returns an int array of actor indices in ``[0, num_actors)``, either one per prompt
+    (shape ``(P,)``: all n samples of a prompt go together) or, for a policy that documents splitting groups,
+    one per sample (shape ``(S,)``, samples in prompt order); the planner returns samples to the trainer
+    regrouped by prompt either way.
+    """
+
+    def assign(self, batch: PromptBatch, predicted: np.ndarray, num_actors: int) -> np.ndarray: ...
+
+
+@runtime_checkable
+class Migrator(Protocol):
+    """Cut-and-migrate: decides, mid-step, which unfinished samples move to which actor.
+
+    May assume: ``progress`` lists every decode actor and every unfinished sample at this instant.
+    Must guarantee: each decision names an unfinished sample once, moves it to a different actor, and the
+    decisions sent to one actor never exceed its ``free_slots``; ``tokens_generated`` equals the sample's
+    (the tokens travel with it, none is lost). Returning ``[]`` is always valid.
+    """
+
+    def decide(self, progress: StepProgress) -> list[MigrationDecision]: ...
+
+
+@runtime_checkable
+class ActorScaler(Protocol):
+    """Chooses how many decode actors the step uses.
+
+    May assume: ``choose`` receives one estimate per candidate returned by ``candidates``.
+    Must guarantee: ``candidates`` returns distinct counts within ``[min_actors, max_actors]``; ``choose``
+    returns one of the estimates' ``num_actors`` and documents the criterion it minimises.
+    """
+
+    def candidates(self, min_actors: int, max_actors: int) -> Sequence[int]: ...
+
+    def choose(self, estimates: Sequence[CandidateEstimate]) -> int: ...
+
+
+@runtime_checkable
+class ActorPlacer(Protocol):
+    """Puts the learner, the prefill actor and the decode actors onto the cluster's GPUs.
+
+    May assume: ``decode_loads[i]`` is decode actor i's predicted work; ``extra`` lists the other actors to
+    place (learner, prefill), each with its GPU count; the cluster has enough GPUs for all of them.
+    Must guarantee: one placement per actor (every extra actor, then decode actors 0..N-1, any order), each
+    on an existing node, within that node's GPUs, no GPU used twice.
+    """
+
+    def place(
+        self, decode_loads: np.ndarray, cluster: Cluster, gpus_per_actor: int, extra: Sequence[Actor]
+    ) -> list[ActorPlacement]: ...
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """Estimates a step's time and GPU-seconds for one candidate plan (the SDK's interface; see cost model)."""
+
+    def estimate(
+        self,
+        batch: PromptBatch,
+        predicted: np.ndarray,
+        sample_actor: np.ndarray,
+        num_actors: int,
+        prefill: PrefillPlan,
+    ) -> CandidateEstimate: ...
+
+
+#: Policy kind name (as used in configs and ``rlhfless plugins``) -> its protocol.
+PROTOCOLS: dict[str, type] = {
+    "predictor": LengthPredictor,
+    "prefill_planner": PrefillPlanner,
+    "assigner": PromptAssigner,
+    "migrator": Migrator,
+    "scaler": ActorScaler,
+    "placer": ActorPlacer,
+}
+
+POLICY_KINDS: tuple[str, ...] = tuple(PROTOCOLS)

@@ -1,0 +1,346 @@
+"""Typed records: everything that crosses a boundary between policies, planner, backends and users.
+
+Every record is a pydantic v2 model that forbids unknown fields, so a typo in a config or a trace is an
+error naming the field, never a silently ignored value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
+
+Role = Literal["decode", "prefill", "learner"]
+
+
+class Record(BaseModel):
+    """Base of all records: unknown fields are rejected, assignment is validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class NoParams(Record):
+    """Parameters of a policy that takes none."""
+
+
+class PolicySpec(BaseModel):
+    """What a plugin registers: a named factory for one policy kind.
+
+    ``factory(params)`` receives an instance of ``params`` (validated from the scheduler config) and returns
+    an object implementing the kind's protocol. ``kind`` and ``plugin`` are filled in by the registry.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$", description="Lower-case name used in configs.")
+    factory: Callable[[Any], Any]
+    params: type[BaseModel] = NoParams
+    description: str = Field(default="", description="One line shown by `rlhfless plugins`.")
+    kind: str = ""
+    plugin: str = ""
+
+
+class Prompt(Record):
+    """One prompt of a rollout batch; all ``n_samples`` responses to it form one GRPO group."""
+
+    uid: str = Field(min_length=1, description="Stable id of the prompt across steps (keys its length history).")
+    token_ids: list[NonNegativeInt] | None = Field(
+        default=None, description="Prompt token ids; needed for prefix deduplication."
+    )
+    prompt_length: NonNegativeInt | None = Field(
+        default=None, description="Prompt length in tokens; derived from token_ids when absent."
+    )
+    n_samples: PositiveInt = Field(default=1, description="Responses sampled for this prompt (GRPO group size).")
+
+    @model_validator(mode="after")
+    def _length_known(self) -> Prompt:
+        if self.token_ids is None and self.prompt_length is None:
+            raise ValueError("give token_ids or prompt_length")
+        if self.token_ids is not None:
+            if self.prompt_length is None:
+                object.__setattr__(self, "prompt_length", len(self.token_ids))
+            elif self.prompt_length != len(self.token_ids):
+                raise ValueError(
+                    f"prompt_length={self.prompt_length} but token_ids has {len(self.token_ids)} tokens"
+                )
+        return self
+
+    @property
+    def length(self) -> int:
+        """Prompt length in tokens."""
+        assert self.prompt_length is not None  # set by the validator
+        return self.prompt_length
+
+
+class FinishedSample(Record):
+    """One generated response, as a backend reports it when it finishes."""
+
+    uid: str = Field(min_length=1)
+    sample_index: NonNegativeInt = Field(description="Position of this sample within its prompt's group.")
+    prompt_length: NonNegativeInt
+    response_length: NonNegativeInt
+    actor_id: NonNegativeInt | None = Field(default=None, description="Decode actor that produced the last token.")
+    migrations: NonNegativeInt = Field(default=0, description="How many times this sample was cut and moved.")
+    finish_reason: Literal["stop", "length", "abort"] = "stop"
+    predicted_length: NonNegativeFloat | None = Field(default=None, description="What the predictor said.")
+
+
+class GPU(Record):
+    """One accelerator, addressed by its node and its index on that node."""
+
+    node: str = Field(min_length=1)
+    index: NonNegativeInt
+
+
+class Node(Record):
+    """A machine with ``num_gpus`` identical accelerators."""
+
+    name: str = Field(min_length=1)
+    num_gpus: PositiveInt
+    gpu_type: str = "generic"
+
+    def gpus(self) -> list[GPU]:
+        return [GPU(node=self.name, index=i) for i in range(self.num_gpus)]
+
+
+class Cluster(Record):
+    """The nodes a scheduler may place actors on."""
+
+    nodes: list[Node] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Cluster:
+        names = [n.name for n in self.nodes]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate node names: {dup}")
+        return self
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.num_gpus for n in self.nodes)
+
+    @classmethod
+    def uniform(cls, num_nodes: int, gpus_per_node: int, gpu_type: str = "generic") -> Cluster:
+        return cls(nodes=[Node(name=f"node{i}", num_gpus=gpus_per_node, gpu_type=gpu_type) for i in range(num_nodes)])
+
+
+class Actor(Record):
+    """A rollout, prefill or learner actor; ``num_gpus`` > 1 means tensor parallel."""
+
+    actor_id: NonNegativeInt
+    role: Role = "decode"
+    num_gpus: PositiveInt = 1
+
+
+class ActorPlacement(Record):
+    """Where one actor runs: a node and the GPU indices it holds there."""
+
+    actor: Actor
+    node: str = Field(min_length=1)
+    gpu_indices: list[NonNegativeInt] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _gpu_count(self) -> ActorPlacement:
+        if len(self.gpu_indices) != self.actor.num_gpus:
+            raise ValueError(f"actor needs {self.actor.num_gpus} GPU(s) but {len(self.gpu_indices)} are given")
+        if len(set(self.gpu_indices)) != len(self.gpu_indices):
+            raise ValueError(f"gpu_indices repeat: {self.gpu_indices}")
+        return self
+
+
+class TimePerTokenProfile(Record):
+    """How long a model takes on one actor's hardware; the cost model's input.
+
+    decode step time (s) = decode_base_s + decode_per_seq_s * batch + decode_per_ctx_token_s * sum(context)
+    prefill time (s)     = prefill_base_s + prefill_per_new_token_s * new + prefill_per_cached_token_s * cached
+    """
+
+    name: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    hardware: str = Field(min_length=1)
+    gpus_per_actor: PositiveInt = 1
+    decode_base_s: NonNegativeFloat = Field(description="Fixed cost of one decode step (weights read once).")
+    decode_per_seq_s: NonNegativeFloat = Field(description="Extra cost per running sequence in a step.")
+    decode_per_ctx_token_s: NonNegativeFloat = Field(description="Extra cost per context token read (KV cache).")
+    prefill_base_s: NonNegativeFloat = 0.0
+    prefill_per_new_token_s: NonNegativeFloat
+    prefill_per_cached_token_s: NonNegativeFloat = 0.0
+    kv_capacity_tokens: PositiveInt = Field(description="KV cache capacity of one actor, in tokens.")
+    max_num_seqs: PositiveInt = Field(default=256, description="Cap on concurrently running sequences per actor.")
+    kv_bytes_per_token: PositiveInt = Field(description="Size of one token's KV cache (for migration by KV).")
+    cold_start_s: NonNegativeFloat = Field(default=0.0, description="Time to start an actor (serverless billing).")
+    intra_node_gbps: float = Field(default=100.0, gt=0, description="Transfer bandwidth within a node, GB/s.")
+    inter_node_gbps: float = Field(default=12.5, gt=0, description="Transfer bandwidth across nodes, GB/s.")
+    price_per_gpu_second: NonNegativeFloat = Field(description="Price of one GPU for one second.")
+    prepare_s_per_sample: NonNegativeFloat = Field(default=0.0, description="Reward/ref/critic scoring per sample.")
+    learn_s_per_sample: NonNegativeFloat = Field(default=0.0, description="Policy update per sample.")
+    weight_sync_s: NonNegativeFloat = Field(default=0.0, description="Broadcast of new weights to rollout actors.")
+    derivation: str = Field(default="", description="How the numbers were obtained (sources, arithmetic).")
+
+
+class PrefillGroup(Record):
+    """Prompts whose first ``prefix_tokens`` tokens are identical: their prefix is prefilled once."""
+
+    prefix_tokens: NonNegativeInt
+    prompt_indices: list[NonNegativeInt] = Field(min_length=1, description="Indices into the step's prompt batch.")
+
+
+class PrefillPlan(Record):
+    """What the prefill planner decided, stored by column so that 100,000 prompts stay cheap.
+
+    Prompt i belongs to group ``prompt_group[i]``; that group's shared prefix, ``group_prefix_tokens[g]`` tokens
+    long, is prefilled once by the prefill actor; each sample then prefills only the rest of its prompt.
+    An empty ``prompt_group`` means no deduplication (every sample prefills its whole prompt).
+    """
+
+    planner: str = "none"
+    shared_prefix_length: NonNegativeInt = Field(default=0, description="The chosen L.")
+    prompt_group: list[NonNegativeInt] = Field(default_factory=list)
+    group_prefix_tokens: list[NonNegativeInt] = Field(default_factory=list)
+    tokens_before: NonNegativeInt = Field(default=0, description="Prefill tokens with every sample prefilled alone.")
+    tokens_after: NonNegativeInt = Field(default=0, description="Prefill tokens after deduplication.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PrefillPlan:
+        if self.tokens_after > self.tokens_before:
+            raise ValueError(f"tokens_after={self.tokens_after} exceeds tokens_before={self.tokens_before}")
+        if self.prompt_group and max(self.prompt_group) >= len(self.group_prefix_tokens):
+            raise ValueError(
+                f"prompt_group names group {max(self.prompt_group)} but only "
+                f"{len(self.group_prefix_tokens)} group_prefix_tokens are given"
+            )
+        return self
+
+    @property
+    def tokens_saved(self) -> int:
+        return self.tokens_before - self.tokens_after
+
+    def groups(self) -> list[PrefillGroup]:
+        """The groups as records (one per distinct shared prefix)."""
+        members: dict[int, list[int]] = {}
+        for i, g in enumerate(self.prompt_group):
+            members.setdefault(g, []).append(i)
+        return [PrefillGroup(prefix_tokens=self.group_prefix_tokens[g], prompt_indices=m) for g, m in members.items()]
+
+
+class CandidateEstimate(Record):
+    """The cost model's estimate of a step run with ``num_actors`` decode actors."""
+
+    num_actors: PositiveInt
+    time_s: NonNegativeFloat
+    gpu_seconds: NonNegativeFloat
+
+
+class StepPlan(Record):
+    """A step's execution plan: prefill groups, actor count, prompt -> actor, actor -> node."""
+
+    step: NonNegativeInt = 0
+    scheduler: str = ""
+    num_actors: PositiveInt
+    assignment: list[NonNegativeInt] = Field(description="Decode actor of each sample, samples in prompt order.")
+    predicted_lengths: list[NonNegativeFloat] = Field(description="Predicted response length of each prompt.")
+    prefill: PrefillPlan = Field(default_factory=PrefillPlan)
+    placement: list[ActorPlacement] = Field(default_factory=list)
+    candidates: list[CandidateEstimate] = Field(default_factory=list)
+    fallbacks: list[str] = Field(default_factory=list, description="Policies replaced by their baseline this step.")
+    planner_ms: NonNegativeFloat = 0.0
+
+    @model_validator(mode="after")
+    def _actors_in_range(self) -> StepPlan:
+        if self.assignment and max(self.assignment) >= self.num_actors:
+            raise ValueError(f"assignment names actor {max(self.assignment)} but num_actors={self.num_actors}")
+        return self
+
+
+class MigrationDecision(Record):
+    """Cut one unfinished sample on ``from_actor`` and continue it on ``to_actor``."""
+
+    uid: str = Field(min_length=1)
+    sample_index: NonNegativeInt
+    from_actor: NonNegativeInt
+    to_actor: NonNegativeInt
+    tokens_generated: NonNegativeInt = Field(description="Tokens already generated; they travel with the sample.")
+    mode: Literal["tokens", "kv"] = Field(default="tokens", description="Re-prefill the tokens, or move the KV.")
+
+    @model_validator(mode="after")
+    def _moves(self) -> MigrationDecision:
+        if self.from_actor == self.to_actor:
+            raise ValueError(f"from_actor and to_actor are both {self.from_actor}")
+        return self
+
+
+class SampleProgress(Record):
+    """An unfinished sample, as the migration controller sees it mid-step."""
+
+    uid: str = Field(min_length=1)
+    sample_index: NonNegativeInt
+    actor_id: NonNegativeInt
+    tokens_generated: NonNegativeInt
+    predicted_length: NonNegativeFloat
+    max_tokens: PositiveInt
+    migrations: NonNegativeInt = Field(default=0, description="Times this sample has already been moved.")
+
+
+class ActorProgress(Record):
+    """One decode actor's progress: its planned work, what it has done, its free slots."""
+
+    actor_id: NonNegativeInt
+    planned_tokens: NonNegativeFloat = Field(description="Predicted tokens of all samples assigned at plan time.")
+    generated_tokens: NonNegativeInt = Field(description="Tokens generated so far on this actor.")
+    running: NonNegativeInt = Field(description="Samples running or waiting on this actor.")
+    free_slots: NonNegativeInt = Field(description="How many more sequences it can take now.")
+
+    @property
+    def done_fraction(self) -> float:
+        return 1.0 if self.planned_tokens <= 0 else min(1.0, self.generated_tokens / self.planned_tokens)
+
+
+class StepProgress(Record):
+    """Snapshot handed to a migrator: every decode actor and every unfinished sample."""
+
+    step: NonNegativeInt = 0
+    elapsed_s: NonNegativeFloat = 0.0
+    total_samples: NonNegativeInt = Field(default=0, description="Samples in the whole step, finished or not.")
+    actors: list[ActorProgress]
+    unfinished: list[SampleProgress]
+
+
+class StepReport(Record):
+    """What one step cost and how well it was scheduled."""
+
+    step: NonNegativeInt
+    scheduler: str
+    time_s: NonNegativeFloat = Field(description="Wall time of the step (generation to weight sync).")
+    generation_s: NonNegativeFloat = 0.0
+    gpu_seconds: NonNegativeFloat = Field(description="GPU-seconds billed for the step.")
+    idle_fraction: float = Field(ge=0.0, le=1.0, description="Share of billed decode GPU time spent idle.")
+    imbalance: float = Field(ge=1.0, description="Slowest decode actor's busy time over the mean.")
+    prefill_tokens_saved: NonNegativeInt = 0
+    migrations: NonNegativeInt = 0
+    num_actors: PositiveInt
+    samples: NonNegativeInt = 0
+    actor_busy_s: list[NonNegativeFloat] = Field(default_factory=list)
+    prediction_mae: NonNegativeFloat | None = None
+
+
+ALL_RECORDS: tuple[type[Record], ...] = (
+    Prompt,
+    FinishedSample,
+    GPU,
+    Node,
+    Cluster,
+    Actor,
+    ActorPlacement,
+    TimePerTokenProfile,
+    PrefillGroup,
+    PrefillPlan,
+    CandidateEstimate,
+    StepPlan,
+    MigrationDecision,
+    SampleProgress,
+    ActorProgress,
+    StepProgress,
+    StepReport,
+)
