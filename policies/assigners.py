@@ -30,19 +30,27 @@ class SortedAssigner:
 
     def __init__(self, params: SortedParams | None = None) -> None:
         self.split = (params or SortedParams()).split
+        self._memo: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    def assign(self, batch: PromptBatch, predicted: np.ndarray, num_actors: int) -> np.ndarray:
-        p = len(batch)
-        out = np.zeros(p, dtype=np.int64)
-        if p == 0:
-            return out
+    def _sorted(self, batch: PromptBatch, predicted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Prompts longest first, and the predicted work before each of them in that order."""
+        memo = self._memo  # the planner asks once per candidate N with the same arrays: sort once
+        if memo is not None and memo[0] is predicted and memo[1] is batch.n_samples:
+            return memo[2], memo[3]
         order = np.argsort(-predicted, kind="stable")
         n = batch.n_samples[order]
         weight = n * np.maximum(predicted[order], 1e-9) if self.split == "work" else n.astype(np.float64)
-        cum = np.cumsum(weight)
-        start = cum - weight  # the work before each prompt decides its range
-        actor = np.minimum((start * num_actors / cum[-1]).astype(np.int64), num_actors - 1)
-        out[order] = actor
+        before = np.cumsum(weight) - weight
+        before /= before[-1] + weight[-1]
+        self._memo = (predicted, batch.n_samples, order, before)
+        return order, before
+
+    def assign(self, batch: PromptBatch, predicted: np.ndarray, num_actors: int) -> np.ndarray:
+        out = np.zeros(len(batch), dtype=np.int64)
+        if len(batch) == 0:
+            return out
+        order, before = self._sorted(batch, predicted)
+        out[order] = np.minimum((before * num_actors).astype(np.int64), num_actors - 1)
         return out
 
 

@@ -100,7 +100,9 @@ class GlobalMigrator:
         by_actor: dict[int, list[SampleProgress]] = defaultdict(list)
         for s in progress.unfinished:
             by_actor[s.actor_id].append(s)
-        actors = sorted((a for a in progress.actors if by_actor.get(a.actor_id)), key=lambda a: (-a.running, a.actor_id))
+        actors = sorted(
+            (a for a in progress.actors if by_actor.get(a.actor_id)), key=lambda a: (-a.running, a.actor_id)
+        )
         keepers, capacity, movable = [], 0, remaining
         for a in actors:  # smallest prefix of busiest actors whose free slots absorb everyone else's samples
             keepers.append(a)

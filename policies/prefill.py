@@ -15,26 +15,28 @@ _LEN_MIX = np.uint64(0x632BE59BD9B4E019)
 class _PrefixHasher:
     """64-bit polynomial hash of any prompt prefix in O(1), after one O(total tokens) pass.
 
-    hash(i, L) = sum_j t_j * B**(L-1-j) over prompt i's first L tokens, computed as
-    B**(off+L-1) * (S[off+L] - S[off]) with S the prefix sums of t_j * B**-j (all arithmetic wraps mod 2**64).
+    With r the position of a token within its prompt, C = cumsum(t * B**-r) over the flat tokens, the first L
+    tokens of prompt i hash to B**(L-1) * (C[off+L] - C[off]) = sum_r t_r * B**(L-1-r): the same value wherever
+    the prompt sits in the batch. Arithmetic wraps modulo 2**64; the powers come from tables of the longest prompt.
     """
 
     def __init__(self, batch: PromptBatch) -> None:
         assert batch.token_flat is not None
-        t = batch.token_flat.astype(np.uint64) + np.uint64(1)
-        n = t.shape[0]
-        with np.errstate(over="ignore"):
-            self.pow = np.cumprod(np.full(n, _B, dtype=np.uint64)) * np.uint64(_B_INV)  # B**j
-            inv = np.cumprod(np.full(n, _B_INV, dtype=np.uint64)) * np.uint64(_B)  # B**-j
-            self.sums = np.zeros(n + 1, dtype=np.uint64)
-            np.cumsum(t * inv, out=self.sums[1:])
+        lengths = batch.prompt_lengths
+        longest = int(lengths.max()) if len(lengths) else 0
         self.off = batch.token_offsets[:-1]
+        with np.errstate(over="ignore"):
+            self.pow = np.cumprod(np.full(max(longest, 1), _B, dtype=np.uint64)) * np.uint64(_B_INV)  # B**r
+            inv = np.cumprod(np.full(max(longest, 1), _B_INV, dtype=np.uint64)) * np.uint64(_B)  # B**-r
+            rel = np.arange(batch.token_flat.shape[0], dtype=np.int64) - np.repeat(self.off, lengths)
+            t = batch.token_flat.astype(np.uint64) + np.uint64(1)
+            self.sums = np.zeros(t.shape[0] + 1, dtype=np.uint64)
+            np.cumsum(t * inv[rel], out=self.sums[1:])
 
     def __call__(self, cut: np.ndarray) -> np.ndarray:
         """Hash of each prompt's first ``cut[i]`` tokens, mixed with ``cut[i]``."""
-        end = self.off + cut
         with np.errstate(over="ignore"):
-            h = self.pow[np.maximum(end - 1, 0)] * (self.sums[end] - self.sums[self.off])
+            h = self.pow[np.maximum(cut - 1, 0)] * (self.sums[self.off + cut] - self.sums[self.off])
             return np.where(cut > 0, h, 0).astype(np.uint64) ^ (cut.astype(np.uint64) * _LEN_MIX)
 
 

@@ -46,7 +46,8 @@ class PromptBatch:
         object.__setattr__(self, "_token_offsets", tok_off)
         if self.token_flat is not None and self.token_flat.shape != (int(tok_off[-1]),):
             raise ValueError(
-                f"PromptBatch.token_flat has {self.token_flat.shape[0]} tokens, prompt_lengths sum to {int(tok_off[-1])}"
+                f"PromptBatch.token_flat has {self.token_flat.shape[0]} tokens; "
+                f"prompt_lengths sum to {int(tok_off[-1])}"
             )
         if self.true_lengths is not None and self.true_lengths.shape != (p,):
             raise ValueError(f"PromptBatch.true_lengths has shape {self.true_lengths.shape} for {p} prompts")

@@ -106,5 +106,35 @@ def config_show(name: str) -> None:
     click.echo(yaml.safe_dump(cfg.model_dump(mode="json", exclude_defaults=False), sort_keys=False))
 
 
+@main.group("bench")
+def bench_group() -> None:
+    """Benchmarks (medians of repeated runs; compare figures from one machine only)."""
+
+
+@bench_group.command("plan")
+@click.option("--prompts", default=1024, show_default=True, help="Prompts in the batch.")
+@click.option("--samples", default=8, show_default=True, help="Samples per prompt (n).")
+@click.option("--actors", default=16, show_default=True, help="Most decode actors the scaler may choose.")
+@click.option("--scheduler", default="rlhfless", show_default=True)
+@click.option("--profile", default="qwen2.5-7b-l40s", show_default=True)
+@click.option("--repeat", default=5, show_default=True, help="Timed plans after one warm-up.")
+@click.option("--json", "as_json", is_flag=True)
+def bench_plan_cmd(
+    prompts: int, samples: int, actors: int, scheduler: str, profile: str, repeat: int, as_json: bool
+) -> None:
+    """Median milliseconds of a full plan: predict, dedup, assign for every candidate N, scale, place."""
+    from rlhfless_sdk.bench import bench_plan
+
+    res = bench_plan(prompts, samples, actors, scheduler=scheduler, profile=profile, repeat=repeat)
+    if as_json:
+        click.echo(json.dumps(res))
+    else:
+        click.echo(
+            f"{res['scheduler']}: {prompts} prompts x {samples} samples, up to {actors} actors, "
+            f"{res['candidates']} candidates -> N={res['chosen_actors']}: median {res['median_ms']:.1f} ms "
+            f"(min {res['min_ms']:.1f} ms, {repeat} runs)"
+        )
+
+
 if __name__ == "__main__":
     main()

@@ -70,7 +70,7 @@ def _dotted(loc: tuple[Any, ...]) -> str:
 
 
 def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    """1-based line of the YAML node at ``loc`` (or of its deepest existing parent)."""
+    """1-based line of the YAML node at ``loc``; None when a mapping lacks the key (a missing field)."""
     node, line = root, (root.start_mark.line + 1 if root is not None else None)
     for part in loc:
         nxt = None
@@ -81,8 +81,8 @@ def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
                     break
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
             nxt = node.value[part]
-        if nxt is None:
-            break
+        if nxt is None:  # a scalar stands for the whole subtree (``assigner: sorted``); a mapping lacks the key
+            return line if isinstance(node, yaml.ScalarNode) else None
         node, line = nxt, nxt.start_mark.line + 1
     return line
 

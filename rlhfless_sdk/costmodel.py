@@ -41,19 +41,31 @@ class AnalyticCostModel:
     ) -> np.ndarray:
         """Predicted busy seconds of each decode actor (prefill of its own tokens plus decode)."""
         prof = self.profile
-        prompt_of = batch.sample_prompt_index()
-        lengths = np.asarray(predicted, dtype=np.float64)[prompt_of]
-        plen = batch.prompt_lengths[prompt_of].astype(np.float64)
-        new_tokens = plen - shared_prefix_per_prompt(batch, prefill)[prompt_of]
         actor = np.asarray(sample_actor, dtype=np.int64)
+        first = actor[batch.sample_offsets[:-1]] if len(batch) else actor[:0]
+        if np.array_equal(np.repeat(first, batch.n_samples), actor):
+            # Groups kept together (the usual case): sum per prompt, weighted by its n samples.
+            weight = batch.n_samples.astype(np.float64)
+            actor, lengths = first, np.asarray(predicted, dtype=np.float64)
+            plen = batch.prompt_lengths.astype(np.float64)
+            new_tokens = plen - shared_prefix_per_prompt(batch, prefill)
+        else:
+            prompt_of = batch.sample_prompt_index()
+            weight = np.ones(actor.shape[0])
+            lengths = np.asarray(predicted, dtype=np.float64)[prompt_of]
+            plen = batch.prompt_lengths[prompt_of].astype(np.float64)
+            new_tokens = plen - shared_prefix_per_prompt(batch, prefill)[prompt_of]
 
-        count = np.bincount(actor, minlength=num_actors).astype(np.float64)
-        tokens = np.bincount(actor, weights=lengths, minlength=num_actors)
-        ctx = np.bincount(actor, weights=plen * lengths + lengths * (lengths - 1.0) / 2.0, minlength=num_actors)
-        seq_tokens = np.bincount(actor, weights=plen + lengths, minlength=num_actors)
+        def per_actor(x: np.ndarray) -> np.ndarray:
+            return np.bincount(actor, weights=weight * x, minlength=num_actors)
+
+        count = np.bincount(actor, weights=weight, minlength=num_actors)
+        tokens = per_actor(lengths)
+        ctx = per_actor(plen * lengths + lengths * (lengths - 1.0) / 2.0)
+        seq_tokens = per_actor(plen + lengths)
         longest = np.zeros(num_actors)
         np.maximum.at(longest, actor, lengths)
-        prefill_new = np.bincount(actor, weights=new_tokens, minlength=num_actors)
+        prefill_new = per_actor(new_tokens)
 
         with np.errstate(divide="ignore", invalid="ignore"):
             mean_seq = np.where(count > 0, seq_tokens / np.maximum(count, 1.0), 1.0)

@@ -212,7 +212,10 @@ class StepPlanner:
         estimates: list[CandidateEstimate] = []
         for n in candidates:
             sample_actor = self.call(
-                "assigner", fallbacks, lambda p, n=n: p.assign(batch, pred, n), lambda o, n=n: check_assignment(o, batch, n)
+                "assigner",
+                fallbacks,
+                lambda p, n=n: p.assign(batch, pred, n),
+                lambda o, n=n: check_assignment(o, batch, n),
             )
             assignments[n] = sample_actor
             estimates.append(self.cost_model.estimate(batch, pred, sample_actor, n, prefill))

@@ -151,8 +151,7 @@ class PluginManager:
                 plugin = ep.load()
             except Exception as exc:
                 raise PluginError(
-                    f"plugin {ep.name!r} (entry point {ep.value!r} of distribution {dist!r}) failed to import: "
-                    f"{exc!r}"
+                    f"plugin {ep.name!r} (entry point {ep.value!r} of distribution {dist!r}) failed to import: {exc!r}"
                 ) from exc
             self.register(plugin, name=ep.name)
             self._dists[ep.name] = f"{dist} {ep.dist.version}" if ep.dist is not None else dist

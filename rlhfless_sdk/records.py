@@ -61,9 +61,7 @@ class Prompt(Record):
             if self.prompt_length is None:
                 object.__setattr__(self, "prompt_length", len(self.token_ids))
             elif self.prompt_length != len(self.token_ids):
-                raise ValueError(
-                    f"prompt_length={self.prompt_length} but token_ids has {len(self.token_ids)} tokens"
-                )
+                raise ValueError(f"prompt_length={self.prompt_length} but token_ids has {len(self.token_ids)} tokens")
         return self
 
     @property

@@ -1,0 +1,58 @@
+"""``rlhfless bench plan``: the median wall time of a full step plan on a synthetic batch."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from rlhfless_sdk.costmodel import AnalyticCostModel
+from rlhfless_sdk.planner import StepPlanner
+from rlhfless_sdk.plugins import get_plugin_manager
+from rlhfless_sdk.profiles import load_profile
+from rlhfless_sdk.records import Cluster
+from rlhfless_sdk.workloads import SyntheticWorkload, finished_samples
+
+
+def bench_plan(
+    prompts: int,
+    samples: int,
+    actors: int,
+    *,
+    scheduler: str = "rlhfless",
+    profile: str = "qwen2.5-7b-l40s",
+    repeat: int = 5,
+    gpus_per_node: int = 8,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Plan ``repeat`` times (after one warm-up) for a cluster with room for ``actors`` decode actors."""
+    registry = get_plugin_manager().registry
+    config = registry.scheduler(scheduler).model_copy(update={"max_actors": actors})
+    gpus = actors + 2  # learner and prefill actor beside the decode actors
+    nodes = -(-gpus // gpus_per_node)
+    cluster = Cluster.uniform(nodes, gpus_per_node)
+    planner = StepPlanner(
+        config, cluster=cluster, cost_model=AnalyticCostModel(load_profile(profile)), registry=registry
+    )
+    history, history_lengths = SyntheticWorkload(prompts, samples, seed=seed).batch()
+    planner.observe(finished_samples(history, history_lengths))  # one earlier step: EWMA has a history
+    batch, _ = SyntheticWorkload(prompts, samples, seed=seed).batch()
+    planner.plan(batch)
+    times, plan = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        plan = planner.plan(batch)
+        times.append((time.perf_counter() - t0) * 1000.0)
+    assert plan is not None
+    return {
+        "scheduler": scheduler,
+        "prompts": prompts,
+        "samples_per_prompt": samples,
+        "max_actors": actors,
+        "candidates": len(plan.candidates),
+        "chosen_actors": plan.num_actors,
+        "prefill_tokens_saved": plan.prefill.tokens_saved,
+        "median_ms": statistics.median(times),
+        "min_ms": min(times),
+        "repeat": repeat,
+    }

@@ -1,0 +1,38 @@
+"""Shared fixtures. Import-mode importlib: this folder is never imported as a package named ``tests``."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from rlhfless_sdk import PluginManager, reset_plugin_manager
+
+settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=1000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+_ENV = ("RLHFLESS_PLUGINS", "RLHFLESS_DISABLE_PLUGIN_AUTOLOAD", "RLHFLESS_TRACE_HOOKS")
+
+
+@pytest.fixture(autouse=True)
+def _clean_plugin_env(monkeypatch):
+    """Every test starts with the default plugin environment and a fresh process-wide manager."""
+    for name in _ENV:
+        monkeypatch.delenv(name, raising=False)
+    reset_plugin_manager()
+    yield
+    reset_plugin_manager()
+
+
+@pytest.fixture
+def bare_pm() -> PluginManager:
+    """A manager with no installed plugin loaded: tests register throwaway plugins on it."""
+    return PluginManager(autoload=False)
+
+
+@pytest.fixture
+def registry():
+    """The registry of the installed plugins (the reference policies load through their entry point)."""
+    return PluginManager().registry

@@ -1,0 +1,54 @@
+"""The ``rlhfless`` command line, run in-process with click's runner and once as a real console script."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from rlhfless_sdk import __version__
+from rlhfless_sdk.cli import main
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_help_and_version():
+    res = run("--help")
+    assert res.exit_code == 0
+    for cmd in ("plugins", "config", "bench"):
+        assert cmd in res.output
+    res = run("--version")
+    assert res.exit_code == 0 and __version__ in res.output
+
+
+def test_plugins_lists_every_kind_with_its_plugin():
+    res = run("plugins")
+    assert res.exit_code == 0, res.output
+    for kind in ("predictor:", "prefill_planner:", "assigner:", "migrator:", "scaler:", "placer:", "scheduler:"):
+        assert kind in res.output
+    line = next(line for line in res.output.splitlines() if line.strip().startswith("cost-aware"))
+    assert "rlhfless-policies" in line and "lambda" in line
+
+
+def test_plugins_json():
+    res = run("plugins", "--json")
+    assert res.exit_code == 0
+    rows = json.loads(res.output)
+    assert all({"kind", "name", "plugin", "description"} <= set(r) for r in rows)
+    got = {(r["kind"], r["name"]) for r in rows}
+    assert ("scheduler", "rlhfless") in got and ("scheduler", "openrlhf") in got
+    assert ("assigner", "sorted") in got and ("predictor", "ewma") in got
+
+
+def test_console_script_is_installed():
+    beside = Path(sys.executable).parent / "rlhfless"
+    exe = str(beside) if beside.exists() else shutil.which("rlhfless")
+    assert exe, "the rlhfless console script is not installed"
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True).stdout
+    assert __version__ in out

@@ -1,0 +1,140 @@
+"""Scheduler configs: the shipped presets validate; every kind of bad file is reported with its YAML path."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rlhfless_sdk import ConfigError, read_scheduler_config
+from rlhfless_sdk.cli import main
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+GOOD = """\
+name: mine
+predictor: {name: ewma, params: {window: 1}}
+prefill_planner: dedup
+assigner: sorted
+migrator: {name: tau, params: {tau: 0.7}}
+scaler:
+  name: cost-aware
+  params: {lambda: 0.7}
+placer: locality-aware
+"""
+
+
+def validate(tmp_path: Path, text: str):
+    path = tmp_path / "sched.yaml"
+    path.write_text(text)
+    return CliRunner().invoke(main, ["config", "validate", str(path)])
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_presets_validate(path, registry):
+    cfg = read_scheduler_config(path, registry)
+    assert cfg.name == path.stem
+    assert cfg.name in registry.names("scheduler")
+
+
+def test_paper_defaults_in_rlhfless_preset(registry):
+    cfg = registry.scheduler("rlhfless")
+    assert cfg.predictor.name == "ewma" and cfg.predictor.params["window"] == 1
+    assert cfg.migrator.name == "tau" and cfg.migrator.params["tau"] == 0.7
+    assert cfg.scaler.name == "cost-aware" and registry.validate_params("scaler", cfg.scaler).lam == 0.7
+    assert cfg.prefill_planner.name == "dedup" and cfg.assigner.name == "sorted"
+
+
+def test_openrlhf_preset_is_openrlhfs_behaviour(registry):
+    cfg = registry.scheduler("openrlhf")
+    assert (cfg.assigner.name, cfg.scaler.name, cfg.migrator.name, cfg.prefill_planner.name) == (
+        "least-pending",
+        "fixed",
+        "none",
+        "none",
+    )
+
+
+def test_presets_are_package_data():
+    names = {e.name for e in files("rlhfless_configs").iterdir()}
+    assert {"rlhfless.yaml", "openrlhf.yaml"} <= names
+
+
+def test_good_file(tmp_path):
+    res = validate(tmp_path, GOOD)
+    assert res.exit_code == 0, res.output
+    assert "ok (scheduler 'mine')" in res.output
+
+
+def test_syntax_error(tmp_path):
+    res = validate(tmp_path, GOOD.replace("params: {lambda: 0.7}", "params: {lambda: 0.7"))
+    assert res.exit_code == 1
+    assert "YAML syntax error" in res.output and "line" in res.output
+
+
+def test_wrong_type(tmp_path):
+    res = validate(tmp_path, GOOD + "min_actors: many\n")
+    assert res.exit_code == 1
+    assert "min_actors (line 10)" in res.output and "valid integer" in res.output
+
+
+def test_wrong_type_of_a_policy_param(tmp_path):
+    res = validate(tmp_path, GOOD.replace("tau: 0.7", "tau: soon"))
+    assert res.exit_code == 1
+    assert "migrator.params.tau (line 5)" in res.output
+
+
+def test_unknown_policy_name(tmp_path):
+    res = validate(tmp_path, GOOD.replace("assigner: sorted", "assigner: sortd"))
+    assert res.exit_code == 1
+    assert "assigner.name (line 4)" in res.output
+    assert "valid: balanced, least-pending, round-robin, sorted" in res.output
+
+
+def test_lambda_outside_unit_interval(tmp_path):
+    for bad in ("1.5", "-0.1"):
+        res = validate(tmp_path, GOOD.replace("lambda: 0.7", f"lambda: {bad}"))
+        assert res.exit_code == 1
+        assert "scaler.params.lambda (line 8)" in res.output
+
+
+def test_missing_and_unknown_fields(tmp_path):
+    res = validate(tmp_path, GOOD.replace("placer: locality-aware\n", "placr: pack\n"))
+    assert res.exit_code == 1
+    assert "placer: required field is missing" in res.output
+    assert "placr (line 9): unknown field" in res.output
+
+
+def test_not_a_mapping_and_missing_file(tmp_path):
+    res = validate(tmp_path, "- just\n- a list\n")
+    assert res.exit_code == 1 and "expected a mapping" in res.output
+    res = CliRunner().invoke(main, ["config", "validate", str(tmp_path / "nope.yaml")])
+    assert res.exit_code == 1 and "cannot read file" in res.output
+
+
+def test_error_names_the_file(tmp_path, registry):
+    path = tmp_path / "x.yaml"
+    path.write_text(GOOD.replace("lambda: 0.7", "lambda: 3"))
+    with pytest.raises(ConfigError) as err:
+        read_scheduler_config(path, registry)
+    assert str(path) in str(err.value)
+    assert err.value.problems[0].path == "scaler.params.lambda"
+
+
+def test_schema_is_json_schema():
+    res = CliRunner().invoke(main, ["config", "schema"])
+    assert res.exit_code == 0
+    schema = json.loads(res.output)
+    assert schema["title"] == "SchedulerConfig"
+    assert {"predictor", "prefill_planner", "assigner", "migrator", "scaler", "placer"} <= set(schema["required"])
+
+
+def test_show_round_trips(tmp_path, registry):
+    res = CliRunner().invoke(main, ["config", "show", "rlhfless"])
+    assert res.exit_code == 0
+    path = tmp_path / "again.yaml"
+    path.write_text(res.output)
+    assert read_scheduler_config(path, registry) == registry.scheduler("rlhfless")

@@ -1,0 +1,213 @@
+"""The plugin manager: registration, selection by name, and the errors a plugin author can hit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlhfless_sdk import (
+    PluginError,
+    PluginManager,
+    PolicyRef,
+    PolicySpec,
+    UnknownPolicyError,
+    get_plugin_manager,
+    hookimpl,
+)
+from rlhfless_sdk.batch import PromptBatch
+from rlhfless_sdk.records import NoParams, Record
+
+
+class ReverseParams(Record):
+    offset: int = 0
+
+
+class ReverseAssigner:
+    """Throwaway policy: prompt i to actor (P - 1 - i + offset) mod N."""
+
+    def __init__(self, params: ReverseParams) -> None:
+        self.offset = params.offset
+
+    def assign(self, batch: PromptBatch, predicted: np.ndarray, num_actors: int) -> np.ndarray:
+        return (np.arange(len(batch))[::-1] + self.offset) % num_actors
+
+
+class ThrowawayPlugin:
+    @hookimpl
+    def rlhfless_register_assigners(self, register):
+        register(PolicySpec(name="reverse", factory=ReverseAssigner, params=ReverseParams, description="test"))
+
+
+def test_throwaway_plugin_is_selected_by_name(bare_pm):
+    name = bare_pm.register(ThrowawayPlugin(), name="throwaway")
+    try:
+        spec = bare_pm.registry.policy("assigner", "reverse")
+        assert (spec.plugin, spec.kind) == ("throwaway", "assigner")
+        policy = bare_pm.registry.create("assigner", PolicyRef(name="reverse", params={"offset": 1}))
+        batch = PromptBatch.from_prompts([])
+        assert policy.assign(batch, np.zeros(0), 3).shape == (0,)
+        assert isinstance(policy, ReverseAssigner) and policy.offset == 1
+    finally:
+        bare_pm.unregister(name)
+    with pytest.raises(UnknownPolicyError):
+        bare_pm.registry.policy("assigner", "reverse")
+
+
+def test_throwaway_plugin_beside_the_installed_ones():
+    pm = get_plugin_manager()
+    pm.register(ThrowawayPlugin(), name="throwaway")
+    try:
+        assert "reverse" in pm.registry.names("assigner")
+        assert "sorted" in pm.registry.names("assigner")
+    finally:
+        pm.unregister("throwaway")
+
+
+def test_builtin_policies_load_through_the_entry_point_group():
+    pm = PluginManager()
+    assert "rlhfless-policies" in pm.plugin_names()
+    assert pm.distribution("rlhfless-policies").startswith("rlhfless ")
+    assert pm.registry.policy("predictor", "ewma").plugin == "rlhfless-policies"
+
+
+def test_duplicate_policy_name_names_both_plugins(bare_pm):
+    class Twin:
+        @hookimpl
+        def rlhfless_register_assigners(self, register):
+            register(PolicySpec(name="reverse", factory=ReverseAssigner, params=ReverseParams))
+
+    bare_pm.register(ThrowawayPlugin(), name="first-plugin")
+    bare_pm.register(Twin(), name="second-plugin")
+    with pytest.raises(PluginError, match=r"duplicate assigner name 'reverse'.*'first-plugin'.*'second-plugin'"):
+        _ = bare_pm.registry
+
+
+def test_duplicate_with_a_builtin_name():
+    class Shadow:
+        @hookimpl
+        def rlhfless_register_assigners(self, register):
+            register(PolicySpec(name="sorted", factory=ReverseAssigner, params=ReverseParams))
+
+    pm = PluginManager()
+    pm.register(Shadow(), name="shadow")
+    with pytest.raises(PluginError, match=r"'sorted'.*'rlhfless-policies'.*'shadow'"):
+        _ = pm.registry
+
+
+def test_misspelled_hookimpl_fails_loudly(bare_pm):
+    class Typo:
+        @hookimpl
+        def rlhfless_register_assigner(self, register):  # singular: matches no hookspec
+            pass
+
+    with pytest.raises(PluginError, match="rlhfless_register_assigner"):
+        bare_pm.register(Typo(), name="typo")
+    assert "typo" not in bare_pm.plugin_names()
+
+
+def test_hookimpl_with_a_wrong_argument_fails(bare_pm):
+    class WrongArg:
+        @hookimpl
+        def rlhfless_register_assigners(self, registrar):
+            pass
+
+    with pytest.raises(PluginError, match="registrar"):
+        bare_pm.register(WrongArg(), name="wrong-arg")
+
+
+def test_unknown_name_lists_the_valid_ones(registry):
+    with pytest.raises(UnknownPolicyError) as err:
+        registry.policy("assigner", "sortd")
+    msg = str(err.value)
+    assert "no assigner named 'sortd'" in msg
+    for name in ("balanced", "least-pending", "round-robin", "sorted"):
+        assert name in msg
+    assert "did you mean 'sorted'" in msg
+    with pytest.raises(UnknownPolicyError, match=r"valid: .*openrlhf.*rlhfless"):
+        registry.scheduler("rlhfles")
+
+
+def test_register_wants_a_policy_spec(bare_pm):
+    class Loose:
+        @hookimpl
+        def rlhfless_register_predictors(self, register):
+            register({"name": "loose"})
+
+    bare_pm.register(Loose(), name="loose")
+    with pytest.raises(PluginError, match="plugin 'loose' passed a dict"):
+        _ = bare_pm.registry
+
+
+def test_plugin_raising_in_a_hook_is_named(bare_pm):
+    class Boom:
+        @hookimpl
+        def rlhfless_register_scalers(self, register):
+            raise RuntimeError("kaput")
+
+    bare_pm.register(Boom(), name="boom")
+    with pytest.raises(PluginError, match=r"plugin 'boom' raised in rlhfless_register_scalers.*kaput"):
+        _ = bare_pm.registry
+
+
+def test_factory_must_build_the_kind_protocol(bare_pm):
+    class NotAnAssigner:
+        @hookimpl
+        def rlhfless_register_assigners(self, register):
+            register(PolicySpec(name="lazy", factory=lambda p: object(), params=NoParams))
+
+    bare_pm.register(NotAnAssigner(), name="lazy-plugin")
+    with pytest.raises(PluginError, match=r"does not implement PromptAssigner \(missing: assign\)"):
+        bare_pm.registry.create("assigner", "lazy")
+
+
+def test_bad_params_are_a_validation_error(bare_pm):
+    bare_pm.register(ThrowawayPlugin(), name="throwaway")
+    problems = bare_pm.registry.check_config(
+        __import__("rlhfless_sdk").SchedulerConfig(
+            name="x",
+            predictor="a",
+            prefill_planner="b",
+            assigner={"name": "reverse", "params": {"offset": "many"}},
+            migrator="c",
+            scaler="d",
+            placer="e",
+        )
+    )
+    paths = [p.path for p in problems]
+    assert "assigner.params.offset" in paths
+    assert "predictor.name" in paths
+
+
+def test_allow_list_env(monkeypatch):
+    monkeypatch.setenv("RLHFLESS_PLUGINS", "")
+    pm = PluginManager()
+    assert pm.plugin_names() == []
+    with pytest.raises(UnknownPolicyError, match="RLHFLESS_PLUGINS"):
+        pm.registry.policy("assigner", "sorted")
+    monkeypatch.setenv("RLHFLESS_PLUGINS", "rlhfless-policies")
+    assert "rlhfless-policies" in PluginManager().plugin_names()
+    monkeypatch.setenv("RLHFLESS_PLUGINS", "rlhfless")  # a distribution name works too
+    assert "rlhfless-policies" in PluginManager().plugin_names()
+
+
+def test_allow_list_warns_about_missing_plugins(monkeypatch):
+    monkeypatch.setenv("RLHFLESS_PLUGINS", "rlhfless-policies,not-installed")
+    with pytest.warns(UserWarning, match="not-installed"):
+        PluginManager()
+
+
+def test_disable_autoload_env(monkeypatch):
+    monkeypatch.setenv("RLHFLESS_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pm = PluginManager()
+    assert pm.plugin_names() == []
+    with pytest.raises(UnknownPolicyError, match="autoload is off"):
+        pm.registry.scheduler("rlhfless")
+
+
+def test_trace_env_prints_hook_calls(monkeypatch, capsys):
+    monkeypatch.setenv("RLHFLESS_TRACE_HOOKS", "1")
+    pm = PluginManager()
+    _ = pm.registry
+    err = capsys.readouterr().err
+    assert "rlhfless_register_assigners" in err
+    assert "rlhfless_register_schedulers" in err

@@ -1,0 +1,249 @@
+"""Every typed record survives a round trip through JSON, and validation errors name the field."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from rlhfless_sdk.config import PolicyRef, SchedulerConfig
+from rlhfless_sdk.records import (
+    ALL_RECORDS,
+    GPU,
+    Actor,
+    ActorPlacement,
+    ActorProgress,
+    CandidateEstimate,
+    Cluster,
+    FinishedSample,
+    MigrationDecision,
+    Node,
+    PrefillGroup,
+    PrefillPlan,
+    Prompt,
+    SampleProgress,
+    StepPlan,
+    StepProgress,
+    StepReport,
+    TimePerTokenProfile,
+)
+
+names = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FFF), min_size=1, max_size=12)
+nat = st.integers(0, 10**6)
+pos = st.integers(1, 10**4)
+fin = st.floats(0, 1e6, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def prompts(draw):
+    tokens = draw(st.none() | st.lists(st.integers(0, 200_000), max_size=20))
+    length = len(tokens) if tokens is not None else draw(nat)
+    give_len = tokens is None or draw(st.booleans())
+    return Prompt(uid=draw(names), token_ids=tokens, prompt_length=length if give_len else None, n_samples=draw(pos))
+
+
+actors = st.builds(
+    Actor, actor_id=nat, role=st.sampled_from(["decode", "prefill", "learner"]), num_gpus=st.integers(1, 8)
+)
+
+
+@st.composite
+def placements(draw):
+    actor = draw(actors)
+    gpus = draw(st.lists(st.integers(0, 63), min_size=actor.num_gpus, max_size=actor.num_gpus, unique=True))
+    return ActorPlacement(actor=actor, node=draw(names), gpu_indices=gpus)
+
+
+@st.composite
+def prefill_plans(draw):
+    groups = draw(st.lists(nat, min_size=0, max_size=6))
+    members = draw(st.lists(st.integers(0, max(len(groups) - 1, 0)), max_size=10)) if groups else []
+    before = draw(nat)
+    return PrefillPlan(
+        planner=draw(names),
+        shared_prefix_length=draw(nat),
+        prompt_group=members,
+        group_prefix_tokens=groups,
+        tokens_before=before,
+        tokens_after=draw(st.integers(0, before)),
+    )
+
+
+@st.composite
+def step_plans(draw):
+    n = draw(st.integers(1, 16))
+    return StepPlan(
+        step=draw(nat),
+        scheduler=draw(names),
+        num_actors=n,
+        assignment=draw(st.lists(st.integers(0, n - 1), max_size=30)),
+        predicted_lengths=draw(st.lists(fin, max_size=10)),
+        prefill=draw(prefill_plans()),
+        placement=draw(st.lists(placements(), max_size=3)),
+        candidates=draw(
+            st.lists(st.builds(CandidateEstimate, num_actors=pos, time_s=fin, gpu_seconds=fin), max_size=4)
+        ),
+        fallbacks=draw(st.lists(names, max_size=2)),
+        planner_ms=draw(fin),
+    )
+
+
+@st.composite
+def migrations(draw):
+    a = draw(nat)
+    b = draw(nat.filter(lambda x: x != a))
+    return MigrationDecision(
+        uid=draw(names),
+        sample_index=draw(nat),
+        from_actor=a,
+        to_actor=b,
+        tokens_generated=draw(nat),
+        mode=draw(st.sampled_from(["tokens", "kv"])),
+    )
+
+
+sample_progress = st.builds(
+    SampleProgress,
+    uid=names,
+    sample_index=nat,
+    actor_id=nat,
+    tokens_generated=nat,
+    predicted_length=fin,
+    max_tokens=pos,
+    migrations=nat,
+)
+actor_progress = st.builds(
+    ActorProgress, actor_id=nat, planned_tokens=fin, generated_tokens=nat, running=nat, free_slots=nat
+)
+
+profiles = st.builds(
+    TimePerTokenProfile,
+    name=names,
+    model=names,
+    hardware=names,
+    gpus_per_actor=pos,
+    decode_base_s=fin,
+    decode_per_seq_s=fin,
+    decode_per_ctx_token_s=fin,
+    prefill_base_s=fin,
+    prefill_per_new_token_s=fin,
+    prefill_per_cached_token_s=fin,
+    kv_capacity_tokens=pos,
+    max_num_seqs=pos,
+    kv_bytes_per_token=pos,
+    cold_start_s=fin,
+    intra_node_gbps=st.floats(0.01, 1e4),
+    inter_node_gbps=st.floats(0.01, 1e4),
+    price_per_gpu_second=fin,
+    prepare_s_per_sample=fin,
+    learn_s_per_sample=fin,
+    weight_sync_s=fin,
+    derivation=st.text(max_size=40),
+)
+
+STRATEGIES = {
+    Prompt: prompts(),
+    FinishedSample: st.builds(
+        FinishedSample,
+        uid=names,
+        sample_index=nat,
+        prompt_length=nat,
+        response_length=nat,
+        actor_id=st.none() | nat,
+        migrations=nat,
+        finish_reason=st.sampled_from(["stop", "length", "abort"]),
+        predicted_length=st.none() | fin,
+    ),
+    GPU: st.builds(GPU, node=names, index=nat),
+    Node: st.builds(Node, name=names, num_gpus=pos, gpu_type=names),
+    Cluster: st.lists(
+        st.builds(Node, name=names, num_gpus=pos), min_size=1, max_size=4, unique_by=lambda n: n.name
+    ).map(lambda nodes: Cluster(nodes=nodes)),
+    Actor: actors,
+    ActorPlacement: placements(),
+    TimePerTokenProfile: profiles,
+    PrefillGroup: st.builds(PrefillGroup, prefix_tokens=nat, prompt_indices=st.lists(nat, min_size=1, max_size=5)),
+    PrefillPlan: prefill_plans(),
+    CandidateEstimate: st.builds(CandidateEstimate, num_actors=pos, time_s=fin, gpu_seconds=fin),
+    StepPlan: step_plans(),
+    MigrationDecision: migrations(),
+    SampleProgress: sample_progress,
+    ActorProgress: actor_progress,
+    StepProgress: st.builds(
+        StepProgress,
+        step=nat,
+        elapsed_s=fin,
+        total_samples=nat,
+        actors=st.lists(actor_progress, max_size=3),
+        unfinished=st.lists(sample_progress, max_size=3),
+    ),
+    StepReport: st.builds(
+        StepReport,
+        step=nat,
+        scheduler=names,
+        time_s=fin,
+        generation_s=fin,
+        gpu_seconds=fin,
+        idle_fraction=st.floats(0, 1),
+        imbalance=st.floats(1, 100),
+        prefill_tokens_saved=nat,
+        migrations=nat,
+        num_actors=pos,
+        samples=nat,
+        actor_busy_s=st.lists(fin, max_size=4),
+        prediction_mae=st.none() | fin,
+    ),
+}
+
+
+def test_every_record_has_a_strategy():
+    assert set(ALL_RECORDS) == set(STRATEGIES)
+
+
+@pytest.mark.parametrize("cls", ALL_RECORDS, ids=lambda c: c.__name__)
+def test_json_round_trip(cls):
+    @given(STRATEGIES[cls])
+    def check(record):
+        again = cls.model_validate_json(record.model_dump_json())
+        assert again == record
+
+    check()
+
+
+@given(st.builds(PolicyRef, name=names, params=st.dictionaries(names, st.integers() | st.text(max_size=5), max_size=3)))
+def test_scheduler_config_round_trip(ref):
+    cfg = SchedulerConfig(
+        name="x", predictor=ref, prefill_planner=ref, assigner=ref, migrator=ref, scaler=ref, placer=ref
+    )
+    assert SchedulerConfig.model_validate_json(cfg.model_dump_json()) == cfg
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: Prompt(uid="a", n_samples=0, prompt_length=3), "n_samples"),
+        (lambda: Prompt(uid="a", token_ids=[1, 2], prompt_length=3), "prompt_length=3 but token_ids has 2"),
+        (lambda: Prompt(uid="a"), "give token_ids or prompt_length"),
+        (lambda: FinishedSample(uid="a", sample_index=0, prompt_length=1, response_length=-1), "response_length"),
+        (
+            lambda: StepReport(
+                step=0, scheduler="s", time_s=1, gpu_seconds=1, idle_fraction=2, imbalance=1, num_actors=1
+            ),
+            "idle_fraction",
+        ),
+        (lambda: StepPlan(num_actors=2, assignment=[0, 2], predicted_lengths=[]), "num_actors=2"),
+        (
+            lambda: MigrationDecision(uid="a", sample_index=0, from_actor=1, to_actor=1, tokens_generated=0),
+            "from_actor and to_actor",
+        ),
+        (lambda: Cluster(nodes=[Node(name="a", num_gpus=1), Node(name="a", num_gpus=2)]), "duplicate node names"),
+        (lambda: ActorPlacement(actor=Actor(actor_id=0, num_gpus=2), node="a", gpu_indices=[0]), "needs 2 GPU"),
+        (lambda: PrefillPlan(tokens_before=1, tokens_after=2), "tokens_after=2"),
+        (lambda: Prompt(uid="a", prompt_length=1, colour="red"), "colour"),
+    ],
+)
+def test_validation_errors_name_the_field(build, field):
+    with pytest.raises(ValidationError) as err:
+        build()
+    assert field in str(err.value)
