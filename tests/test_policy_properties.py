@@ -1,0 +1,318 @@
+"""Property-based tests of every policy invariant (hypothesis), for every registered policy of each kind."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from rlhfless_sdk import PluginManager
+from rlhfless_sdk.batch import PromptBatch
+from rlhfless_sdk.costmodel import AnalyticCostModel
+from rlhfless_sdk.planner import MigrationController, StepPlanner, check_assignment, check_placement
+from rlhfless_sdk.profiles import load_profile
+from rlhfless_sdk.records import Actor, CandidateEstimate, FinishedSample
+from rlhfless_sdk.samples import regroup
+
+_spec = importlib.util.spec_from_file_location("rlhfless_test_strategies", Path(__file__).with_name("strategies.py"))
+S = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(S)
+
+REG = PluginManager().registry
+PROFILE = load_profile("qwen2.5-7b-l40s")
+
+
+def policies(kind):
+    return [n for n in REG.names(kind) if not (kind == "predictor" and n == "oracle")]
+
+
+# -- predictors --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", REG.names("predictor"))
+@given(batch=S.prompt_batches(), history=st.lists(st.integers(0, 5000), max_size=60))
+def test_predictions_finite_nonnegative(name, batch, history):
+    pred = REG.create("predictor", name)
+    if len(batch):  # an earlier step's samples for some of the prompts
+        pred.observe(
+            [
+                FinishedSample(uid=batch.uids[i % len(batch)], sample_index=0, prompt_length=1, response_length=h)
+                for i, h in enumerate(history)
+            ]
+        )
+    out = pred.predict(batch)
+    assert out.shape == (len(batch),)
+    assert np.isfinite(out).all() and (out >= 0).all()
+
+
+@given(st.lists(st.lists(st.integers(0, 4000), min_size=1, max_size=4), min_size=1, max_size=6))
+def test_ewma_window_one_is_the_last_step_mean(steps):
+    pred = REG.create("predictor", {"name": "ewma", "params": {"window": 1}})
+    batch = PromptBatch(uids=["q"], prompt_lengths=np.array([5]), n_samples=np.array([4]))
+    for lengths in steps:
+        pred.observe(
+            [FinishedSample(uid="q", sample_index=k, prompt_length=5, response_length=x) for k, x in enumerate(lengths)]
+        )
+    assert pred.predict(batch)[0] == pytest.approx(np.mean(steps[-1]))
+
+
+def test_ewma_cold_start_and_smoothing():
+    pred = REG.create("predictor", {"name": "ewma", "params": {"window": 3, "alpha": 0.5, "default_length": 77}})
+    batch = PromptBatch(uids=["a", "new"], prompt_lengths=np.array([5, 9]), n_samples=np.array([1, 1]))
+    assert pred.predict(batch).tolist() == [77.0, 77.0]  # nothing observed yet
+    for x in (100, 200, 400):
+        pred.observe([FinishedSample(uid="a", sample_index=0, prompt_length=5, response_length=x)])
+    a, new = pred.predict(batch)
+    assert a == pytest.approx(0.5 * 400 + 0.5 * (0.5 * 200 + 0.5 * 100))
+    assert new == 400.0  # cold start "mean": the last step's mean length
+
+
+def test_oracle_refuses_without_true_lengths():
+    batch = PromptBatch(uids=["a"], prompt_lengths=np.array([5]), n_samples=np.array([1]))
+    with pytest.raises(Exception, match="true response lengths"):
+        REG.create("predictor", "oracle").predict(batch)
+
+
+# -- prefill -----------------------------------------------------------------------------------------------
+@given(batch=S.prompt_batches(with_tokens=True), capacity=st.integers(1, 200))
+def test_dedup_groups_share_their_prefix_and_fit(batch, capacity):
+    plan = REG.create("prefill_planner", "dedup").plan(batch, capacity)
+    before = int((batch.prompt_lengths * batch.n_samples).sum())
+    assert plan.tokens_before == before and plan.tokens_after <= before
+    if not plan.prompt_group:
+        assert plan.tokens_after == before
+        return
+    L = plan.shared_prefix_length
+    assert len(plan.prompt_group) == len(batch)  # every prompt in exactly one group
+    for g in plan.groups():
+        cut = g.prefix_tokens
+        first = batch.tokens(g.prompt_indices[0])[:cut].tolist()
+        for i in g.prompt_indices:
+            assert cut == min(L, int(batch.prompt_lengths[i]))
+            assert batch.tokens(i)[:cut].tolist() == first
+    # groups are maximal: two prompts with the same truncated prefix are never in different groups
+    keys = {tuple(batch.tokens(i)[: min(L, int(batch.prompt_lengths[i]))].tolist()) for i in range(len(batch))}
+    assert len(keys) == len(plan.group_prefix_tokens)
+    distinct = sum(len(k) for k in keys)
+    assert distinct <= capacity
+    assert plan.tokens_after == distinct + int((np.maximum(batch.prompt_lengths - L, 0) * batch.n_samples).sum())
+    # L is the largest that fits: one more token per prompt would overflow the prefill actor
+    if int(batch.prompt_lengths.max()) > L:
+        more = {tuple(batch.tokens(i)[: min(L + 1, int(batch.prompt_lengths[i]))].tolist()) for i in range(len(batch))}
+        assert sum(len(k) for k in more) > capacity
+
+
+@given(batch=S.prompt_batches(with_tokens=False), capacity=st.integers(1, 500))
+def test_dedup_without_tokens_shares_only_within_a_prompt(batch, capacity):
+    plan = REG.create("prefill_planner", "dedup").plan(batch, capacity)
+    if plan.prompt_group:
+        assert len(set(plan.prompt_group)) == len(batch)
+
+
+def test_dedup_saves_n_minus_1_over_n_of_whole_prompts():
+    batch = PromptBatch(
+        uids=["a", "b"],
+        prompt_lengths=np.array([4, 4]),
+        n_samples=np.array([3, 3]),
+        token_flat=np.array([1, 2, 3, 4, 1, 2, 5, 6]),
+    )
+    plan = REG.create("prefill_planner", "dedup").plan(batch, capacity_tokens=10_000)
+    assert plan.tokens_before == 24
+    # Each distinct L-prefix is one sequence of the prefill actor's batch: "1 2 3 4" and "1 2 5 6" once each,
+    # instead of three times each: (n-1)/n of the prefill work is saved.
+    assert plan.tokens_after == 8
+    assert plan.shared_prefix_length == 4
+    assert plan.tokens_saved == 24 * 2 // 3
+    # A capacity of 4 tokens fits only the 2-token template prefix "1 2" (once), not both whole prompts.
+    small = REG.create("prefill_planner", "dedup").plan(batch, capacity_tokens=4)
+    assert small.shared_prefix_length == 2 and small.group_prefix_tokens == [2]
+    assert small.tokens_after == 2 + 3 * 2 + 3 * 2
+
+
+# -- assigners ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", REG.names("assigner"))
+@given(data=st.data(), batch=S.prompt_batches(), num_actors=st.integers(1, 12))
+def test_every_sample_assigned_once_groups_together(name, data, batch, num_actors):
+    pred = data.draw(S.predictions(len(batch)))
+    raw = REG.create("assigner", name).assign(batch, pred, num_actors)
+    per_sample = check_assignment(raw, batch, num_actors)  # raises on a lost or duplicated sample
+    assert per_sample.shape == (batch.total_samples,)
+    assert ((per_sample >= 0) & (per_sample < num_actors)).all()
+    for i in range(len(batch)):  # the reference assigners never split a group
+        lo, hi = batch.sample_offsets[i], batch.sample_offsets[i + 1]
+        assert len(set(per_sample[lo:hi].tolist())) == 1
+
+
+@given(
+    data=st.data(), batch=S.prompt_batches(), num_actors=st.integers(1, 12), split=st.sampled_from(["work", "count"])
+)
+def test_sorted_ranges_do_not_overlap(data, batch, num_actors, split):
+    pred = data.draw(S.predictions(len(batch)))
+    actor = REG.create("assigner", {"name": "sorted", "params": {"split": split}}).assign(batch, pred, num_actors)
+    used = sorted(set(actor.tolist()))
+    for a, b in itertools.pairwise(used):  # actor a holds longer prompts than actor b > a
+        assert pred[actor == a].min() >= pred[actor == b].max()
+
+
+@given(batch=S.prompt_batches(equal_n=False), num_actors=st.integers(1, 6))
+def test_least_pending_is_openrlhfs_dispatch(batch, num_actors):
+    actor = REG.create("assigner", "least-pending").assign(batch, np.zeros(len(batch)), num_actors)
+    pending = [0] * num_actors
+    for i, n in enumerate(batch.n_samples.tolist()):
+        best = min(range(num_actors), key=lambda a: (pending[a], a))
+        assert actor[i] == best
+        pending[best] += n
+
+
+@given(data=st.data(), batch=S.prompt_batches(), num_actors=st.integers(1, 6))
+def test_balanced_is_within_one_prompt_of_the_mean(data, batch, num_actors):
+    pred = data.draw(S.predictions(len(batch)))
+    actor = REG.create("assigner", "balanced").assign(batch, pred, num_actors)
+    work = batch.n_samples * pred
+    load = np.bincount(actor, weights=work, minlength=num_actors)
+    if len(batch):  # LPT: the most loaded actor exceeds the least loaded by at most the largest job
+        assert load.max() - load.min() <= work.max() + 1e-6
+
+
+# -- returned samples ---------------------------------------------------------------------------------------
+@given(batch=S.prompt_batches(), seed=st.integers(0, 2**32 - 1))
+def test_regroup_puts_groups_adjacent_and_in_order(batch, seed):
+    rng = np.random.default_rng(seed)
+    samples = [
+        FinishedSample(
+            uid=batch.uids[i],
+            sample_index=k,
+            prompt_length=0,
+            response_length=int(rng.integers(0, 99)),
+            migrations=int(rng.integers(0, 2)),
+        )
+        for i in range(len(batch))
+        for k in range(int(batch.n_samples[i]))
+    ]
+    shuffled = [samples[j] for j in rng.permutation(len(samples))]  # completion order, migrated or not
+    assert regroup(batch, shuffled) == samples
+    if samples:
+        with pytest.raises(Exception, match="missing"):
+            regroup(batch, shuffled[1:])
+        with pytest.raises(Exception, match="twice"):
+            regroup(batch, [*shuffled, shuffled[0]])
+
+
+# -- migrators ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", REG.names("migrator"))
+@given(progress=S.step_progress())
+def test_migration_keeps_tokens_and_respects_free_slots(name, progress):
+    decisions = REG.create("migrator", name).decide(progress)
+    MigrationController.check(decisions, progress)  # once per sample, to a free slot, tokens stated right
+    where = {(s.uid, s.sample_index): [s.actor_id, s.tokens_generated] for s in progress.unfinished}
+    assume(len(where) == len(progress.unfinished))
+    before = sum(t for _, t in where.values())
+    taken = {}
+    for d in decisions:
+        assert d.from_actor != d.to_actor
+        where[(d.uid, d.sample_index)][0] = d.to_actor
+        taken[d.to_actor] = taken.get(d.to_actor, 0) + 1
+    assert sum(t for _, t in where.values()) == before  # no token lost or invented
+    free = {a.actor_id: a.free_slots for a in progress.actors}
+    assert all(taken[a] <= free[a] for a in taken)
+
+
+@given(progress=S.step_progress(), tau=st.floats(0.05, 1.0))
+def test_tau_moves_only_underestimated_samples_of_actors_past_tau(progress, tau):
+    decisions = REG.create("migrator", {"name": "tau", "params": {"tau": tau}}).decide(progress)
+    actors = {a.actor_id: a for a in progress.actors}
+    samples = {(s.uid, s.sample_index): s for s in progress.unfinished}
+    for d in decisions:
+        s = samples[(d.uid, d.sample_index)]
+        assert s.tokens_generated > s.predicted_length
+        assert actors[d.from_actor].done_fraction >= tau
+
+
+# -- scalers ------------------------------------------------------------------------------------------------
+estimates = st.lists(st.tuples(st.floats(0, 1e4), st.floats(0, 1e5)), min_size=1, max_size=20).map(
+    lambda xs: [CandidateEstimate(num_actors=i + 1, time_s=t, gpu_seconds=c) for i, (t, c) in enumerate(xs)]
+)
+
+
+@given(est=estimates, lam=st.floats(0, 1))
+def test_cost_aware_choice_is_the_argmin(est, lam):
+    scaler = REG.create("scaler", {"name": "cost-aware", "params": {"lambda": lam}})
+    chosen = scaler.choose(est)
+    t = np.array([e.time_s for e in est])
+    c = np.array([e.gpu_seconds for e in est])
+
+    def norm(x):
+        return np.zeros_like(x) if np.ptp(x) == 0 else (x - x.min()) / np.ptp(x)
+
+    score = lam * norm(t) + (1 - lam) * norm(c)
+    best = next(e for e in est if e.num_actors == chosen)
+    assert score[chosen - 1] <= score.min() + 1e-12
+    assert best.num_actors in [e.num_actors for e in est]
+
+
+@pytest.mark.parametrize("name", REG.names("scaler"))
+@given(lo=st.integers(1, 50), span=st.integers(0, 2000))
+def test_scaler_candidates_within_range(name, lo, span):
+    cands = list(REG.create("scaler", name).candidates(lo, lo + span))
+    assert cands and len(set(cands)) == len(cands)
+    assert all(lo <= c <= lo + span for c in cands)
+
+
+# -- placers ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", REG.names("placer"))
+@given(data=st.data(), cluster=S.clusters(min_gpus=3), gpus_per_actor=st.integers(1, 2))
+def test_placement_within_each_nodes_gpus(name, data, cluster, gpus_per_actor):
+    if gpus_per_actor == 2:  # tensor-parallel pairs: even-sized nodes, so the pairs always fit
+        cluster = type(cluster)(nodes=[n.model_copy(update={"num_gpus": 2 * n.num_gpus}) for n in cluster.nodes])
+    extra = [Actor(actor_id=0, role="learner"), Actor(actor_id=0, role="prefill")]
+    n = data.draw(st.integers(1, (cluster.total_gpus - 2) // gpus_per_actor))
+    loads = np.array(data.draw(st.lists(st.floats(0, 1e4), min_size=n, max_size=n)))
+    placed = REG.create("placer", name).place(loads, cluster, gpus_per_actor, extra)
+    check_placement(placed, cluster, n, gpus_per_actor, extra)  # every actor once, GPUs in range, none twice
+
+
+@given(data=st.data(), cluster=S.clusters(min_gpus=4))
+def test_locality_aware_puts_the_heaviest_beside_the_learner(data, cluster):
+    extra = [Actor(actor_id=0, role="learner"), Actor(actor_id=0, role="prefill")]
+    n = data.draw(st.integers(1, cluster.total_gpus - 2))
+    loads = np.array(data.draw(st.lists(st.floats(0, 1e4), min_size=n, max_size=n)))
+    placed = REG.create("placer", "locality-aware").place(loads, cluster, 1, extra)
+    node_of = {(p.actor.role, p.actor.actor_id): p.node for p in placed}
+    home = node_of[("learner", 0)]
+    assert node_of[("prefill", 0)] == home
+    home_size = next(x.num_gpus for x in cluster.nodes if x.name == home)
+    if home_size > 2:
+        assert node_of[("decode", int(np.argmax(loads)))] == home
+
+
+# -- the planner, end to end --------------------------------------------------------------------------------
+@pytest.mark.parametrize("scheduler", REG.names("scheduler"))
+@given(batch=S.prompt_batches(), cluster=S.clusters(min_gpus=3), lo=st.integers(1, 3))
+def test_plan_is_valid_for_every_preset(scheduler, batch, cluster, lo):
+    config = REG.scheduler(scheduler).model_copy(update={"min_actors": lo, "max_actors": None})
+    assume(cluster.total_gpus - 2 >= lo)
+    planner = StepPlanner(config, cluster=cluster, cost_model=AnalyticCostModel(PROFILE), registry=REG)
+    plan = planner.plan(batch)
+    assert plan.fallbacks == []
+    assert lo <= plan.num_actors <= cluster.total_gpus - 1
+    assert len(plan.assignment) == batch.total_samples
+    assert all(0 <= a < plan.num_actors for a in plan.assignment)
+    extra = planner.extra_actors(plan.prefill)
+    check_placement(plan.placement, cluster, plan.num_actors, 1, extra)
+    assert {e.num_actors for e in plan.candidates} >= {plan.num_actors}
+    type(plan).model_validate(plan.model_dump())  # the record is valid, not only constructed
+
+
+def test_empty_batch_and_single_prompt():
+    cluster = S.Cluster.uniform(1, 8)
+    planner = StepPlanner(
+        REG.scheduler("rlhfless"), cluster=cluster, cost_model=AnalyticCostModel(PROFILE), registry=REG
+    )
+    empty = planner.plan(PromptBatch.empty())
+    assert empty.assignment == [] and empty.num_actors >= 1
+    one = PromptBatch(uids=["x"], prompt_lengths=np.array([3]), n_samples=np.array([4]), token_flat=np.array([1, 2, 3]))
+    plan = planner.plan(one)
+    assert len(plan.assignment) == 4 and len(set(plan.assignment)) == 1
