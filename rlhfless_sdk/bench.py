@@ -34,9 +34,9 @@ def bench_plan(
     planner = StepPlanner(
         config, cluster=cluster, cost_model=AnalyticCostModel(load_profile(profile)), registry=registry
     )
-    history, history_lengths = SyntheticWorkload(prompts, samples, seed=seed).batch()
+    history, history_lengths = SyntheticWorkload(prompts, samples, seed=seed, step=0).batch()
     planner.observe(finished_samples(history, history_lengths))  # one earlier step: EWMA has a history
-    batch, _ = SyntheticWorkload(prompts, samples, seed=seed).batch()
+    batch, _ = SyntheticWorkload(prompts, samples, seed=seed, step=1).batch()
     planner.plan(batch)
     times, plan = [], None
     for _ in range(repeat):

@@ -106,6 +106,81 @@ def config_show(name: str) -> None:
     click.echo(yaml.safe_dump(cfg.model_dump(mode="json", exclude_defaults=False), sort_keys=False))
 
 
+@main.command("plan")
+@click.option(
+    "--scheduler",
+    "schedulers",
+    multiple=True,
+    default=("openrlhf", "rlhfless"),
+    show_default=True,
+    help="Scheduler name or YAML file; repeat to compare.",
+)
+@click.option("--prompts", default=256, show_default=True, help="Prompts per step (synthetic GSM8K-style).")
+@click.option("--samples", default=8, show_default=True, help="Samples per prompt (GRPO n).")
+@click.option("--gpus", default=16, show_default=True, help="GPUs in the cluster.")
+@click.option("--gpus-per-node", default=8, show_default=True)
+@click.option("--profile", default="qwen2.5-7b-l40s", show_default=True, help="Profile name or YAML file.")
+@click.option("--history", default=1, show_default=True, help="Earlier steps the predictor has seen.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per scheduler.")
+def plan_cmd(
+    schedulers: tuple[str, ...],
+    prompts: int,
+    samples: int,
+    gpus: int,
+    gpus_per_node: int,
+    profile: str,
+    history: int,
+    seed: int,
+    as_json: bool,
+) -> None:
+    """Plan one step of an embedded synthetic workload with each scheduler and compare the plans.
+
+    "planned" is what each scheduler expected from its own predictions; "at true lengths" is the cost model
+    applied to the plan with the samples' true lengths (an estimate; the simulator measures the step).
+    """
+    from rlhfless_sdk.costmodel import AnalyticCostModel
+    from rlhfless_sdk.plan_report import plan_synthetic, resolve_scheduler, summary
+    from rlhfless_sdk.profiles import load_profile
+    from rlhfless_sdk.records import Cluster, Node
+    from rlhfless_sdk.workloads import SyntheticWorkload
+
+    registry = get_plugin_manager().registry
+    configs = [resolve_scheduler(s, registry) for s in schedulers]
+    full, rest = divmod(gpus, gpus_per_node)
+    nodes = [Node(name=f"node{i}", num_gpus=gpus_per_node) for i in range(full)]
+    if rest:
+        nodes.append(Node(name=f"node{full}", num_gpus=rest))
+    cluster = Cluster(nodes=nodes)
+    workload = SyntheticWorkload(prompts, samples, seed=seed)
+    cost_model = AnalyticCostModel(load_profile(profile))
+    results = [summary(p) for p in plan_synthetic(configs, registry, workload, cluster, cost_model, history)]
+    if as_json:
+        click.echo(json.dumps({"profile": profile, "gpus": gpus, "schedulers": results}, indent=2))
+        return
+    click.echo(
+        f"{prompts} prompts x {samples} samples, {gpus} GPUs ({gpus_per_node}/node), profile {profile}; "
+        "cost-model estimates: planned (own predictions) and at the true lengths"
+    )
+    base = results[0]
+    click.echo(f"{'':<20}{'planned':^14}{'at true lengths':^28}")
+    click.echo(
+        f"{'scheduler':<16}{'N':>4}{'time s':>7}{'GPU-s':>7}{'time s':>8}{'GPU-s':>7}{'vs first':>13}"
+        f"{'prefill tokens':>20}{'MAE':>6}{'plan ms':>9}"
+    )
+    for r in results:
+        speed = base["est_time_s"] / r["est_time_s"] if r["est_time_s"] else float("nan")
+        cost = 1 - r["est_gpu_seconds"] / base["est_gpu_seconds"] if base["est_gpu_seconds"] else 0.0
+        click.echo(
+            f"{r['scheduler']:<16}{r['num_actors']:>4}{r['planned_time_s']:>7.1f}{r['planned_gpu_seconds']:>7.0f}"
+            f"{r['est_time_s']:>8.1f}{r['est_gpu_seconds']:>7.0f}{f'{speed:.2f}x {cost:+.0%}':>13}"
+            f"{r['prefill_tokens_before']:>12}->{r['prefill_tokens_after']:<6}{r['prediction_mae']:>6.0f}"
+            f"{r['planner_ms']:>9.1f}"
+        )
+        if r["fallbacks"]:
+            click.echo(f"  fell back: {', '.join(r['fallbacks'])}")
+
+
 @main.group("bench")
 def bench_group() -> None:
     """Benchmarks (medians of repeated runs; compare figures from one machine only)."""

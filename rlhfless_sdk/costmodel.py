@@ -39,11 +39,16 @@ class AnalyticCostModel:
         num_actors: int,
         prefill: PrefillPlan,
     ) -> np.ndarray:
-        """Predicted busy seconds of each decode actor (prefill of its own tokens plus decode)."""
+        """Predicted busy seconds of each decode actor (prefill of its own tokens plus decode).
+
+        ``predicted`` holds one length per prompt, or one per sample (samples in prompt order) to evaluate a
+        plan against lengths that differ within a group (true lengths, in a simulator or a report).
+        """
         prof = self.profile
         actor = np.asarray(sample_actor, dtype=np.int64)
+        per_sample = np.shape(predicted)[0] == batch.total_samples != len(batch)
         first = actor[batch.sample_offsets[:-1]] if len(batch) else actor[:0]
-        if np.array_equal(np.repeat(first, batch.n_samples), actor):
+        if not per_sample and np.array_equal(np.repeat(first, batch.n_samples), actor):
             # Groups kept together (the usual case): sum per prompt, weighted by its n samples.
             weight = batch.n_samples.astype(np.float64)
             actor, lengths = first, np.asarray(predicted, dtype=np.float64)
@@ -52,7 +57,8 @@ class AnalyticCostModel:
         else:
             prompt_of = batch.sample_prompt_index()
             weight = np.ones(actor.shape[0])
-            lengths = np.asarray(predicted, dtype=np.float64)[prompt_of]
+            lengths = np.asarray(predicted, dtype=np.float64)
+            lengths = lengths if per_sample else lengths[prompt_of]
             plen = batch.prompt_lengths[prompt_of].astype(np.float64)
             new_tokens = plen - shared_prefix_per_prompt(batch, prefill)[prompt_of]
 

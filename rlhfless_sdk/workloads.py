@@ -14,8 +14,10 @@ from rlhfless_sdk.records import FinishedSample
 class SyntheticWorkload:
     """Prompts built from a few shared templates plus a random question; lengths from a log-normal.
 
-    Each prompt has a mean response length drawn around ``median_length`` (spread ``prompt_sigma``); each of
-    its samples varies around that mean (spread ``sample_sigma``); lengths are clipped to [1, max_length].
+    Each prompt has a mean response length drawn around ``median_length`` (spread ``prompt_sigma``); at each
+    training ``step`` that mean drifts (spread ``step_sigma``) and each sample varies around it (spread
+    ``sample_sigma``); lengths are clipped to [1, max_length]. The prompts depend on ``seed`` only, so every
+    step replays the same prompts (epochs) with new lengths.
     """
 
     num_prompts: int
@@ -29,6 +31,8 @@ class SyntheticWorkload:
     max_length: int = 1024
     vocab: int = 32000
     seed: int = 0
+    step: int = 0
+    step_sigma: float = 0.15
 
     def batch(self) -> tuple[PromptBatch, np.ndarray]:
         """The prompts (with token ids and true per-prompt mean lengths) and every sample's true length."""
@@ -42,7 +46,10 @@ class SyntheticWorkload:
         which = rng.integers(0, self.templates, size=p)
         flat[offsets[:, None] + np.arange(self.template_tokens)] = templates[which]
         mean = self.median_length * rng.lognormal(0.0, self.prompt_sigma, size=p)
-        per_sample = np.repeat(mean, self.n_samples) * rng.lognormal(0.0, self.sample_sigma, size=p * self.n_samples)
+        step_rng = np.random.default_rng([self.seed, self.step])
+        mean = mean * step_rng.lognormal(0.0, self.step_sigma, size=p)
+        noise = step_rng.lognormal(0.0, self.sample_sigma, size=p * self.n_samples)
+        per_sample = np.repeat(mean, self.n_samples) * noise
         per_sample = np.clip(np.rint(per_sample), 1, self.max_length).astype(np.int64)
         true_mean = per_sample.reshape(p, self.n_samples).mean(axis=1) if p else np.zeros(0)
         batch = PromptBatch(

@@ -1,0 +1,79 @@
+"""``rlhfless plan``: plan one step of a workload with several schedulers and show what each decided."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlhfless_sdk.config import SchedulerConfig, read_scheduler_config
+from rlhfless_sdk.costmodel import AnalyticCostModel
+from rlhfless_sdk.planner import StepPlanner
+from rlhfless_sdk.plugins import Registry
+from rlhfless_sdk.records import CandidateEstimate, Cluster, StepPlan
+from rlhfless_sdk.workloads import SyntheticWorkload, finished_samples
+
+
+def resolve_scheduler(name_or_path: str, registry: Registry) -> SchedulerConfig:
+    """A registered scheduler by name, or a scheduler YAML file by path."""
+    if name_or_path.endswith((".yaml", ".yml")) or Path(name_or_path).is_file():
+        return read_scheduler_config(name_or_path, registry)
+    return registry.scheduler(name_or_path)
+
+
+@dataclass
+class PlannedStep:
+    scheduler: str
+    plan: StepPlan
+    true_mae: float
+    at_true_lengths: CandidateEstimate
+
+
+def plan_synthetic(
+    schedulers: list[SchedulerConfig],
+    registry: Registry,
+    workload: SyntheticWorkload,
+    cluster: Cluster,
+    cost_model: AnalyticCostModel,
+    history_steps: int = 1,
+) -> list[PlannedStep]:
+    """Each scheduler observes ``history_steps`` earlier steps of the workload, then plans the next one."""
+    out = []
+    for config in schedulers:
+        planner = StepPlanner(config, cluster=cluster, cost_model=cost_model, registry=registry)
+        for step in range(history_steps):
+            batch, lengths = SyntheticWorkload(**{**workload.__dict__, "step": step}).batch()
+            planner.observe(finished_samples(batch, lengths))
+        batch, true = SyntheticWorkload(**{**workload.__dict__, "step": history_steps}).batch()
+        plan = planner.plan(batch, step=history_steps)
+        assert batch.true_lengths is not None
+        mae = float(np.abs(np.asarray(plan.predicted_lengths) - batch.true_lengths).mean()) if len(batch) else 0.0
+        actual = cost_model.estimate(batch, true, np.asarray(plan.assignment), plan.num_actors, plan.prefill)
+        out.append(PlannedStep(config.name, plan, mae, actual))
+    return out
+
+
+def summary(p: PlannedStep) -> dict[str, Any]:
+    plan = p.plan
+    chosen = next(e for e in plan.candidates if e.num_actors == plan.num_actors)
+    loads = np.bincount(np.asarray(plan.assignment, dtype=np.int64), minlength=plan.num_actors)
+    return {
+        "scheduler": p.scheduler,
+        "num_actors": plan.num_actors,
+        "planned_time_s": chosen.time_s,
+        "planned_gpu_seconds": chosen.gpu_seconds,
+        "est_time_s": p.at_true_lengths.time_s,
+        "est_gpu_seconds": p.at_true_lengths.gpu_seconds,
+        "prefill_tokens_before": plan.prefill.tokens_before,
+        "prefill_tokens_after": plan.prefill.tokens_after,
+        "shared_prefix_length": plan.prefill.shared_prefix_length,
+        "samples_per_actor_min": int(loads.min()) if loads.size else 0,
+        "samples_per_actor_max": int(loads.max()) if loads.size else 0,
+        "prediction_mae": p.true_mae,
+        "nodes_used": sorted({pl.node for pl in plan.placement}),
+        "planner_ms": plan.planner_ms,
+        "fallbacks": plan.fallbacks,
+        "candidates": [e.model_dump() for e in plan.candidates],
+    }

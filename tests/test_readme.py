@@ -1,0 +1,62 @@
+"""The README's plugin example runs as shown, and CI runs the README's commands."""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+import numpy as np
+
+from rlhfless_sdk import PluginManager
+from rlhfless_sdk.costmodel import AnalyticCostModel
+from rlhfless_sdk.planner import StepPlanner
+from rlhfless_sdk.profiles import load_profile
+from rlhfless_sdk.records import Cluster
+from rlhfless_sdk.workloads import SyntheticWorkload
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def readme_blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
+
+
+def test_example_plugin_in_readme_matches_examples_folder():
+    (block,) = readme_blocks("python")
+    example = (ROOT / "examples" / "custom_assigner_plugin.py").read_text()
+    assert block.strip() in example
+    assert len(block.strip().splitlines()) <= 22
+
+
+def test_example_plugin_plans_a_step():
+    (block,) = readme_blocks("python")
+    module = types.ModuleType("readme_plugin")
+    exec(compile(block, "README.md", "exec"), module.__dict__)
+    pm = PluginManager()
+    pm.register(module, name="readme-plugin")
+    reg = pm.registry
+    assert reg.policy("assigner", "longest-rr").plugin == "readme-plugin"
+    base = reg.scheduler("openrlhf")
+    config = type(base).model_validate({**base.model_dump(), "assigner": "longest-rr"})
+    batch, _ = SyntheticWorkload(50, 4).batch()
+    planner = StepPlanner(
+        config,
+        cluster=Cluster.uniform(1, 8),
+        cost_model=AnalyticCostModel(load_profile("qwen2.5-7b-l40s")),
+        registry=reg,
+    )
+    plan = planner.plan(batch)
+    assert plan.fallbacks == [] and len(plan.assignment) == 200
+    counts = np.bincount(plan.assignment)
+    assert counts.max() - counts.min() <= 4  # dealt round-robin: one group of 4 apart at most
+
+
+def test_ci_runs_the_readme_commands():
+    ci = (ROOT / ".ci" / "run").read_text()
+    setup, tests = readme_blocks("bash")[:2]
+    assert "pip install -e '.[test]'" in tests and "pip install -e '.[test]'" in ci
+    assert "python -m pytest" in tests and "python -m pytest" in ci
+    assert "rlhfless plan" in setup
+    assert "set -euo pipefail" in ci and "ruff check" in ci
