@@ -290,19 +290,26 @@ def test_locality_aware_puts_the_heaviest_beside_the_learner(data, cluster):
 
 # -- the planner, end to end --------------------------------------------------------------------------------
 @pytest.mark.parametrize("scheduler", REG.names("scheduler"))
-@given(batch=S.prompt_batches(), cluster=S.clusters(min_gpus=3), lo=st.integers(1, 3))
-def test_plan_is_valid_for_every_preset(scheduler, batch, cluster, lo):
-    config = REG.scheduler(scheduler).model_copy(update={"min_actors": lo, "max_actors": None})
+@given(
+    batch=S.prompt_batches(),
+    cluster=S.clusters(min_gpus=3),
+    lo=st.integers(1, 3),
+    extra_hi=st.none() | st.integers(0, 6),
+)
+def test_plan_is_valid_for_every_preset(scheduler, batch, cluster, lo, extra_hi):
+    hi = None if extra_hi is None else lo + extra_hi
+    config = REG.scheduler(scheduler).model_copy(update={"min_actors": lo, "max_actors": hi})
     assume(cluster.total_gpus - 2 >= lo)
     planner = StepPlanner(config, cluster=cluster, cost_model=AnalyticCostModel(PROFILE), registry=REG)
     plan = planner.plan(batch)
     assert plan.fallbacks == []
-    assert lo <= plan.num_actors <= cluster.total_gpus - 1
+    extra = planner.extra_actors(plan.prefill)
+    fit = cluster.total_gpus - sum(a.num_gpus for a in extra)
+    assert lo <= plan.num_actors <= min(fit, hi or fit)  # actor count within [min, max] and the cluster
     assert len(plan.assignment) == batch.total_samples
     assert all(0 <= a < plan.num_actors for a in plan.assignment)
-    extra = planner.extra_actors(plan.prefill)
     check_placement(plan.placement, cluster, plan.num_actors, 1, extra)
-    assert {e.num_actors for e in plan.candidates} >= {plan.num_actors}
+    assert plan.num_actors in {e.num_actors for e in plan.candidates}
     type(plan).model_validate(plan.model_dump())  # the record is valid, not only constructed
 
 
