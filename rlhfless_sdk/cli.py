@@ -160,12 +160,13 @@ def plan_cmd(
         return
     click.echo(
         f"{prompts} prompts x {samples} samples, {gpus} GPUs ({gpus_per_node}/node), profile {profile}; "
-        "cost-model estimates: planned (own predictions) and at the true lengths"
+        "cost-model estimates: planned (own predictions) and at the true lengths; "
+        "speedup and GPU-s change vs the first scheduler, at the true lengths"
     )
     base = results[0]
     click.echo(f"{'':<20}{'planned':^14}{'at true lengths':^28}")
     click.echo(
-        f"{'scheduler':<16}{'N':>4}{'time s':>7}{'GPU-s':>7}{'time s':>8}{'GPU-s':>7}{'vs first':>13}"
+        f"{'scheduler':<16}{'N':>4}{'time s':>7}{'GPU-s':>7}{'time s':>8}{'GPU-s':>7}{'speedup GPU-s':>15}"
         f"{'prefill tokens':>20}{'MAE':>6}{'plan ms':>9}"
     )
     for r in results:
@@ -173,7 +174,7 @@ def plan_cmd(
         cost = 1 - r["est_gpu_seconds"] / base["est_gpu_seconds"] if base["est_gpu_seconds"] else 0.0
         click.echo(
             f"{r['scheduler']:<16}{r['num_actors']:>4}{r['planned_time_s']:>7.1f}{r['planned_gpu_seconds']:>7.0f}"
-            f"{r['est_time_s']:>8.1f}{r['est_gpu_seconds']:>7.0f}{f'{speed:.2f}x {cost:+.0%}':>13}"
+            f"{r['est_time_s']:>8.1f}{r['est_gpu_seconds']:>7.0f}{f'{speed:.2f}x {-cost:+.0%}':>15}"
             f"{r['prefill_tokens_before']:>12}->{r['prefill_tokens_after']:<6}{r['prediction_mae']:>6.0f}"
             f"{r['planner_ms']:>9.1f}"
         )
