@@ -9,7 +9,10 @@ from hypothesis import HealthCheck, settings
 
 from rlhfless_sdk import PluginManager, reset_plugin_manager
 
-settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# CI is derandomized so that a red run is reproducible; `HYPOTHESIS_PROFILE=thorough` explores afresh.
+settings.register_profile(
+    "ci", max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.register_profile("thorough", max_examples=1000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

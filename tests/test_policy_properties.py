@@ -282,8 +282,10 @@ def test_locality_aware_puts_the_heaviest_beside_the_learner(data, cluster):
     placed = REG.create("placer", "locality-aware").place(loads, cluster, 1, extra)
     node_of = {(p.actor.role, p.actor.actor_id): p.node for p in placed}
     home = node_of[("learner", 0)]
-    assert node_of[("prefill", 0)] == home
     home_size = next(x.num_gpus for x in cluster.nodes if x.name == home)
+    assert home_size == max(x.num_gpus for x in cluster.nodes)
+    if home_size >= 2:
+        assert node_of[("prefill", 0)] == home
     if home_size > 2:
         assert node_of[("decode", int(np.argmax(loads)))] == home
 
