@@ -16,6 +16,7 @@ class _Destinations:
     """Free slots of the destination actors; each take goes to the least loaded one that still has a slot."""
 
     def __init__(self, actors: Iterable[ActorProgress]) -> None:
+        actors = list(actors)
         self.free = {a.actor_id: a.free_slots for a in actors if a.free_slots > 0}
         self.heap = [(a.running, a.actor_id) for a in actors if a.free_slots > 0]
         heapq.heapify(self.heap)
@@ -35,6 +36,10 @@ class TauParams(Record):
     tau: float = Field(default=0.7, gt=0.0, le=1.0, description="Share of its planned work an actor must finish.")
     mode: Literal["tokens", "kv"] = Field(default="tokens", description="Re-prefill the tokens, or move the KV.")
     max_migrations: NonNegativeInt = Field(default=1, description="Times one sample may be moved in a step.")
+    wake_idle: bool = Field(
+        default=False,
+        description="Also move work to actors that have finished (serverless: they were released and restart).",
+    )
 
 
 class TauMigrator:
@@ -42,7 +47,8 @@ class TauMigrator:
 
     An actor that has generated ``tau`` of its planned tokens and still runs samples that have outgrown their
     prediction (underestimated) has those samples cut and moved to other actors with free slots, emptiest
-    first; no other actor is interrupted. Destinations are actors that are not themselves cutting this round.
+    first; no other actor is interrupted. Destinations are actors that are not themselves cutting this round
+    and still hold work (a finished actor is released under serverless billing), unless ``wake_idle``.
     """
 
     def __init__(self, params: TauParams | None = None) -> None:
@@ -61,7 +67,9 @@ class TauMigrator:
         }
         if not sources:
             return []
-        dests = _Destinations(a for a in progress.actors if a.actor_id not in sources)
+        dests = _Destinations(
+            a for a in progress.actors if a.actor_id not in sources and (p.wake_idle or a.running + a.waiting > 0)
+        )
         out: list[MigrationDecision] = []
         for src in sorted(sources):
             for s in sorted(by_actor[src], key=lambda s: s.tokens_generated - s.predicted_length, reverse=True):

@@ -69,7 +69,7 @@ class PromptAssigner(Protocol):
 class Migrator(Protocol):
     """Cut-and-migrate: decides, mid-step, which unfinished samples move to which actor.
 
-    May assume: ``progress`` lists every decode actor and every unfinished sample at this instant.
+    May assume: ``progress`` lists every decode actor and every started, unfinished sample at this instant.
     Must guarantee: each decision names an unfinished sample once, moves it to a different actor, and the
     decisions sent to one actor never exceed its ``free_slots``; ``tokens_generated`` equals the sample's
     (the tokens travel with it, none is lost). Returning ``[]`` is always valid.

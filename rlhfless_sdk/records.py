@@ -172,8 +172,12 @@ class TimePerTokenProfile(Record):
     intra_node_gbps: float = Field(default=100.0, gt=0, description="Transfer bandwidth within a node, GB/s.")
     inter_node_gbps: float = Field(default=12.5, gt=0, description="Transfer bandwidth across nodes, GB/s.")
     price_per_gpu_second: NonNegativeFloat = Field(description="Price of one GPU for one second.")
-    prepare_s_per_sample: NonNegativeFloat = Field(default=0.0, description="Reward/ref/critic scoring per sample.")
-    learn_s_per_sample: NonNegativeFloat = Field(default=0.0, description="Policy update per sample.")
+    prepare_gpu_s_per_token: NonNegativeFloat = Field(
+        default=0.0, description="Reward, reference and critic scoring: GPU-seconds per token (prompt + response)."
+    )
+    learn_gpu_s_per_token: NonNegativeFloat = Field(
+        default=0.0, description="Policy (and critic) update: GPU-seconds per token (prompt + response)."
+    )
     weight_sync_s: NonNegativeFloat = Field(default=0.0, description="Broadcast of new weights to rollout actors.")
     derivation: str = Field(default="", description="How the numbers were obtained (sources, arithmetic).")
 
@@ -287,7 +291,8 @@ class ActorProgress(Record):
     actor_id: NonNegativeInt
     planned_tokens: NonNegativeFloat = Field(description="Predicted tokens of all samples assigned at plan time.")
     generated_tokens: NonNegativeInt = Field(description="Tokens generated so far on this actor.")
-    running: NonNegativeInt = Field(description="Samples running or waiting on this actor.")
+    running: NonNegativeInt = Field(description="Samples decoding on this actor now.")
+    waiting: NonNegativeInt = Field(default=0, description="Samples queued on this actor, not started yet.")
     free_slots: NonNegativeInt = Field(description="How many more sequences it can take now.")
 
     @property
@@ -296,7 +301,11 @@ class ActorProgress(Record):
 
 
 class StepProgress(Record):
-    """Snapshot handed to a migrator: every decode actor and every unfinished sample."""
+    """Snapshot handed to a migrator: every decode actor and every started, unfinished sample.
+
+    Samples still queued on an actor (not started, nothing generated) are counted in ``ActorProgress.waiting``
+    rather than listed, so a snapshot stays small at 100,000 samples.
+    """
 
     step: NonNegativeInt = 0
     elapsed_s: NonNegativeFloat = 0.0
@@ -312,8 +321,13 @@ class StepReport(Record):
     scheduler: str
     time_s: NonNegativeFloat = Field(description="Wall time of the step (generation to weight sync).")
     generation_s: NonNegativeFloat = 0.0
-    gpu_seconds: NonNegativeFloat = Field(description="GPU-seconds billed for the step.")
-    idle_fraction: float = Field(ge=0.0, le=1.0, description="Share of billed decode GPU time spent idle.")
+    prepare_s: NonNegativeFloat = 0.0
+    learn_s: NonNegativeFloat = 0.0
+    gpu_seconds: NonNegativeFloat = Field(description="GPU-seconds billed serverless: each actor while it has work.")
+    gpu_seconds_serverful: NonNegativeFloat = Field(default=0.0, description="Every GPU for the whole step.")
+    idle_fraction: float = Field(
+        ge=0.0, le=1.0, description="Share of the decode GPUs' generation phase spent idle (the long tail)."
+    )
     imbalance: float = Field(ge=1.0, description="Slowest decode actor's busy time over the mean.")
     prefill_tokens_saved: NonNegativeInt = 0
     migrations: NonNegativeInt = 0
@@ -321,6 +335,8 @@ class StepReport(Record):
     samples: NonNegativeInt = 0
     actor_busy_s: list[NonNegativeFloat] = Field(default_factory=list)
     prediction_mae: NonNegativeFloat | None = None
+    planner_ms: NonNegativeFloat = 0.0
+    fallbacks: list[str] = Field(default_factory=list)
 
 
 ALL_RECORDS: tuple[type[Record], ...] = (

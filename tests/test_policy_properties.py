@@ -231,6 +231,36 @@ def test_tau_moves_only_underestimated_samples_of_actors_past_tau(progress, tau)
         assert actors[d.from_actor].done_fraction >= tau
 
 
+def test_tau_moves_a_laggard_to_an_idle_actor():
+    from rlhfless_sdk.records import ActorProgress, SampleProgress, StepProgress
+
+    progress = StepProgress(
+        total_samples=4,
+        actors=[
+            ActorProgress(actor_id=0, planned_tokens=100, generated_tokens=80, running=2, free_slots=2),
+            ActorProgress(actor_id=1, planned_tokens=100, generated_tokens=100, running=0, free_slots=4),
+            ActorProgress(actor_id=2, planned_tokens=100, generated_tokens=10, running=1, free_slots=0),
+        ],
+        unfinished=[
+            SampleProgress(
+                uid="late", sample_index=0, actor_id=0, tokens_generated=60, predicted_length=40, max_tokens=512
+            ),
+            SampleProgress(
+                uid="ok", sample_index=0, actor_id=0, tokens_generated=20, predicted_length=40, max_tokens=512
+            ),
+            SampleProgress(
+                uid="early", sample_index=0, actor_id=2, tokens_generated=90, predicted_length=40, max_tokens=512
+            ),
+        ],
+    )
+    (d,) = REG.create("migrator", {"name": "tau", "params": {"wake_idle": True}}).decide(progress)
+    assert (d.uid, d.from_actor, d.to_actor, d.tokens_generated) == ("late", 0, 1, 60)
+    assert REG.create("migrator", "tau").decide(progress) == []  # actor 1 is idle (released), actor 2 is full
+    # "early" is underestimated too, but its actor has done only 10% of its work (< tau)
+    (g,) = REG.create("migrator", {"name": "global", "params": {"threshold": 1.0}}).decide(progress)
+    assert g.from_actor == 2 and g.to_actor == 0  # consolidate onto the busiest actor with room
+
+
 # -- scalers ------------------------------------------------------------------------------------------------
 estimates = st.lists(st.tuples(st.floats(0, 1e4), st.floats(0, 1e5)), min_size=1, max_size=20).map(
     lambda xs: [CandidateEstimate(num_actors=i + 1, time_s=t, gpu_seconds=c) for i, (t, c) in enumerate(xs)]

@@ -114,7 +114,7 @@ sample_progress = st.builds(
     migrations=nat,
 )
 actor_progress = st.builds(
-    ActorProgress, actor_id=nat, planned_tokens=fin, generated_tokens=nat, running=nat, free_slots=nat
+    ActorProgress, actor_id=nat, planned_tokens=fin, generated_tokens=nat, running=nat, waiting=nat, free_slots=nat
 )
 
 profiles = st.builds(
@@ -136,8 +136,8 @@ profiles = st.builds(
     intra_node_gbps=st.floats(0.01, 1e4),
     inter_node_gbps=st.floats(0.01, 1e4),
     price_per_gpu_second=fin,
-    prepare_s_per_sample=fin,
-    learn_s_per_sample=fin,
+    prepare_gpu_s_per_token=fin,
+    learn_gpu_s_per_token=fin,
     weight_sync_s=fin,
     derivation=st.text(max_size=40),
 )
@@ -184,7 +184,10 @@ STRATEGIES = {
         scheduler=names,
         time_s=fin,
         generation_s=fin,
+        prepare_s=fin,
+        learn_s=fin,
         gpu_seconds=fin,
+        gpu_seconds_serverful=fin,
         idle_fraction=st.floats(0, 1),
         imbalance=st.floats(1, 100),
         prefill_tokens_saved=nat,
@@ -193,6 +196,8 @@ STRATEGIES = {
         samples=nat,
         actor_busy_s=st.lists(fin, max_size=4),
         prediction_mae=st.none() | fin,
+        planner_ms=fin,
+        fallbacks=st.lists(names, max_size=2),
     ),
 }
 

@@ -1,0 +1,206 @@
+"""Workloads for the simulator: real rollout traces (CSV or JSON lines) and synthetic GSM8K-style steps.
+
+A trace row is one generated sample: at least ``uid, step, sample_idx, prompt_length, response_length``;
+``prompt`` (a list of token ids, left padding stripped) enables prefix deduplication. Rows of one step that
+share a uid form one prompt's group, in the order they appear. A malformed row is an error naming the file,
+the line and the field.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlhfless_sdk.batch import PromptBatch
+from rlhfless_sdk.errors import RlhflessError
+from rlhfless_sdk.workloads import SyntheticWorkload
+
+REQUIRED = ("uid", "step", "sample_idx", "prompt_length", "response_length")
+#: Qwen2.5's pad token, used to left-pad ``prompt`` in the verl traces.
+DEFAULT_PAD_ID = 151643
+
+
+class TraceError(RlhflessError):
+    """A trace that cannot be replayed; names the file, the line and the field."""
+
+    def __init__(self, path: str | Path, line: int | None, field_name: str | None, message: str) -> None:
+        where = str(path) + (f", line {line}" if line else "") + (f", field {field_name!r}" if field_name else "")
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass
+class WorkloadStep:
+    """One training step of a workload: its prompts and every sample's true response length."""
+
+    step: int
+    batch: PromptBatch
+    lengths: np.ndarray  # per sample, samples in prompt order
+
+
+@dataclass
+class Workload:
+    name: str
+    steps: list[WorkloadStep] = field(default_factory=list)
+
+    @property
+    def total_samples(self) -> int:
+        return sum(s.batch.total_samples for s in self.steps)
+
+
+@dataclass
+class _Row:
+    uid: str
+    prompt_length: int
+    response_length: int
+    tokens: list[int] | None
+
+
+def _int(path: Path, line: int, name: str, value: Any, minimum: int = 0) -> int:
+    try:
+        out = int(value)
+        if isinstance(value, float) and value != out:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise TraceError(path, line, name, f"expected an integer, got {value!r}") from None
+    if out < minimum:
+        raise TraceError(path, line, name, f"must be >= {minimum}, got {out}")
+    return out
+
+
+def _tokens(path: Path, line: int, value: Any, pad_id: int) -> list[int] | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise TraceError(path, line, "prompt", f"expected a list of token ids: {exc.msg}") from None
+    if not isinstance(value, list) or not all(isinstance(t, int) and t >= 0 for t in value):
+        raise TraceError(path, line, "prompt", "expected a list of non-negative integer token ids")
+    start = 0
+    while start < len(value) and value[start] == pad_id:  # left padding only: a pad id inside stays
+        start += 1
+    return value[start:]
+
+
+def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row) pairs of a CSV or JSON-lines file."""
+    try:
+        fh = path.open(encoding="utf-8", newline="")
+    except OSError as exc:
+        raise TraceError(path, None, None, f"cannot read: {exc.strerror or exc}") from None
+    with fh:
+        if path.suffix in (".jsonl", ".json", ".ndjson"):
+            for line_no, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise TraceError(path, line_no, None, f"not valid JSON: {exc.msg}") from None
+                if not isinstance(row, dict):
+                    raise TraceError(path, line_no, None, "expected a JSON object")
+                yield line_no, row
+        else:
+            csv.field_size_limit(sys.maxsize)
+            reader = csv.DictReader(fh)
+            missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
+            if missing:
+                raise TraceError(path, 1, missing[0], f"missing column(s) {missing}; found {reader.fieldnames}")
+            for row in reader:
+                yield reader.line_num, row
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in (".csv", ".jsonl", ".json", ".ndjson"))
+        if not files:
+            raise TraceError(path, None, None, "folder holds no .csv or .jsonl trace file")
+        return files
+    if not path.exists():
+        raise TraceError(path, None, None, "no such file or folder")
+    return [path]
+
+
+def load_trace(path: str | Path, *, pad_id: int = DEFAULT_PAD_ID, max_steps: int | None = None) -> Workload:
+    """Read a trace file or a folder of them; steps in ascending order, groups by uid within a step."""
+    path = Path(path)
+    by_step: dict[int, dict[str, list[_Row]]] = {}
+    for file in _files(path):
+        for line, row in _records(file):
+            for name in REQUIRED:
+                if name not in row or row[name] in (None, ""):
+                    raise TraceError(file, line, name, "missing value")
+            step = _int(file, line, "step", row["step"])
+            _int(file, line, "sample_idx", row["sample_idx"])
+            plen = _int(file, line, "prompt_length", row["prompt_length"])
+            rlen = _int(file, line, "response_length", row["response_length"])
+            tokens = _tokens(file, line, row.get("prompt"), pad_id)
+            if tokens is not None and len(tokens) != plen:
+                raise TraceError(
+                    file, line, "prompt", f"has {len(tokens)} tokens after stripping padding, prompt_length={plen}"
+                )
+            uid = str(row["uid"])
+            by_step.setdefault(step, {}).setdefault(uid, []).append(_Row(uid, plen, rlen, tokens))
+    steps = sorted(by_step)[:max_steps]
+    if not steps:
+        raise TraceError(path, None, None, "holds no rows")
+    return Workload(name=path.name, steps=[_step(s, by_step[s]) for s in steps])
+
+
+def _step(step: int, groups: dict[str, list[_Row]]) -> WorkloadStep:
+    rows = list(groups.values())
+    lengths = np.array([r.response_length for g in rows for r in g], dtype=np.int64)
+    prompt_lengths = np.array([g[0].prompt_length for g in rows], dtype=np.int64)
+    flat = None
+    if all(g[0].tokens is not None for g in rows):
+        flat = np.fromiter(
+            (t for g in rows for t in g[0].tokens or ()), dtype=np.int64, count=int(prompt_lengths.sum())
+        )
+    n = np.array([len(g) for g in rows], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(n)])
+    true_mean = np.array([lengths[offsets[i] : offsets[i + 1]].mean() for i in range(len(rows))])
+    batch = PromptBatch(
+        uids=list(groups), prompt_lengths=prompt_lengths, n_samples=n, token_flat=flat, true_lengths=true_mean
+    )
+    return WorkloadStep(step=step, batch=batch, lengths=lengths)
+
+
+def synthetic_workload(synthetic: SyntheticWorkload, steps: int) -> Workload:
+    """``steps`` epochs over the same synthetic prompts, lengths drifting from step to step."""
+    out = Workload(name=f"synthetic-{synthetic.num_prompts}x{synthetic.n_samples}")
+    for s in range(steps):
+        batch, lengths = SyntheticWorkload(**{**synthetic.__dict__, "step": s}).batch()
+        out.steps.append(WorkloadStep(step=s, batch=batch, lengths=lengths))
+    return out
+
+
+def workload_summary(workload: Workload) -> dict[str, Any]:
+    lengths = np.concatenate([s.lengths for s in workload.steps])
+    return {
+        "name": workload.name,
+        "steps": len(workload.steps),
+        "prompts_per_step": int(np.mean([len(s.batch) for s in workload.steps])),
+        "samples": int(lengths.size),
+        "response_length": {
+            "min": int(lengths.min()),
+            "median": float(np.median(lengths)),
+            "max": int(lengths.max()),
+        },
+        "has_tokens": all(s.batch.has_tokens for s in workload.steps),
+    }
+
+
+def iter_samples(step: WorkloadStep) -> Iterable[tuple[int, int, int]]:
+    """(prompt index, sample index within the group, true length) of every sample of a step."""
+    offsets = step.batch.sample_offsets
+    for i in range(len(step.batch)):
+        for k in range(int(step.batch.n_samples[i])):
+            yield i, k, int(step.lengths[offsets[i] + k])
