@@ -45,6 +45,7 @@ def rlhfless_register_prefill_planners(register):
         PolicySpec(
             name="dedup",
             factory=prefill.DedupPrefillPlanner,
+            params=prefill.DedupParams,
             description="prefill each shared prefix once; largest prefix length that fits (RLHFless)",
         )
     )

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+from pydantic import Field, PositiveInt
 
 from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.records import NoParams, PrefillPlan
+from rlhfless_sdk.records import NoParams, PrefillPlan, Record
 
 _B = 0x9E3779B97F4A7C15  # odd, hence invertible modulo 2**64
 _B_INV = pow(_B, -1, 2**64)
@@ -33,28 +34,34 @@ class _PrefixHasher:
             self.sums = np.zeros(t.shape[0] + 1, dtype=np.uint64)
             np.cumsum(t * inv[rel], out=self.sums[1:])
 
-    def __call__(self, cut: np.ndarray) -> np.ndarray:
-        """Hash of each prompt's first ``cut[i]`` tokens, mixed with ``cut[i]``."""
+    def __call__(self, cut: np.ndarray, prompts: np.ndarray | None = None) -> np.ndarray:
+        """Hash of the first ``cut[j]`` tokens of prompt ``prompts[j]`` (default: prompt j), mixed with the cut."""
+        off = self.off if prompts is None else self.off[prompts]
         with np.errstate(over="ignore"):
-            h = self.pow[np.maximum(cut - 1, 0)] * (self.sums[self.off + cut] - self.sums[self.off])
+            h = self.pow[np.maximum(cut - 1, 0)] * (self.sums[off + cut] - self.sums[off])
             return np.where(cut > 0, h, 0).astype(np.uint64) ^ (cut.astype(np.uint64) * _LEN_MIX)
+
+
+class DedupParams(Record):
+    block_size: PositiveInt = Field(default=16, description="KV block size: prefixes are shared in whole blocks.")
 
 
 class DedupPrefillPlanner:
     """Deduplicated prefill: each distinct shared prefix is prefilled once by the prefill actor.
 
-    All n samples of a prompt share the whole prompt, and prompts that share a template share its first tokens.
-    For a shared-prefix length L every prompt's first min(L, len) tokens go to the prefill actor, deduplicated
-    across the batch; each sample then prefills only the rest of its prompt. The prefill actor's work D(L)
-    (distinct prefix tokens) grows with L while the total prefill work only falls, so the planner takes the
-    largest L whose deduplicated batch fits ``capacity_tokens`` (binary search; D is monotone in L). Without
+    All n samples of a prompt share the whole prompt, and prompts that share a template share its first
+    blocks. For a shared-prefix length L (a multiple of the KV block size) every prompt's first min(L, len)
+    tokens go to the prefill actor, which computes them as a prefix cache does: each distinct full block
+    prefix once (a prefix tree of blocks), plus each prompt's last partial block once for its n samples. Each
+    sample then prefills only the rest of its prompt. The prefill actor's work D(L) grows with L and the total
+    falls, so the planner takes the largest L whose work fits ``capacity_tokens`` (binary search). Without
     token ids, only the n samples of each prompt are deduplicated.
     """
 
     name = "dedup"
 
-    def __init__(self, params: NoParams | None = None) -> None:
-        pass
+    def __init__(self, params: DedupParams | None = None) -> None:
+        self.block = (params or DedupParams()).block_size
 
     def plan(self, batch: PromptBatch, capacity_tokens: int) -> PrefillPlan:
         lengths = batch.prompt_lengths
@@ -62,40 +69,50 @@ class DedupPrefillPlanner:
         before = int((lengths * n).sum())
         if len(batch) == 0 or before == 0:
             return PrefillPlan(planner=self.name, tokens_before=before, tokens_after=before)
+        bs = self.block
         hasher = _PrefixHasher(batch) if batch.has_tokens else None
-        idx = np.arange(len(batch), dtype=np.uint64)
+        block_depths = np.zeros(0, dtype=np.int64)
+        if hasher is not None:  # the depth of every distinct full-block prefix in the batch (a block prefix tree)
+            nblocks = lengths // bs
+            owner = np.repeat(np.arange(len(batch)), nblocks)
+            depth = (np.arange(owner.size) - np.repeat(np.cumsum(nblocks) - nblocks, nblocks) + 1) * bs
+            _, first_of = np.unique(hasher(depth, owner), return_index=True)
+            block_depths = np.sort(depth[first_of])
 
-        def keys(L: int) -> tuple[np.ndarray, np.ndarray]:
+        def prefill_actor_tokens(L: int) -> int:
             cut = np.minimum(lengths, L)
-            # Without token ids, only a prompt's own samples share its prefix: key by prompt index.
-            return (hasher(cut) if hasher is not None else idx * _LEN_MIX ^ cut.astype(np.uint64)), cut
+            if hasher is None:  # no token ids: each prompt's prefix is shared only by its own n samples
+                return int(cut.sum())
+            tails = int((cut - (cut // bs) * bs).sum())  # partial last blocks, once per prompt
+            return bs * int(np.searchsorted(block_depths, L, side="right")) + tails
 
-        def distinct_tokens(L: int) -> int:
-            k, cut = keys(L)
-            _, first = np.unique(k, return_index=True)
-            return int(cut[first].sum())
-
-        lo, hi = 0, int(lengths.max())
-        while lo < hi:  # largest L with distinct_tokens(L) <= capacity
+        lo, hi = 0, -(-int(lengths.max()) // bs)
+        while lo < hi:  # largest L = q * bs with prefill_actor_tokens(L) <= capacity
             mid = (lo + hi + 1) // 2
-            if distinct_tokens(mid) <= capacity_tokens:
+            if prefill_actor_tokens(mid * bs) <= capacity_tokens:
                 lo = mid
             else:
                 hi = mid - 1
-        L = lo
+        L = min(lo * bs, int(lengths.max()))
         if L == 0:
             return PrefillPlan(planner=self.name, tokens_before=before, tokens_after=before)
-        k, cut = keys(L)
-        _, first, group = np.unique(k, return_index=True, return_inverse=True)
-        prefix = cut[first]
-        after = int(prefix.sum()) + int((np.maximum(lengths - L, 0) * n).sum())
+        cut = np.minimum(lengths, L)
+        key = (
+            hasher(cut)
+            if hasher is not None
+            else np.arange(len(batch), dtype=np.uint64) * _LEN_MIX ^ cut.astype(np.uint64)
+        )
+        _, first, group = np.unique(key, return_index=True, return_inverse=True)
+        actor_tokens = prefill_actor_tokens(L)
+        after = actor_tokens + int(((lengths - cut) * n).sum())
         return PrefillPlan.model_construct(
             planner=self.name,
             shared_prefix_length=L,
             prompt_group=group.reshape(-1).tolist(),
-            group_prefix_tokens=prefix.tolist(),
+            group_prefix_tokens=cut[first].tolist(),
+            prefill_actor_tokens=actor_tokens,
             tokens_before=before,
-            tokens_after=after,
+            tokens_after=min(after, before),
         )
 
 

@@ -182,6 +182,28 @@ def plan_cmd(
             click.echo(f"  fell back: {', '.join(r['fallbacks'])}")
 
 
+@main.command("simulate")
+@click.option("--trace", type=click.Path(exists=True), help="Trace file or folder (CSV or JSONL).")
+@click.option("--prompts", default=256, show_default=True, help="Synthetic workload (no --trace): prompts/step.")
+@click.option("--samples", default=8, show_default=True, help="Synthetic workload: samples per prompt.")
+@click.option("--steps", default=0, help="Steps to replay (default: all of a trace, 5 synthetic).")
+@click.option("--seed", default=0, show_default=True)
+@click.option(
+    "--scheduler", "schedulers", multiple=True, help="Name or YAML file; repeat. Default: openrlhf, rlhfless."
+)
+@click.option("--ablation", is_flag=True, help="Run the paper's ablation points and the oracle bound.")
+@click.option("--profile", default="qwen2.5-7b-l40s", show_default=True, help="Profile name or YAML file.")
+@click.option("--gpus", default=16, show_default=True)
+@click.option("--gpus-per-node", default=8, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object with a `schedulers` list.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write cost against time per step (PNG).")
+def simulate_cmd(**kw) -> None:
+    """Replay a workload step by step under each scheduler; time, GPU-seconds, speedup, cost reduction."""
+    from rlhfless_sdk.simulate_cli import simulate_main
+
+    simulate_main(get_plugin_manager().registry, **kw)
+
+
 @main.group("bench")
 def bench_group() -> None:
     """Benchmarks (medians of repeated runs; compare figures from one machine only)."""

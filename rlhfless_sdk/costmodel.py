@@ -6,7 +6,8 @@ Per decode actor, with its samples' predicted lengths ``L`` and prompt lengths `
 - decode time    = decode_base_s * steps + decode_per_seq_s * sum L + decode_per_ctx_token_s * sum(p*L + L*(L-1)/2)
 - prefill time   = prefill_per_new_token_s * (prompt tokens not covered by a deduplicated shared prefix)
 
-Step time is the slowest actor plus the prefill actor's shared-prefix pass and one cold start; GPU-seconds
+Step time is the slowest actor plus the prefill actor's pass over the distinct shared prefixes
+(``PrefillPlan.prefill_actor_tokens``) and one cold start; GPU-seconds
 bill each actor while it has work (serverless), plus its cold start. Everything is vectorised over samples.
 """
 
@@ -92,7 +93,7 @@ class AnalyticCostModel:
         prof = self.profile
         busy = self.actor_busy_s(batch, predicted, sample_actor, num_actors, prefill)
         used = int(np.count_nonzero(busy))
-        shared = float(sum(prefill.group_prefix_tokens)) if prefill.prompt_group else 0.0
+        shared = float(prefill.prefill_actor_tokens) if prefill.prompt_group else 0.0
         prefill_actor_s = prof.prefill_per_new_token_s * shared if shared else 0.0
         time_s = prof.cold_start_s + prefill_actor_s + float(busy.max(initial=0.0))
         gpu_seconds = prof.gpus_per_actor * (float(busy.sum()) + used * prof.cold_start_s)

@@ -201,6 +201,9 @@ class PrefillPlan(Record):
     shared_prefix_length: NonNegativeInt = Field(default=0, description="The chosen L.")
     prompt_group: list[NonNegativeInt] = Field(default_factory=list)
     group_prefix_tokens: list[NonNegativeInt] = Field(default_factory=list)
+    prefill_actor_tokens: NonNegativeInt = Field(
+        default=0, description="Tokens the prefill actor computes: each distinct prefix once (a prefix tree)."
+    )
     tokens_before: NonNegativeInt = Field(default=0, description="Prefill tokens with every sample prefilled alone.")
     tokens_after: NonNegativeInt = Field(default=0, description="Prefill tokens after deduplication.")
 

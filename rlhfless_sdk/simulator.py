@@ -307,6 +307,8 @@ class Simulator:
             sample_actor = np.asarray(plan.assignment, dtype=np.int64)
             load = np.bincount(sample_actor, weights=np.asarray(s.predicted), minlength=n)
             done = np.zeros(len(prefix), dtype=bool)
+            # groups share template blocks: the prefill actor's real work is the prefix tree, D tokens in all
+            scale = plan.prefill.prefill_actor_tokens / max(float(prefix.sum()), 1.0)
             clock = prof.prefill_base_s
             for a in np.argsort(-load, kind="stable").tolist():
                 groups = np.unique(group[sample_actor == a])
@@ -314,7 +316,7 @@ class Simulator:
                     continue
                 todo = groups[~done[groups]]
                 done[todo] = True
-                clock += prof.prefill_per_new_token_s * float(prefix[todo].sum())
+                clock += prof.prefill_per_new_token_s * scale * float(prefix[todo].sum())
                 gbytes = float(prefix[groups].sum()) * prof.kv_bytes_per_token / 1e9
                 start[a] = clock + gbytes / self._bandwidth(node_of.get(("prefill", 0)), node_of.get(("decode", a)))
             prefill_s = clock

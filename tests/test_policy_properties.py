@@ -77,15 +77,30 @@ def test_oracle_refuses_without_true_lengths():
 
 
 # -- prefill -----------------------------------------------------------------------------------------------
-@given(batch=S.prompt_batches(with_tokens=True), capacity=st.integers(1, 200))
-def test_dedup_groups_share_their_prefix_and_fit(batch, capacity):
-    plan = REG.create("prefill_planner", "dedup").plan(batch, capacity)
+def block_tree_tokens(batch, L, bs):
+    """Brute force: distinct full-block prefixes within L (once each) plus each prompt's partial last block."""
+    blocks, tails = set(), 0
+    for i in range(len(batch)):
+        cut = min(L, int(batch.prompt_lengths[i]))
+        toks = batch.tokens(i).tolist()
+        for end in range(bs, cut - cut % bs + 1, bs):
+            blocks.add(tuple(toks[:end]))
+        tails += cut % bs
+    return bs * len(blocks) + tails
+
+
+@given(batch=S.prompt_batches(with_tokens=True), capacity=st.integers(1, 200), bs=st.sampled_from([1, 2, 4, 16]))
+def test_dedup_groups_share_their_prefix_and_fit(batch, capacity, bs):
+    plan = REG.create("prefill_planner", {"name": "dedup", "params": {"block_size": bs}}).plan(batch, capacity)
     before = int((batch.prompt_lengths * batch.n_samples).sum())
     assert plan.tokens_before == before and plan.tokens_after <= before
     if not plan.prompt_group:
         assert plan.tokens_after == before
+        if len(batch) and before:  # even one block would not fit
+            assert block_tree_tokens(batch, bs, bs) > capacity or int(batch.prompt_lengths.max()) == 0
         return
     L = plan.shared_prefix_length
+    assert L % bs == 0 or int(batch.prompt_lengths.max()) == L
     assert len(plan.prompt_group) == len(batch)  # every prompt in exactly one group
     for g in plan.groups():
         cut = g.prefix_tokens
@@ -96,13 +111,13 @@ def test_dedup_groups_share_their_prefix_and_fit(batch, capacity):
     # groups are maximal: two prompts with the same truncated prefix are never in different groups
     keys = {tuple(batch.tokens(i)[: min(L, int(batch.prompt_lengths[i]))].tolist()) for i in range(len(batch))}
     assert len(keys) == len(plan.group_prefix_tokens)
-    distinct = sum(len(k) for k in keys)
-    assert distinct <= capacity
-    assert plan.tokens_after == distinct + int((np.maximum(batch.prompt_lengths - L, 0) * batch.n_samples).sum())
-    # L is the largest that fits: one more token per prompt would overflow the prefill actor
+    work = block_tree_tokens(batch, L, bs)
+    assert plan.prefill_actor_tokens == work <= capacity
+    rest = int((np.maximum(batch.prompt_lengths - L, 0) * batch.n_samples).sum())
+    assert plan.tokens_after == min(work + rest, before)
+    # L is the largest block multiple that fits: one more block would overflow the prefill actor
     if int(batch.prompt_lengths.max()) > L:
-        more = {tuple(batch.tokens(i)[: min(L + 1, int(batch.prompt_lengths[i]))].tolist()) for i in range(len(batch))}
-        assert sum(len(k) for k in more) > capacity
+        assert block_tree_tokens(batch, L + bs, bs) > capacity
 
 
 @given(batch=S.prompt_batches(with_tokens=False), capacity=st.integers(1, 500))
@@ -119,15 +134,15 @@ def test_dedup_saves_n_minus_1_over_n_of_whole_prompts():
         n_samples=np.array([3, 3]),
         token_flat=np.array([1, 2, 3, 4, 1, 2, 5, 6]),
     )
-    plan = REG.create("prefill_planner", "dedup").plan(batch, capacity_tokens=10_000)
+    dedup = REG.create("prefill_planner", {"name": "dedup", "params": {"block_size": 2}})
+    plan = dedup.plan(batch, capacity_tokens=10_000)
     assert plan.tokens_before == 24
-    # Each distinct L-prefix is one sequence of the prefill actor's batch: "1 2 3 4" and "1 2 5 6" once each,
-    # instead of three times each: (n-1)/n of the prefill work is saved.
-    assert plan.tokens_after == 8
-    assert plan.shared_prefix_length == 4
-    assert plan.tokens_saved == 24 * 2 // 3
-    # A capacity of 4 tokens fits only the 2-token template prefix "1 2" (once), not both whole prompts.
-    small = REG.create("prefill_planner", "dedup").plan(batch, capacity_tokens=4)
+    # Blocks of 2: "1 2" is computed once for both prompts, "3 4" and "5 6" once each, instead of each
+    # prompt three times (once per sample).
+    assert plan.prefill_actor_tokens == plan.tokens_after == 6
+    assert plan.shared_prefix_length == 4 and plan.group_prefix_tokens == [4, 4]
+    # A capacity of 4 tokens fits the shared template block "1 2" but not the rest.
+    small = dedup.plan(batch, capacity_tokens=4)
     assert small.shared_prefix_length == 2 and small.group_prefix_tokens == [2]
     assert small.tokens_after == 2 + 3 * 2 + 3 * 2
 

@@ -1,0 +1,170 @@
+"""``rlhfless simulate``: replay a workload under several schedulers and compare time and cost."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rlhfless_sdk.config import SchedulerConfig
+from rlhfless_sdk.plan_report import resolve_scheduler
+from rlhfless_sdk.plugins import Registry
+from rlhfless_sdk.profiles import load_profile
+from rlhfless_sdk.records import Cluster, Node
+from rlhfless_sdk.simulator import SimulationResult, Simulator
+from rlhfless_sdk.traces import Workload, load_trace, synthetic_workload, workload_summary
+from rlhfless_sdk.workloads import SyntheticWorkload
+
+#: The paper's ablation points, then the bound.
+ABLATION = ["ablation-raw", "ablation-dedup", "ablation-assign", "ablation-scale", "oracle"]
+
+
+def make_cluster(gpus: int, gpus_per_node: int) -> Cluster:
+    full, rest = divmod(gpus, gpus_per_node)
+    nodes = [Node(name=f"node{i}", num_gpus=gpus_per_node) for i in range(full)]
+    if rest:
+        nodes.append(Node(name=f"node{full}", num_gpus=rest))
+    return Cluster(nodes=nodes)
+
+
+def compare(results: list[SimulationResult]) -> list[dict[str, Any]]:
+    """Totals per scheduler, with speedup and cost reduction against the first one."""
+    base = results[0].totals()
+    out = []
+    for r in results:
+        tot = r.totals()
+        out.append(
+            {
+                "name": r.scheduler,
+                **tot,
+                "speedup": base["total_time_s"] / tot["total_time_s"] if tot["total_time_s"] else 0.0,
+                "cost_reduction": 1.0 - tot["total_gpu_seconds"] / base["total_gpu_seconds"],
+                "cost_reduction_vs_serverful": 1.0 - tot["total_gpu_seconds"] / base["total_gpu_seconds_serverful"],
+                "steps": [s.report.model_dump() for s in r.steps],
+            }
+        )
+    return out
+
+
+def run_simulation(
+    configs: list[SchedulerConfig],
+    workload: Workload,
+    simulator: Simulator,
+    progress: bool = True,
+) -> list[SimulationResult]:
+    results = []
+    total = len(configs) * len(workload.steps)
+    with click.progressbar(
+        length=total, label="simulating", file=click.get_text_stream("stderr"), hidden=not progress
+    ) as bar:
+        for config in configs:
+            results.append(simulator.run(config, workload, on_step=lambda _r: bar.update(1)))
+    return results
+
+
+def print_tables(rows: list[dict[str, Any]]) -> None:
+    base_steps = rows[0]["steps"]
+    for row in rows:
+        click.secho(f"\n{row['name']}", bold=True)
+        click.echo(
+            f"{'step':>5}{'N':>4}{'time s':>9}{'gen s':>8}{'GPU-s':>9}{'srvful':>9}{'speedup':>9}{'cost':>7}"
+            f"{'idle':>6}{'migr':>6}{'prefill saved':>15}{'MAE':>6}"
+        )
+        for st, b in zip(row["steps"], base_steps, strict=True):
+            click.echo(
+                f"{st['step']:>5}{st['num_actors']:>4}{st['time_s']:>9.1f}{st['generation_s']:>8.1f}"
+                f"{st['gpu_seconds']:>9.0f}{st['gpu_seconds_serverful']:>9.0f}{b['time_s'] / st['time_s']:>8.2f}x"
+                f"{st['gpu_seconds'] / b['gpu_seconds'] - 1:>+7.0%}{st['idle_fraction']:>6.2f}{st['migrations']:>6}"
+                f"{st['prefill_tokens_saved']:>15}{st['prediction_mae'] or 0:>6.0f}"
+            )
+    click.secho(
+        "\ntotals (speedup and cost against the first scheduler; cost billed serverless, and against "
+        "the first billed serverful)",
+        bold=True,
+    )
+    click.echo(
+        f"{'scheduler':<18}{'time s':>9}{'GPU-s':>9}{'srvful':>9}{'speedup':>9}{'cost':>7}{'vs srvful':>10}"
+        f"{'idle':>6}{'migr':>6}"
+    )
+    for row in rows:
+        click.echo(
+            f"{row['name']:<18}{row['total_time_s']:>9.1f}{row['total_gpu_seconds']:>9.0f}"
+            f"{row['total_gpu_seconds_serverful']:>9.0f}{row['speedup']:>8.2f}x{-row['cost_reduction']:>+7.0%}"
+            f"{-row['cost_reduction_vs_serverful']:>+10.0%}{row['mean_idle_fraction']:>6.2f}{row['migrations']:>6}"
+        )
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise click.ClickException("--plot needs matplotlib: pip install 'rlhfless[plot]'") from exc
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for row in rows:
+        t = [s["time_s"] for s in row["steps"]]
+        c = [s["gpu_seconds"] for s in row["steps"]]
+        (pts,) = ax.plot(t, c, "o", alpha=0.45, label=f"{row['name']} (per step)")
+        ax.plot([sum(t) / len(t)], [sum(c) / len(c)], "*", ms=16, color=pts.get_color(), markeredgecolor="black")
+    ax.set_xlabel("step time (s)")
+    ax.set_ylabel("GPU-seconds per step (serverless billing)")
+    ax.set_title(title + "\nstars: mean step; lower-left is better")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def load_workload(trace: str | None, prompts: int, samples: int, steps: int, seed: int) -> Workload:
+    if trace:
+        return load_trace(trace, max_steps=steps or None)
+    return synthetic_workload(SyntheticWorkload(prompts, samples, seed=seed), steps or 5)
+
+
+def simulate_main(
+    registry: Registry,
+    *,
+    trace: str | None,
+    prompts: int,
+    samples: int,
+    steps: int,
+    seed: int,
+    schedulers: tuple[str, ...],
+    ablation: bool,
+    profile: str,
+    gpus: int,
+    gpus_per_node: int,
+    as_json: bool,
+    plot_path: Path | None,
+) -> None:
+    names = list(schedulers) or (ABLATION if ablation else ["openrlhf", "rlhfless"])
+    if ablation and schedulers:
+        names = list(schedulers) + [n for n in ABLATION if n not in schedulers]
+    configs = [resolve_scheduler(n, registry) for n in names]
+    workload = load_workload(trace, prompts, samples, steps, seed)
+    prof = load_profile(profile)
+    if gpus < prof.gpus_per_actor:
+        raise click.ClickException(f"--gpus {gpus} is fewer than one actor of profile {profile} needs")
+    sim = Simulator(prof, make_cluster(gpus, gpus_per_node), registry=registry)
+    results = run_simulation(configs, workload, sim, progress=not as_json)
+    rows = compare(results)
+    meta = {"workload": workload_summary(workload), "profile": prof.name, "gpus": gpus}
+    if as_json:
+        click.echo(json.dumps({**meta, "schedulers": rows}, indent=2))
+    else:
+        w = meta["workload"]
+        click.echo(
+            f"workload {w['name']}: {w['steps']} steps x {w['prompts_per_step']} prompts, {w['samples']} samples, "
+            f"response length {w['response_length']['min']}-{w['response_length']['max']} "
+            f"(median {w['response_length']['median']:.0f}); profile {prof.name}; {gpus} GPUs"
+        )
+        print_tables(rows)
+    if plot_path is not None:
+        plot(rows, plot_path, f"{workload.name}, {prof.name}, {gpus} GPUs")
+        if not as_json:
+            click.echo(f"\nplot: {plot_path}")
