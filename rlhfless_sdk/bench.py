@@ -56,3 +56,42 @@ def bench_plan(
         "min_ms": min(times),
         "repeat": repeat,
     }
+
+
+def bench_simulate(
+    prompts: int = 8192,
+    samples: int = 8,
+    gpus: int = 160,
+    *,
+    scheduler: str = "rlhfless",
+    profile: str = "llama-70b-8xh100",
+    steps: int = 2,
+    gpus_per_node: int = 8,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Wall time of each simulated step (planning included) of a synthetic workload at cluster scale."""
+    from rlhfless_sdk.simulate_cli import make_cluster
+    from rlhfless_sdk.simulator import Simulator
+    from rlhfless_sdk.traces import synthetic_workload
+
+    registry = get_plugin_manager().registry
+    sim = Simulator(load_profile(profile), make_cluster(gpus, gpus_per_node), registry=registry)
+    planner = sim.planner(registry.scheduler(scheduler))
+    workload = synthetic_workload(SyntheticWorkload(prompts, samples, seed=seed), steps)
+    walls, reports = [], []
+    for ws in workload.steps:
+        t0 = time.perf_counter()
+        reports.append(sim.step(planner, ws).report)
+        walls.append(time.perf_counter() - t0)
+    return {
+        "scheduler": scheduler,
+        "profile": profile,
+        "gpus": gpus,
+        "prompts": prompts,
+        "samples_per_prompt": samples,
+        "step_wall_s": walls,
+        "max_step_wall_s": max(walls),
+        "actors": [r.num_actors for r in reports],
+        "migrations": [r.migrations for r in reports],
+        "simulated_step_s": [r.time_s for r in reports],
+    }

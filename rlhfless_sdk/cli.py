@@ -234,5 +234,40 @@ def bench_plan_cmd(
         )
 
 
+@bench_group.command("simulate")
+@click.option("--prompts", default=8192, show_default=True)
+@click.option("--samples", default=8, show_default=True)
+@click.option("--gpus", default=160, show_default=True)
+@click.option("--gpus-per-node", default=8, show_default=True)
+@click.option("--scheduler", default="rlhfless", show_default=True)
+@click.option("--profile", default="llama-70b-8xh100", show_default=True)
+@click.option("--steps", default=2, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def bench_simulate_cmd(
+    prompts: int,
+    samples: int,
+    gpus: int,
+    gpus_per_node: int,
+    scheduler: str,
+    profile: str,
+    steps: int,
+    as_json: bool,
+) -> None:
+    """Wall time of one simulated step at scale (default: 20 nodes x 8 H100, Llama-70B, 8,192 x 8 samples)."""
+    from rlhfless_sdk.bench import bench_simulate
+
+    res = bench_simulate(
+        prompts, samples, gpus, scheduler=scheduler, profile=profile, steps=steps, gpus_per_node=gpus_per_node
+    )
+    if as_json:
+        click.echo(json.dumps(res))
+    else:
+        walls = ", ".join(f"{w:.2f}" for w in res["step_wall_s"])
+        click.echo(
+            f"{scheduler} on {gpus} GPUs ({profile}), {prompts} prompts x {samples} samples: "
+            f"wall seconds per simulated step: {walls} (max {res['max_step_wall_s']:.2f})"
+        )
+
+
 if __name__ == "__main__":
     main()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,7 @@ def run_simulation(
 ) -> list[SimulationResult]:
     results = []
     total = len(configs) * len(workload.steps)
-    with click.progressbar(
-        length=total, label="simulating", file=click.get_text_stream("stderr"), hidden=not progress
-    ) as bar:
+    with click.progressbar(length=total, label="simulating", file=sys.stderr, hidden=not progress) as bar:
         for config in configs:
             results.append(simulator.run(config, workload, on_step=lambda _r: bar.update(1)))
     return results
@@ -80,8 +79,8 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
                 f"{st['prefill_tokens_saved']:>15}{st['prediction_mae'] or 0:>6.0f}"
             )
     click.secho(
-        "\ntotals (speedup and cost against the first scheduler; cost billed serverless, and against "
-        "the first billed serverful)",
+        "\ntotals: speedup and GPU-seconds change against the first scheduler, both billed serverless; "
+        "'vs srvful': against the first billed serverful",
         bold=True,
     )
     click.echo(

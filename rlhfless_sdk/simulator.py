@@ -93,6 +93,7 @@ class _Actor:
     heap: list[tuple[int, int]] = field(default_factory=list)  # (finish step, sample)
     stack: list[int] = field(default_factory=list)  # running samples, newest last (preemption order)
     preemptions: int = 0
+    blocked: bool = False  # after a preemption, admit nothing until a running sequence finishes
 
     def __post_init__(self) -> None:
         self.t = self.start
@@ -104,6 +105,9 @@ class _Actor:
         p = self.prof
         new_tok = cached_tok = 0
         admitted = 0
+        if self.blocked and self.B > 0:
+            return
+        self.blocked = False
         while self.waiting and p.max_num_seqs > self.B:
             sid = self.waiting[0]
             if s.ready_at[sid] > self.t:
@@ -170,17 +174,14 @@ class _Actor:
             while self.heap and not self._valid(s, *self.heap[0]):
                 heapq.heappop(self.heap)
             k = self.heap[0][0] - self.S
-            if k > 0 and self.ctx + self.B * k > p.kv_capacity_tokens:
+            if k > 0 and self.B > 1 and self.ctx + self.B * k > p.kv_capacity_tokens:
                 k = (p.kv_capacity_tokens - self.ctx) // self.B
-                if k <= 0:  # KV full: preempt the newest sequence, to be recomputed later
+                if k <= 0:  # KV full: preempt the newest sequence; it is recomputed once a sequence finishes
                     sid = self.stack[-1]
                     self._remove_running(s, sid)
                     self.waiting.appendleft(sid)
                     self.preemptions += 1
-                    if self.B == 0:  # a single sequence larger than the KV cache: let it run over
-                        self.waiting.popleft()
-                        self.waiting.appendleft(sid)
-                        self.ctx = 0
+                    self.blocked = True
                     continue
             A = p.decode_base_s + p.decode_per_seq_s * self.B + p.decode_per_ctx_token_s * self.ctx
             C = p.decode_per_ctx_token_s * self.B
@@ -212,6 +213,7 @@ class _Actor:
                 self.ctx -= s.prompt_len[sid] + s.target[sid]
                 self.stack.remove(sid)
                 self.last_token = self.t
+                self.blocked = False
 
 
 @dataclass
@@ -348,6 +350,7 @@ class Simulator:
             for actor in actors:
                 actor.run_until(s, math.inf)
 
+        self.last_samples = s  # for tests and debugging: the per-sample state of the latest step
         report = self._report(planner, ws, plan, s, actors, prefill_s, migrations)
         planner.observe(self._finished(ws, s))
         chosen = next((e for e in plan.candidates if e.num_actors == n), None)

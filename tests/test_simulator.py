@@ -1,0 +1,306 @@
+"""The trace loader, the discrete-event simulator and ``rlhfless simulate``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from rlhfless_sdk import PluginManager, PolicySpec, hookimpl
+from rlhfless_sdk.batch import PromptBatch
+from rlhfless_sdk.cli import main
+from rlhfless_sdk.profiles import load_profile
+from rlhfless_sdk.records import Cluster, MigrationDecision, TimePerTokenProfile
+from rlhfless_sdk.simulate_cli import make_cluster
+from rlhfless_sdk.simulator import Simulator
+from rlhfless_sdk.traces import TraceError, Workload, WorkloadStep, load_trace, synthetic_workload
+from rlhfless_sdk.workloads import SyntheticWorkload
+
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+GPQA = SHARED / "traces" / "gpqa-qwen2.5-7b-ppo"
+needs_gpqa = pytest.mark.skipif(not GPQA.is_dir(), reason=f"real trace not found at {GPQA} (outside this workplace)")
+
+CSV_HEAD = "uid,step,sample_idx,prompt,response,prompt_length,response_length\n"
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# -- traces ------------------------------------------------------------------------------------------------
+@needs_gpqa
+def test_real_gpqa_trace_loads():
+    w = load_trace(GPQA)
+    assert [s.step for s in w.steps] == list(range(1, 11))
+    assert all(len(s.batch) == 120 and s.batch.has_tokens for s in w.steps)
+    lengths = np.concatenate([s.lengths for s in w.steps])
+    assert (lengths.min(), int(np.median(lengths)), lengths.max()) == (181, 521, 1333)
+    # left padding (151643) stripped: token counts equal prompt_length
+    assert int(w.steps[0].batch.prompt_lengths[0]) == len(w.steps[0].batch.tokens(0)) == 204
+
+
+def test_csv_groups_rows_by_uid_and_strips_left_padding(tmp_path):
+    path = write(
+        tmp_path,
+        "t.csv",
+        CSV_HEAD
+        + '"a",1,0,"[9, 9, 1, 2]",,2,10\n'
+        + '"a",1,1,"[9, 9, 1, 2]",,2,30\n'
+        + '"b",1,2,"[9, 1, 9]",,2,5\n'
+        + '"a",2,0,"[1, 2]",,2,7\n',
+    )
+    w = load_trace(path, pad_id=9)
+    s1 = w.steps[0]
+    assert s1.batch.uids == ["a", "b"] and s1.batch.n_samples.tolist() == [2, 1]
+    assert s1.lengths.tolist() == [10, 30, 5]
+    assert s1.batch.tokens(1).tolist() == [1, 9]  # a pad id inside the prompt stays
+    assert s1.batch.true_lengths.tolist() == [20.0, 5.0]
+    assert [s.step for s in w.steps] == [1, 2]
+
+
+def test_jsonl_trace(tmp_path):
+    rows = [
+        {"uid": "x", "step": 0, "sample_idx": 0, "prompt_length": 3, "response_length": 12},
+        {"uid": "x", "step": 0, "sample_idx": 1, "prompt_length": 3, "response_length": 14},
+    ]
+    w = load_trace(write(tmp_path, "t.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n"))
+    assert w.steps[0].batch.n_samples.tolist() == [2] and not w.steps[0].batch.has_tokens
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "where"),
+    [
+        ("a.csv", "uid,step,sample_idx,prompt_length\nx,1,0,3\n", "line 1, field 'response_length'"),
+        ("b.csv", CSV_HEAD + "x,1,0,,,3,many\n", "line 2, field 'response_length'"),
+        ("c.csv", CSV_HEAD + "x,1,0,,,3,5\nx,one,1,,,3,5\n", "line 3, field 'step'"),
+        ("d.csv", CSV_HEAD + 'x,1,0,"[1, 2",,2,5\n', "line 2, field 'prompt'"),
+        ("e.csv", CSV_HEAD + 'x,1,0,"[1, 2, 3]",,2,5\n', "line 2, field 'prompt'"),
+        ("f.csv", CSV_HEAD + "x,1,0,,,-3,5\n", "line 2, field 'prompt_length'"),
+        ("g.jsonl", '{"uid": "x", "step": 1}\n', "line 1, field 'sample_idx'"),
+        ("h.jsonl", '{"uid": "x", "step": 1,\n', "line 1"),
+        ("i.csv", CSV_HEAD, "holds no rows"),
+    ],
+)
+def test_malformed_trace_names_file_line_and_field(tmp_path, name, text, where):
+    path = write(tmp_path, name, text)
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    assert str(path) in str(err.value) and where in str(err.value)
+
+
+def test_missing_trace(tmp_path):
+    with pytest.raises(TraceError, match="no such file"):
+        load_trace(tmp_path / "nope.csv")
+
+
+# -- the simulator -----------------------------------------------------------------------------------------
+def tiny_profile(**kw) -> TimePerTokenProfile:
+    base = dict(
+        name="t",
+        model="m",
+        hardware="h",
+        decode_base_s=0.01,
+        decode_per_seq_s=0.001,
+        decode_per_ctx_token_s=1e-6,
+        prefill_base_s=0.0,
+        prefill_per_new_token_s=1e-4,
+        kv_capacity_tokens=100_000,
+        max_num_seqs=64,
+        kv_bytes_per_token=1000,
+        price_per_gpu_second=1.0,
+    )
+    return TimePerTokenProfile(**{**base, **kw})
+
+
+def one_step(prompt_len: int, lengths: list[list[int]]) -> Workload:
+    n = np.array([len(x) for x in lengths])
+    batch = PromptBatch(
+        uids=[f"p{i}" for i in range(len(lengths))],
+        prompt_lengths=np.full(len(lengths), prompt_len),
+        n_samples=n,
+        true_lengths=np.array([np.mean(x) for x in lengths], dtype=float),
+    )
+    return Workload("t", [WorkloadStep(0, batch, np.array([v for x in lengths for v in x]))])
+
+
+def fixed(registry, n: int, migrator: str = "none"):
+    base = registry.scheduler("openrlhf").model_dump()
+    return type(registry.scheduler("openrlhf")).model_validate(
+        {**base, "name": "fixed-test", "scaler": {"name": "fixed", "params": {"num_actors": n}}, "migrator": migrator}
+    )
+
+
+def test_one_actor_matches_the_closed_form(registry):
+    prof = tiny_profile()
+    sim = Simulator(prof, Cluster.uniform(1, 1), registry=registry)
+    res = sim.run(fixed(registry, 1), one_step(10, [[5, 5, 5]]))
+    r = res.reports[0]
+    # 3 sequences prefilled together (30 new tokens), then 5 decode steps of batch 3, context 30 + 3k
+    decode = sum(0.01 + 0.001 * 3 + 1e-6 * (30 + 3 * k) for k in range(5))
+    assert r.generation_s == pytest.approx(30 * 1e-4 + decode)
+    assert r.samples == 3 and r.idle_fraction == pytest.approx(0.0, abs=1e-9)
+
+
+def test_max_num_seqs_makes_waves(registry):
+    sim1 = Simulator(tiny_profile(max_num_seqs=4), Cluster.uniform(1, 1), registry=registry)
+    sim2 = Simulator(tiny_profile(max_num_seqs=2), Cluster.uniform(1, 1), registry=registry)
+    w = one_step(4, [[100, 100, 100, 100]])
+    t1 = sim1.run(fixed(registry, 1), w).reports[0].generation_s
+    t2 = sim2.run(fixed(registry, 1), w).reports[0].generation_s
+    # two waves of two sequences instead of one wave of four: 2 x (base + 2 per-seq) against (base + 4 per-seq)
+    assert t2 / t1 == pytest.approx(2 * (0.01 + 0.002) / (0.01 + 0.004), rel=0.02)
+
+
+def test_kv_capacity_preempts_and_recomputes_yet_finishes_everything(registry):
+    sim = Simulator(tiny_profile(kv_capacity_tokens=300), Cluster.uniform(1, 1), registry=registry)
+    res = sim.run(fixed(registry, 1), one_step(20, [[100, 120, 140, 160]]))
+    assert res.steps[0].preemptions > 0
+    assert res.reports[0].samples == 4
+
+
+def test_billing_serverless_and_serverful(registry):
+    prof = tiny_profile(cold_start_s=2.0)
+    sim = Simulator(prof, Cluster.uniform(1, 4), registry=registry)
+    r = sim.run(fixed(registry, 4), one_step(10, [[50], [50], [400], [50]])).reports[0]
+    assert r.gpu_seconds_serverful == pytest.approx(4 * r.time_s)
+    busy = sorted(r.actor_busy_s)
+    assert r.gpu_seconds == pytest.approx(sum(busy) + 4 * 2.0)  # each actor until its last token, plus cold start
+    assert r.idle_fraction == pytest.approx(1 - sum(busy) / (4 * r.generation_s))
+    assert r.imbalance == pytest.approx(max(busy) / np.mean(busy))
+
+
+class MoveOnce:
+    """Test migrator: moves the longest-running sample of actor 0 to actor 1, once (mode from params)."""
+
+    def __init__(self, params):
+        self.mode, self.done = params.mode, False
+
+    def decide(self, progress):
+        started = [s for s in progress.unfinished if s.actor_id == 0 and s.tokens_generated > 0]
+        if self.done or not started:
+            return []
+        self.done = True
+        s = max(started, key=lambda s: s.tokens_generated)
+        return [
+            MigrationDecision(
+                uid=s.uid,
+                sample_index=s.sample_index,
+                from_actor=0,
+                to_actor=1,
+                tokens_generated=s.tokens_generated,
+                mode=self.mode,
+            )
+        ]
+
+
+class MoveParams(__import__("rlhfless_sdk").records.Record):
+    mode: str = "tokens"
+
+
+class MovePlugin:
+    @hookimpl
+    def rlhfless_register_migrators(self, register):
+        register(PolicySpec(name="move-once", factory=MoveOnce, params=MoveParams))
+
+
+@pytest.mark.parametrize("mode", ["tokens", "kv"])
+def test_migration_keeps_every_token_and_charges_its_cost(mode):
+    pm = PluginManager()
+    pm.register(MovePlugin(), name="move-plugin")
+    reg = pm.registry
+    prof = tiny_profile(prefill_per_new_token_s=1e-3, kv_bytes_per_token=10**6, intra_node_gbps=1.0)
+    sim = Simulator(prof, Cluster.uniform(1, 2), registry=reg)
+    config = fixed(reg, 2, migrator={"name": "move-once", "params": {"mode": mode}})
+    # prompt 0 -> actor 0 (two samples: 400 and 100 tokens), prompt 1 -> actor 1 (50 tokens)
+    res = sim.run(config, one_step(20, [[400, 100], [50]]))
+    r = res.reports[0]
+    assert r.migrations == 1
+    done = sim.last_samples
+    assert done.generated == done.target  # every token generated, none lost or repeated
+    assert sorted(done.migrations) == [0, 0, 1]
+    assert done.actor[0] == 1  # the long sample finished on actor 1
+    assert all(state == 2 for state in done.state)
+
+
+def test_predictor_learns_across_steps(registry):
+    w = synthetic_workload(SyntheticWorkload(64, 4, seed=3), 3)
+    sim = Simulator(load_profile("qwen2.5-7b-l40s"), make_cluster(8, 8), registry=registry)
+    mae = [r.prediction_mae for r in sim.run(registry.scheduler("rlhfless"), w).reports]
+    assert mae[1] < 0.6 * mae[0]  # step 0 is a cold start; then each prompt has a history
+    oracle = sim.run(registry.scheduler("oracle"), w).reports
+    assert all(r.prediction_mae < mae[1] for r in oracle)
+
+
+@pytest.mark.parametrize("name", ["openrlhf", "rlhfless", "ablation-dedup", "ablation-assign", "oracle"])
+def test_every_sample_finishes_once(registry, name):
+    w = synthetic_workload(SyntheticWorkload(48, 4, seed=1), 2)
+    sim = Simulator(load_profile("qwen2.5-3b-h100"), make_cluster(8, 4), registry=registry)
+    res = sim.run(registry.scheduler(name), w)
+    for step, ws in zip(res.steps, w.steps, strict=True):
+        assert step.report.samples == ws.batch.total_samples
+        assert step.report.time_s >= step.report.generation_s > 0
+    assert sim.last_samples.generated == sim.last_samples.target
+
+
+# -- the command line --------------------------------------------------------------------------------------
+def test_simulate_json_and_plot(tmp_path):
+    png = tmp_path / "p.png"
+    res = CliRunner().invoke(
+        main,
+        [
+            "simulate",
+            "--prompts",
+            "32",
+            "--samples",
+            "4",
+            "--steps",
+            "2",
+            "--gpus",
+            "8",
+            "--json",
+            "--plot",
+            str(png),
+            "--scheduler",
+            "openrlhf",
+            "--scheduler",
+            "rlhfless",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    names = [s["name"] for s in out["schedulers"]]
+    assert names == ["openrlhf", "rlhfless"]
+    for s in out["schedulers"]:
+        assert {"total_time_s", "total_gpu_seconds", "speedup", "cost_reduction", "steps"} <= set(s)
+        assert len(s["steps"]) == 2
+    assert out["schedulers"][0]["speedup"] == 1.0 and out["schedulers"][0]["cost_reduction"] == 0.0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_ablation_table():
+    res = CliRunner().invoke(main, ["simulate", "--prompts", "32", "--samples", "4", "--steps", "2", "--ablation"])
+    assert res.exit_code == 0, res.output
+    for name in ("ablation-raw", "ablation-dedup", "ablation-assign", "ablation-scale", "oracle"):
+        assert name in res.output
+    assert "totals" in res.output
+
+
+def test_simulate_bad_trace_is_a_clear_error(tmp_path):
+    bad = write(tmp_path, "bad.csv", CSV_HEAD + "x,1,0,,,3,oops\n")
+    res = CliRunner().invoke(main, ["simulate", "--trace", str(bad)])
+    assert res.exit_code == 2
+    assert "line 2, field 'response_length'" in res.output
+
+
+@needs_gpqa
+def test_simulate_real_trace_ablation():
+    res = CliRunner().invoke(main, ["simulate", "--trace", str(GPQA), "--steps", "3", "--ablation", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {s["name"]: s for s in json.loads(res.output)["schedulers"]}
+    assert rows["ablation-dedup"]["steps"][0]["prefill_tokens_saved"] > 0  # the shared system prompt
+    assert rows["oracle"]["steps"][1]["prediction_mae"] == 0.0
