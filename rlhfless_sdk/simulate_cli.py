@@ -104,6 +104,14 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     except ImportError as exc:
         raise click.ClickException("--plot needs matplotlib: pip install 'rlhfless[plot]'") from exc
     fig, ax = plt.subplots(figsize=(7, 5))
+    first = rows[0]
+    ax.plot(
+        [s["time_s"] for s in first["steps"]],
+        [s["gpu_seconds_serverful"] for s in first["steps"]],
+        "x",
+        color="gray",
+        label=f"{first['name']} billed serverful (per step)",
+    )
     for row in rows:
         t = [s["time_s"] for s in row["steps"]]
         c = [s["gpu_seconds"] for s in row["steps"]]
