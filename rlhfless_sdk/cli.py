@@ -189,6 +189,10 @@ def plan_cmd(
 @click.option("--prompts", default=256, show_default=True, help="Synthetic workload (no --trace): prompts/step.")
 @click.option("--samples", default=8, show_default=True, help="Synthetic workload: samples per prompt.")
 @click.option("--steps", default=0, help="Steps to replay (default: all of a trace, 5 synthetic).")
+@click.option("--median-length", default=300.0, show_default=True, help="Synthetic: median response length.")
+@click.option("--length-sigma", default=0.6, show_default=True, help="Synthetic: log-normal spread across prompts.")
+@click.option("--sample-sigma", default=0.35, show_default=True, help="Synthetic: spread within a prompt's group.")
+@click.option("--max-length", default=1024, show_default=True, help="Synthetic: response length cap.")
 @click.option("--seed", default=0, show_default=True)
 @click.option(
     "--scheduler", "schedulers", multiple=True, help="Name or YAML file; repeat. Default: openrlhf, rlhfless."

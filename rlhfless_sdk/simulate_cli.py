@@ -127,10 +127,20 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def load_workload(trace: str | None, prompts: int, samples: int, steps: int, seed: int) -> Workload:
+def load_workload(trace: str | None, prompts: int, samples: int, steps: int, seed: int, **shape: Any) -> Workload:
+    """A trace, or the embedded synthetic GSM8K-style workload with the given length distribution."""
     if trace:
         return load_trace(trace, max_steps=steps or None)
-    return synthetic_workload(SyntheticWorkload(prompts, samples, seed=seed), steps or 5)
+    synthetic = SyntheticWorkload(
+        prompts,
+        samples,
+        seed=seed,
+        median_length=shape.get("median_length", 300.0),
+        prompt_sigma=shape.get("length_sigma", 0.6),
+        sample_sigma=shape.get("sample_sigma", 0.35),
+        max_length=shape.get("max_length", 1024),
+    )
+    return synthetic_workload(synthetic, steps or 5)
 
 
 def simulate_main(
@@ -141,19 +151,29 @@ def simulate_main(
     samples: int,
     steps: int,
     seed: int,
-    schedulers: tuple[str, ...],
-    ablation: bool,
-    profile: str,
-    gpus: int,
-    gpus_per_node: int,
-    as_json: bool,
-    plot_path: Path | None,
+    median_length: float = 300.0,
+    length_sigma: float = 0.6,
+    sample_sigma: float = 0.35,
+    max_length: int = 1024,
+    schedulers: tuple[str, ...] = (),
+    ablation: bool = False,
+    profile: str = "qwen2.5-7b-l40s",
+    gpus: int = 16,
+    gpus_per_node: int = 8,
+    as_json: bool = False,
+    plot_path: Path | None = None,
 ) -> None:
     names = list(schedulers) or (ABLATION if ablation else ["openrlhf", "rlhfless"])
     if ablation and schedulers:
         names = list(schedulers) + [n for n in ABLATION if n not in schedulers]
     configs = [resolve_scheduler(n, registry) for n in names]
-    workload = load_workload(trace, prompts, samples, steps, seed)
+    shape = {
+        "median_length": median_length,
+        "length_sigma": length_sigma,
+        "sample_sigma": sample_sigma,
+        "max_length": max_length,
+    }
+    workload = load_workload(trace, prompts, samples, steps, seed, **shape)
     prof = load_profile(profile)
     if gpus < prof.gpus_per_actor:
         raise click.ClickException(f"--gpus {gpus} is fewer than one actor of profile {profile} needs")

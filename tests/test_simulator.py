@@ -304,3 +304,26 @@ def test_simulate_real_trace_ablation():
     rows = {s["name"]: s for s in json.loads(res.output)["schedulers"]}
     assert rows["ablation-dedup"]["steps"][0]["prefill_tokens_saved"] > 0  # the shared system prompt
     assert rows["oracle"]["steps"][1]["prediction_mae"] == 0.0
+
+
+def test_synthetic_length_distribution_is_configurable():
+    res = CliRunner().invoke(
+        main,
+        [
+            "simulate",
+            "--prompts",
+            "16",
+            "--samples",
+            "2",
+            "--steps",
+            "1",
+            "--median-length",
+            "40",
+            "--max-length",
+            "60",
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    lengths = json.loads(res.output)["workload"]["response_length"]
+    assert lengths["max"] <= 60 and 20 <= lengths["median"] <= 60
