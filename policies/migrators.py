@@ -32,6 +32,19 @@ class _Destinations:
         return None
 
 
+def _planned(s: SampleProgress) -> float:
+    return s.predicted_length if s.planned_length is None else s.planned_length
+
+
+def _underestimated(s: SampleProgress) -> bool:
+    """It has outgrown the plan's prediction, or a refined prediction (e.g. from its GRPO siblings) says it will."""
+    return s.tokens_generated > _planned(s) or s.predicted_length > _planned(s)
+
+
+def _overrun(s: SampleProgress) -> float:
+    return max(s.tokens_generated, s.predicted_length) - _planned(s)
+
+
 class TauParams(Record):
     tau: float = Field(default=0.7, gt=0.0, le=1.0, description="Share of its planned work an actor must finish.")
     mode: Literal["tokens", "kv"] = Field(default="tokens", description="Re-prefill the tokens, or move the KV.")
@@ -62,8 +75,7 @@ class TauMigrator:
         sources = {
             a.actor_id
             for a in progress.actors
-            if a.done_fraction >= p.tau
-            and any(s.tokens_generated > s.predicted_length for s in by_actor.get(a.actor_id, ()))
+            if a.done_fraction >= p.tau and any(_underestimated(s) for s in by_actor.get(a.actor_id, ()))
         }
         if not sources:
             return []
@@ -72,8 +84,8 @@ class TauMigrator:
         )
         out: list[MigrationDecision] = []
         for src in sorted(sources):
-            for s in sorted(by_actor[src], key=lambda s: s.tokens_generated - s.predicted_length, reverse=True):
-                if s.tokens_generated <= s.predicted_length or s.migrations >= p.max_migrations:
+            for s in sorted(by_actor[src], key=_overrun, reverse=True):
+                if not _underestimated(s) or s.migrations >= p.max_migrations:
                     continue
                 to = dests.take()
                 if to is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 
-from rlhfless_policies import assigners, migrators, placers, predictors, prefill, scalers
+from rlhfless_policies import assigners, migrators, model_predictor, placers, predictors, prefill, scalers
 
 from rlhfless_sdk import PolicySpec, SchedulerConfig, hookimpl
 from rlhfless_sdk.config import parse_scheduler_config
@@ -19,6 +19,30 @@ def rlhfless_register_predictors(register):
             factory=predictors.EwmaPredictor,
             params=predictors.EwmaParams,
             description="EWMA of each prompt's response length in its last steps (RLHFless)",
+        )
+    )
+    register(
+        PolicySpec(
+            name="model",
+            factory=model_predictor.ModelPredictor,
+            params=model_predictor.ModelParams,
+            description="ridge regression on hashed token n-grams of the prompt, trained online",
+        )
+    )
+    register(
+        PolicySpec(
+            name="hybrid",
+            factory=predictors.HybridPredictor,
+            params=predictors.HybridParams,
+            description="EWMA for prompts with a history, the model for new ones (beyond the paper)",
+        )
+    )
+    register(
+        PolicySpec(
+            name="group",
+            factory=predictors.GroupPredictor,
+            params=predictors.GroupParams,
+            description="EWMA, refined mid-step from finished GRPO siblings (beyond the paper)",
         )
     )
     register(

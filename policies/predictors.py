@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
 from pydantic import Field, PositiveInt
+from rlhfless_policies.model_predictor import ModelParams, ModelPredictor
 
 from rlhfless_sdk.batch import PromptBatch
 from rlhfless_sdk.errors import RlhflessError
-from rlhfless_sdk.records import FinishedSample, NoParams, Record
+from rlhfless_sdk.history import LengthHistory
+from rlhfless_sdk.records import FinishedSample, NoParams, Record, StepProgress
 
 
 class EwmaParams(Record):
@@ -21,38 +22,55 @@ class EwmaParams(Record):
         default="mean", description="Prediction for a prompt never seen; see EwmaPredictor."
     )
     default_length: float = Field(default=512.0, ge=0.0, description="Used before anything has been observed.")
+    history_path: str | None = Field(
+        default=None,
+        description="SQLite file for the length history (survives restarts, shared by processes); "
+        "default: an in-memory SQLite store, private to this run.",
+    )
 
 
 class EwmaPredictor:
     """Predicts a prompt's response length as an EWMA of its mean length in its last ``window`` steps.
 
     ``observe`` is called once per step with that step's finished samples; the n samples of a prompt are
-    averaged into one observation. Cold start (a uid never observed): ``mean`` uses the mean length of the most
-    recent step observed (``default_length`` before any), ``prompt-length`` uses the prompt's own length,
-    ``constant`` always uses ``default_length``.
+    averaged into one observation, stored in the SQLite length history. Cold start (a uid with no history):
+    ``mean`` uses the mean length of the most recent step observed (``default_length`` before any),
+    ``prompt-length`` uses the prompt's own length, ``constant`` always uses ``default_length``.
     """
 
     def __init__(self, params: EwmaParams | None = None) -> None:
         self.params = params or EwmaParams()
-        self.history: dict[str, deque[float]] = {}
+        self.store = LengthHistory(self.params.history_path)
+        self._persistent = self.params.history_path is not None
         self._estimate: dict[str, float] = {}
-        self._recent_mean = self.params.default_length
+        self._step = self.store.next_step()
+        recent = self.store.last_step_mean()
+        self._recent_mean = self.params.default_length if recent is None else recent
 
-    def _smooth(self, values: deque[float]) -> float:
+    def smooth(self, values: Sequence[float]) -> float:
         it = iter(values)
         est = next(it)
         for x in it:
             est = self.params.alpha * x + (1.0 - self.params.alpha) * est
         return est
 
+    def known(self, uids: Sequence[str]) -> dict[str, float]:
+        """Estimates of the uids that have a history (loading from a persistent store what is not cached)."""
+        est = self._estimate
+        if self._persistent:
+            missing = [u for u in uids if u not in est]
+            for uid, values in self.store.recent(missing, self.params.window).items():
+                est[uid] = self.smooth(values)
+        return est
+
     def predict(self, batch: PromptBatch) -> np.ndarray:
         p = self.params
-        out = np.empty(len(batch), dtype=np.float64)
         if p.cold_start == "prompt-length":
             cold = batch.prompt_lengths.astype(np.float64)
         else:
             cold = np.full(len(batch), p.default_length if p.cold_start == "constant" else self._recent_mean)
-        est = self._estimate
+        est = self.known(batch.uids)
+        out = np.empty(len(batch), dtype=np.float64)
         for i, uid in enumerate(batch.uids):
             out[i] = est.get(uid, cold[i])
         return out
@@ -60,15 +78,13 @@ class EwmaPredictor:
     def observe(self, samples: Sequence[FinishedSample]) -> None:
         if not samples:
             return
-        sums: dict[str, list[float]] = {}
+        groups: dict[str, list[float]] = {}
         for s in samples:
-            acc = sums.setdefault(s.uid, [0.0, 0.0])
-            acc[0] += s.response_length
-            acc[1] += 1.0
-        for uid, (total, count) in sums.items():
-            hist = self.history.setdefault(uid, deque(maxlen=self.params.window))
-            hist.append(total / count)
-            self._estimate[uid] = self._smooth(hist)
+            groups.setdefault(s.uid, []).append(float(s.response_length))
+        self.store.record(self._step, groups)
+        self._step += 1
+        for uid, values in self.store.recent(list(groups), self.params.window).items():
+            self._estimate[uid] = self.smooth(values)
         self._recent_mean = float(np.mean([s.response_length for s in samples]))
 
 
@@ -105,3 +121,69 @@ class OraclePredictor:
 
     def observe(self, samples: Sequence[FinishedSample]) -> None:
         return None
+
+
+class GroupParams(EwmaParams):
+    prior: float = Field(default=1.0, ge=0.0, description="Weight, in samples, of the history in the blend.")
+
+
+class GroupPredictor(EwmaPredictor):
+    """Beyond the paper: EWMA before the step, then, during it, each GRPO group's finished samples re-estimate
+    their unfinished siblings (``refine``; the migration controller calls it before the migrator).
+
+    A sample still running after g tokens is predicted as the mean of its finished siblings that ran longer
+    than g, blended with the history (``prior`` samples' weight); if every finished sibling was shorter,
+    1.25 g. Samples without finished siblings keep their prediction.
+    """
+
+    def __init__(self, params: GroupParams | None = None) -> None:
+        super().__init__(params or GroupParams())
+        self.prior = (params or GroupParams()).prior
+
+    def refine(self, progress: StepProgress) -> StepProgress:
+        if not progress.finished:
+            return progress
+        updated = []
+        for s in progress.unfinished:
+            done = progress.finished.get(s.uid)
+            if not done:
+                updated.append(s)
+                continue
+            base = s.planned_length if s.planned_length is not None else s.predicted_length
+            g = s.tokens_generated
+            longer = [x for x in done if x > g]
+            if longer:
+                est = (sum(longer) + self.prior * max(base, g + 1.0)) / (len(longer) + self.prior)
+            else:
+                est = max(base, 1.25 * g)
+            updated.append(s.model_copy(update={"predicted_length": max(est, g + 1.0), "planned_length": base}))
+        return progress.model_copy(update={"unfinished": updated})
+
+
+class HybridParams(EwmaParams):
+    features: PositiveInt = Field(default=1024, le=1 << 16)
+    ngram: int = Field(default=2, ge=1, le=3)
+    ridge: float = Field(default=1.0, gt=0.0)
+
+
+class HybridPredictor:
+    """Beyond the paper: a prompt's own history (EWMA) when it has one; the ``model`` regression otherwise."""
+
+    def __init__(self, params: HybridParams | None = None) -> None:
+        p = params or HybridParams()
+        self.ewma = EwmaPredictor(EwmaParams(**{k: getattr(p, k) for k in EwmaParams.model_fields}))
+        self.model = ModelPredictor(
+            ModelParams(features=p.features, ngram=p.ngram, ridge=p.ridge, default_length=p.default_length)
+        )
+
+    def predict(self, batch: PromptBatch) -> np.ndarray:
+        out = self.model.predict(batch)
+        known = self.ewma.known(batch.uids)
+        for i, uid in enumerate(batch.uids):
+            if uid in known:
+                out[i] = known[uid]
+        return out
+
+    def observe(self, samples: Sequence[FinishedSample]) -> None:
+        self.ewma.observe(samples)
+        self.model.observe(samples)

@@ -289,7 +289,24 @@ class MigrationController:
             free[d.to_actor] -= 1
         return decisions
 
+    def refine(self, progress: StepProgress) -> StepProgress:
+        """Let the predictor re-estimate unfinished samples mid-step (e.g. from finished GRPO siblings)."""
+        refine = getattr(self.planner.policies["predictor"], "refine", None)
+        if refine is None:
+            return progress
+        try:
+            out = refine(progress)
+            if not isinstance(out, StepProgress) or len(out.unfinished) != len(progress.unfinished):
+                raise InvalidPolicyOutput("refine must return a StepProgress with the same unfinished samples")
+            return out
+        except Exception as exc:
+            log.warning(
+                "%s failed to refine predictions: %s; keeping the plan's", self.planner.policy_label("predictor"), exc
+            )
+            return progress
+
     def decide(self, progress: StepProgress) -> list[MigrationDecision]:
+        progress = self.refine(progress)
         decisions = self.planner.call(
             "migrator", self.fallbacks, lambda p: p.decide(progress), lambda o: self.check(o, progress)
         )

@@ -286,6 +286,9 @@ class SampleProgress(Record):
     predicted_length: NonNegativeFloat
     max_tokens: PositiveInt
     migrations: NonNegativeInt = Field(default=0, description="Times this sample has already been moved.")
+    planned_length: NonNegativeFloat | None = Field(
+        default=None, description="The prediction the plan used; predicted_length may be refined mid-step."
+    )
 
 
 class ActorProgress(Record):
@@ -315,6 +318,9 @@ class StepProgress(Record):
     total_samples: NonNegativeInt = Field(default=0, description="Samples in the whole step, finished or not.")
     actors: list[ActorProgress]
     unfinished: list[SampleProgress]
+    finished: dict[str, list[NonNegativeInt]] = Field(
+        default_factory=dict, description="Lengths of this step's finished samples, by prompt uid (GRPO siblings)."
+    )
 
 
 class StepReport(Record):

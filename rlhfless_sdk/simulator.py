@@ -69,6 +69,7 @@ class _Samples:
         self.prefilled = [False] * n  # first admission prefills only the part not shared via the prefill actor
         self.kv_cached = [False] * n  # migrated with its KV: admission needs no recompute
         self.finish_time = [0.0] * n
+        self.finished_lengths: dict[int, list[int]] = {}  # prompt index -> lengths of its finished samples
 
 
 @dataclass
@@ -209,6 +210,7 @@ class _Actor:
                 s.state[sid] = _DONE
                 s.generated[sid] = s.target[sid]
                 s.finish_time[sid] = self.t
+                s.finished_lengths.setdefault(s.prompt[sid], []).append(s.target[sid])
                 self.B -= 1
                 self.ctx -= s.prompt_len[sid] + s.target[sid]
                 self.stack.remove(sid)
@@ -363,7 +365,7 @@ class Simulator:
     def _progress(self, ws: WorkloadStep, s: _Samples, actors: Sequence[_Actor], now: float) -> StepProgress:
         cap = self.max_tokens or int(max(s.target, default=1)) or 1
         uids = ws.batch.uids
-        act, unfinished = [], []
+        act, unfinished, prompts = [], [], set()
         for a in actors:
             act.append(
                 ActorProgress.model_construct(
@@ -385,10 +387,18 @@ class Simulator:
                         predicted_length=s.predicted[sid],
                         max_tokens=max(cap, 1),
                         migrations=s.migrations[sid],
+                        planned_length=s.predicted[sid],
                     )
                 )
+                prompts.add(s.prompt[sid])
+        finished = {uids[p]: s.finished_lengths[p] for p in prompts if p in s.finished_lengths}
         return StepProgress.model_construct(
-            step=ws.step, elapsed_s=now, total_samples=ws.batch.total_samples, actors=act, unfinished=unfinished
+            step=ws.step,
+            elapsed_s=now,
+            total_samples=ws.batch.total_samples,
+            actors=act,
+            unfinished=unfinished,
+            finished=finished,
         )
 
     def _apply(
