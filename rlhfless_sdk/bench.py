@@ -95,3 +95,20 @@ def bench_simulate(
         "migrations": [r.migrations for r in reports],
         "simulated_step_s": [r.time_s for r in reports],
     }
+
+
+def bench_predict(predictor: str, prompts: int, samples: int, *, repeat: int = 20, seed: int = 0) -> dict[str, Any]:
+    """Time ``predict`` on a fresh batch after one observed step (so a model is trained)."""
+    registry = get_plugin_manager().registry
+    pred = registry.create("predictor", predictor)
+    history, lengths = SyntheticWorkload(prompts, samples, seed=seed, step=0).batch()
+    pred.predict(history)
+    pred.observe(finished_samples(history, lengths))
+    batch, _ = SyntheticWorkload(prompts, samples, seed=seed + 1, step=1).batch()  # unseen prompts too
+    pred.predict(batch)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        pred.predict(batch)
+        times.append((time.perf_counter() - t0) * 1000.0)
+    return {"predictor": predictor, "prompts": prompts, "median_ms": statistics.median(times), "min_ms": min(times)}

@@ -255,6 +255,80 @@ def _stdout_to_stderr(active: bool):
         os.close(saved)
 
 
+@main.command("compare-predictors")
+@click.option("--trace", type=click.Path(exists=True), help="Trace file or folder (default: synthetic workload).")
+@click.option(
+    "--predictors",
+    default="ewma,model,hybrid,group,prompt-length",
+    show_default=True,
+    help="Comma-separated predictor names.",
+)
+@click.option("--prompts", default=256, show_default=True, help="Synthetic workload: prompts per step.")
+@click.option("--samples", default=8, show_default=True, help="Synthetic workload: samples per prompt.")
+@click.option("--steps", default=0, help="Steps to replay (default: all of a trace, 5 synthetic).")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--scheduler", default="rlhfless", show_default=True, help="Scheduler the predictors are swapped into.")
+@click.option("--profile", default="qwen2.5-7b-l40s", show_default=True)
+@click.option("--gpus", default=16, show_default=True)
+@click.option("--simulate/--no-simulate", default=True, show_default=True, help="Also simulate each predictor.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object with a `predictors` list.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write a comparison chart (PNG).")
+def compare_predictors_cmd(
+    trace: str | None,
+    predictors: str,
+    prompts: int,
+    samples: int,
+    steps: int,
+    seed: int,
+    scheduler: str,
+    profile: str,
+    gpus: int,
+    simulate: bool,
+    as_json: bool,
+    plot_path: Path | None,
+) -> None:
+    """Replay a workload in step order and score each length predictor (MAE, Acc@50/100, Kendall tau)."""
+    from rlhfless_sdk.compare import compare_predictors
+    from rlhfless_sdk.config import PolicyRef
+    from rlhfless_sdk.plan_report import resolve_scheduler
+    from rlhfless_sdk.profiles import load_profile
+    from rlhfless_sdk.simulate_cli import load_workload, make_cluster
+    from rlhfless_sdk.simulator import Simulator
+    from rlhfless_sdk.traces import workload_summary
+
+    registry = get_plugin_manager().registry
+    refs = [PolicyRef(name=n.strip()) for n in predictors.split(",") if n.strip()]
+    for ref in refs:
+        registry.policy("predictor", ref.name)  # fail before any work on an unknown name
+    workload = load_workload(trace, prompts, samples, steps, seed)
+    base = resolve_scheduler(scheduler, registry)
+    sim = Simulator(load_profile(profile), make_cluster(gpus, 8), registry=registry) if simulate else None
+    with click.progressbar(length=len(refs), label="predictors", file=sys.stderr, hidden=as_json) as bar:
+        rows = compare_predictors(registry, refs, workload, sim, base, on_done=lambda _n: bar.update(1))
+    meta = {"workload": workload_summary(workload), "scheduler": base.name, "profile": profile, "gpus": gpus}
+    if as_json:
+        click.echo(json.dumps({**meta, "predictors": rows}, indent=2))
+    else:
+        w = meta["workload"]
+        click.echo(
+            f"workload {w['name']}: {w['steps']} steps x {w['prompts_per_step']} prompts; accuracy over "
+            f"steps 2-{w['steps']} (each predictor sees only earlier steps)"
+        )
+        head = f"{'predictor':<16}{'MAE':>8}{'Acc@50':>8}{'Acc@100':>9}{'Kendall':>9}"
+        if simulate:
+            head += f"{'sim time s':>12}{'sim GPU-s':>11}{'migr':>6}"
+        click.echo(head)
+        for r in rows:
+            line = f"{r['name']:<16}{r['mae']:>8.1f}{r['acc50']:>8.1%}{r['acc100']:>9.1%}{r['kendall_tau']:>9.3f}"
+            if simulate:
+                line += f"{r['sim_time_s']:>12.1f}{r['sim_gpu_seconds']:>11.0f}{r['sim_migrations']:>6}"
+            click.echo(line)
+    if plot_path is not None:
+        from rlhfless_sdk.compare import plot_comparison
+
+        plot_comparison(rows, plot_path, f"{workload.name}: predictors in the {base.name} scheduler")
+
+
 @main.group("bench")
 def bench_group() -> None:
     """Benchmarks (medians of repeated runs; compare figures from one machine only)."""
@@ -282,6 +356,26 @@ def bench_plan_cmd(
             f"{res['scheduler']}: {prompts} prompts x {samples} samples, up to {actors} actors, "
             f"{res['candidates']} candidates -> N={res['chosen_actors']}: median {res['median_ms']:.1f} ms "
             f"(min {res['min_ms']:.1f} ms, {repeat} runs)"
+        )
+
+
+@bench_group.command("predict")
+@click.option("--predictor", default="model", show_default=True)
+@click.option("--prompts", default=1024, show_default=True)
+@click.option("--samples", default=8, show_default=True)
+@click.option("--repeat", default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def bench_predict_cmd(predictor: str, prompts: int, samples: int, repeat: int, as_json: bool) -> None:
+    """Median milliseconds of one predict() on a batch, after the predictor has observed one step."""
+    from rlhfless_sdk.bench import bench_predict
+
+    res = bench_predict(predictor, prompts, samples, repeat=repeat)
+    if as_json:
+        click.echo(json.dumps(res))
+    else:
+        click.echo(
+            f"{predictor}: predict {prompts} prompts: median {res['median_ms']:.2f} ms "
+            f"(min {res['min_ms']:.2f} ms, {repeat} runs)"
         )
 
 

