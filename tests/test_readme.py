@@ -62,5 +62,5 @@ def test_ci_runs_the_readme_commands():
     ):
         assert command in tests and command in ci
     assert "python -m pytest" in tests and "python -m pytest" in ci
-    assert "rlhfless plan" in setup
+    assert "rlhfless simulate" in setup
     assert "set -euo pipefail" in ci and "ruff check" in ci
