@@ -82,16 +82,13 @@ class TauMigrator:
         dests = _Destinations(
             a for a in progress.actors if a.actor_id not in sources and (p.wake_idle or a.running + a.waiting > 0)
         )
-        out: list[MigrationDecision] = []
-        for src in sorted(sources):
-            for s in sorted(by_actor[src], key=_overrun, reverse=True):
-                if not _underestimated(s) or s.migrations >= p.max_migrations:
-                    continue
-                to = dests.take()
-                if to is None:
-                    return out
-                out.append(_decision(s, to, p.mode))
-        return out
+        laggards = (
+            s
+            for src in sorted(sources)
+            for s in sorted(by_actor[src], key=_overrun, reverse=True)
+            if _underestimated(s) and s.migrations < p.max_migrations
+        )
+        return _move(laggards, dests, p.mode)
 
 
 class GlobalParams(Record):
@@ -132,29 +129,36 @@ class GlobalMigrator:
                 break
         dests = _Destinations(keepers)
         keep_ids = {a.actor_id for a in keepers}
-        out: list[MigrationDecision] = []
-        for a in actors:
-            if a.actor_id in keep_ids:
-                continue
-            for s in by_actor[a.actor_id]:
-                if s.migrations >= p.max_migrations:
-                    continue
-                to = dests.take()
-                if to is None:
-                    return out
-                out.append(_decision(s, to, p.mode))
-        return out
+        tail = (
+            s
+            for a in actors
+            if a.actor_id not in keep_ids
+            for s in by_actor[a.actor_id]
+            if s.migrations < p.max_migrations
+        )
+        return _move(tail, dests, p.mode)
 
 
-def _decision(s: SampleProgress, to: int, mode: Literal["tokens", "kv"]) -> MigrationDecision:
-    return MigrationDecision(
-        uid=s.uid,
-        sample_index=s.sample_index,
-        from_actor=s.actor_id,
-        to_actor=to,
-        tokens_generated=s.tokens_generated,
-        mode=mode,
-    )
+def _move(
+    samples: Iterable[SampleProgress], dests: _Destinations, mode: Literal["tokens", "kv"]
+) -> list[MigrationDecision]:
+    """A decision for each sample, in order, while the destinations have free slots."""
+    out = []
+    for s in samples:
+        to = dests.take()
+        if to is None:
+            break
+        out.append(
+            MigrationDecision(
+                uid=s.uid,
+                sample_index=s.sample_index,
+                from_actor=s.actor_id,
+                to_actor=to,
+                tokens_generated=s.tokens_generated,
+                mode=mode,
+            )
+        )
+    return out
 
 
 class NoMigrator:
