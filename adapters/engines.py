@@ -76,3 +76,17 @@ def create_engines(
         )
     finally:
         vllm_engine.RolloutRayActor = original
+
+
+def create_vllm_engines_with_rlhfless(
+    num_engines: int, tensor_parallel_size: int, pretrain: str, *args: Any, **kwargs: Any
+) -> list[Any]:
+    """Signature-compatible replacement for OpenRLHF's ``create_vllm_engines`` (used by the launcher)."""
+    from openrlhf.trainer.ray import vllm_engine
+
+    original = vllm_engine.RolloutRayActor
+    vllm_engine.RolloutRayActor = _DropIn(RlhflessRolloutActor, {}, None)
+    try:
+        return vllm_engine.create_vllm_engines(num_engines, tensor_parallel_size, pretrain, *args, **kwargs)
+    finally:
+        vllm_engine.RolloutRayActor = original

@@ -1,0 +1,148 @@
+"""The OpenRLHF internals the adapter relies on, checked by name and signature before anything starts.
+
+Another OpenRLHF release may rename or reshape any of them; then the launcher stops with a message naming
+what changed instead of failing deep inside a Ray actor an hour into a run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlhfless_openrlhf import OpenRLHFMismatch, check_openrlhf_version
+
+
+@dataclass(frozen=True)
+class Expect:
+    module: str
+    qualname: str  # "Class.method", a function, or a remote class with .__ray_actor_class__
+    params: tuple[str, ...]  # parameter names that must exist, in this order (self excluded)
+    needs_gpu_install: bool = False  # importing it needs flash-attn/deepspeed (the learning side)
+
+
+ROLLOUT: tuple[Expect, ...] = (
+    Expect(
+        "openrlhf.trainer.ppo_utils.samples_generator",
+        "SamplesGenerator.__init__",
+        ("strategy", "prompts_dataloader", "eval_dataloader", "tokenizer", "vllm_engines"),
+    ),
+    Expect("openrlhf.trainer.ppo_utils.samples_generator", "SamplesGenerator.generate_samples", ()),
+    Expect(
+        "openrlhf.trainer.ppo_utils.samples_generator",
+        "SamplesGenerator._generate_vllm",
+        ("dataloader_iter", "num_prompts", "dynamic_filtering"),
+    ),
+    Expect(
+        "openrlhf.trainer.ppo_utils.samples_generator",
+        "SamplesGenerator._process_response_into_experience",
+        ("response",),
+    ),
+    Expect("openrlhf.trainer.ppo_utils.samples_generator", "_collect_prompt_batch", ("dataloader_iter", "num_prompts")),
+    Expect(
+        "openrlhf.trainer.ray.vllm_engine",
+        "RolloutRayActor.generate",
+        ("prompt_token_ids", "sampling_params", "multi_modal_data"),
+    ),
+    Expect(
+        "openrlhf.trainer.ray.vllm_engine",
+        "RolloutRayActor.generate_responses",
+        ("prompt", "label", "sampling_params", "max_length", "hf_tokenizer", "num_samples", "images"),
+    ),
+    Expect("openrlhf.trainer.ray.vllm_engine", "RolloutRayActor.sleep", ("level",)),
+    Expect("openrlhf.trainer.ray.vllm_engine", "RolloutRayActor.wake_up", ("tags",)),
+    Expect(
+        "openrlhf.trainer.ray.vllm_engine",
+        "create_vllm_engines",
+        (
+            "num_engines",
+            "tensor_parallel_size",
+            "pretrain",
+            "seed",
+            "full_determinism",
+            "enable_prefix_caching",
+            "enforce_eager",
+            "max_model_len",
+            "shared_pg",
+            "gpu_memory_utilization",
+            "vllm_enable_sleep",
+        ),
+    ),
+    Expect(
+        "openrlhf.utils.agent",
+        "SingleTurnAgentExecutor.execute",
+        ("prompt", "label", "sampling_params", "max_length", "hf_tokenizer", "llm_engine", "images"),
+    ),
+    Expect("openrlhf.utils.config", "hierarchize", ()),
+)
+
+LEARNING: tuple[Expect, ...] = (
+    Expect(
+        "openrlhf.trainer.ppo_trainer",
+        "PPOTrainer.__init__",
+        (
+            "pretrain",
+            "strategy",
+            "actor_model_group",
+            "critic_model_group",
+            "reward_model_group",
+            "reference_model_group",
+            "vllm_engines",
+        ),
+        needs_gpu_install=True,
+    ),
+    Expect(
+        "openrlhf.trainer.ppo_trainer",
+        "PPOTrainer.save_logs_and_checkpoints",
+        ("global_step", "logs_dict", "client_states"),
+        needs_gpu_install=True,
+    ),
+)
+
+
+def _resolve(e: Expect) -> Callable:
+    module = importlib.import_module(e.module)
+    obj: object = module
+    for part in e.qualname.split("."):
+        obj = getattr(obj, part)
+        obj = getattr(obj, "__ray_actor_class__", obj)  # a remote class: look at the plain one
+    return obj  # type: ignore[return-value]
+
+
+def check_internals(*, learning: bool = False) -> list[str]:
+    """Check the version and every expected name and signature; returns what was checked.
+
+    Raises OpenRLHFMismatch naming each missing or reshaped piece. ``learning`` also checks the trainer side,
+    which can only be imported where OpenRLHF's GPU dependencies (flash-attn, deepspeed) are installed.
+    """
+    check_openrlhf_version()
+    problems, checked = [], []
+    for e in ROLLOUT + (LEARNING if learning else ()):
+        where = f"{e.module}.{e.qualname}"
+        try:
+            fn = _resolve(e)
+        except ImportError as exc:
+            hint = (
+                "; the learning side needs OpenRLHF's GPU install (flash-attn, deepspeed, datasets, ...) on a "
+                "CUDA machine"
+                if e.needs_gpu_install
+                else ""
+            )
+            problems.append(f"{where}: cannot import ({exc}){hint}")
+            continue
+        except AttributeError:
+            problems.append(f"{where}: not found")
+            continue
+        if e.params:
+            names = [p for p in inspect.signature(fn).parameters if p != "self"]
+            positions = [names.index(p) if p in names else -1 for p in e.params]
+            if -1 in positions or positions != sorted(positions):
+                problems.append(f"{where}: expected parameters {list(e.params)}, found {names}")
+                continue
+        checked.append(where)
+    if problems:
+        raise OpenRLHFMismatch(
+            "the installed OpenRLHF does not have what the rlhfless adapter relies on:\n  " + "\n  ".join(problems)
+        )
+    return checked

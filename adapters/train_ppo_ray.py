@@ -1,0 +1,117 @@
+"""Drop-in launcher: ``python -m rlhfless_openrlhf.train_ppo_ray --scheduler rlhfless <openrlhf flags>``.
+
+Every flag of ``openrlhf.cli.train_ppo_ray`` passes through unchanged; these are added:
+
+  --scheduler NAME           a registered scheduler (``rlhfless plugins`` lists them); ``openrlhf`` (the
+                             default) runs OpenRLHF exactly as it is
+  --scheduler.config FILE    a scheduler YAML, overriding the preset
+  --scheduler.profile NAME   the time-per-token profile the cost model plans with (default qwen2.5-7b-l40s)
+  --scheduler.report FILE    the JSON-lines step report (default rlhfless_steps.jsonl)
+
+The scheduler, the config and the profile are checked, and so are the OpenRLHF internals the adapter uses,
+before Ray starts. Then OpenRLHF's own launcher runs, with three hooks: ``hierarchize`` adds the scheduler to
+``args`` (which reaches every Ray actor inside ``strategy.args``), ``create_vllm_engines`` builds RLHFless's
+engine class (prefix caching on), and ``PPOTrainer`` is RLHFless's subclass, which swaps in the samples
+generator inside the trainer actor.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+OUR_FLAGS = ("--scheduler", "--scheduler.config", "--scheduler.profile", "--scheduler.report")
+
+
+def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Our flags (``--flag value`` or ``--flag=value``) and everything else, in order."""
+    ours: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name in OUR_FLAGS:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise SystemExit(f"error: {name} needs a value")
+                value = argv[i + 1]
+                i += 1
+            ours[name] = value
+        else:
+            rest.append(arg)
+        i += 1
+    return ours, rest
+
+
+def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
+    """Validate the scheduler, config and profile; None means: run OpenRLHF unchanged."""
+    from rlhfless_sdk.config import read_scheduler_config
+    from rlhfless_sdk.plugins import get_plugin_manager
+    from rlhfless_sdk.profiles import load_profile
+
+    registry = get_plugin_manager().registry
+    name = ours.get("--scheduler", "openrlhf")
+    if "--scheduler.config" in ours:
+        config = read_scheduler_config(ours["--scheduler.config"], registry)
+    else:
+        config = registry.scheduler(name)  # an unknown name lists the valid ones
+        if name == "openrlhf":
+            return None
+    profile = load_profile(ours.get("--scheduler.profile", "qwen2.5-7b-l40s"))
+    report = str(Path(ours.get("--scheduler.report", "rlhfless_steps.jsonl")).resolve())
+    return {"scheduler": config.model_dump(mode="json"), "profile": profile.model_dump(mode="json"), "report": report}
+
+
+def install(settings: dict[str, Any]) -> None:
+    """Hook RLHFless into OpenRLHF's launcher for this process (and, through args, its Ray actors)."""
+    import openrlhf.trainer.ppo_trainer as ppo_trainer_module  # needs OpenRLHF's GPU dependencies
+    from rlhfless_openrlhf.trainer import RlhflessPPOTrainer
+
+    install_rollout_hooks(settings)
+    ppo_trainer_module.PPOTrainer = RlhflessPPOTrainer
+
+
+def install_rollout_hooks(settings: dict[str, Any]) -> None:
+    """The hooks that need only OpenRLHF's rollout side: the args and the engine builder."""
+    import openrlhf.trainer.ray as ray_pkg
+    import openrlhf.utils.config as config_module
+    from rlhfless_openrlhf.engines import create_vllm_engines_with_rlhfless
+
+    original = getattr(config_module.hierarchize, "__wrapped__", config_module.hierarchize)
+
+    def hierarchize(args: Any) -> Any:
+        out = original(args)
+        out.rlhfless = settings
+        out.vllm.enable_prefix_caching = True  # deduplicated prefill rides on vLLM's prefix cache
+        return out
+
+    hierarchize.__wrapped__ = original  # type: ignore[attr-defined]
+    config_module.hierarchize = hierarchize
+    ray_pkg.create_vllm_engines = create_vllm_engines_with_rlhfless
+
+
+def main(argv: list[str] | None = None) -> None:
+    from rlhfless_openrlhf.internals import check_internals
+
+    from rlhfless_sdk.errors import RlhflessError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ours, rest = split_args(argv)
+    try:
+        settings = resolve(ours)
+        if settings is not None:
+            check_internals(learning=True)
+    except RlhflessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if settings is not None:
+        install(settings)
+    sys.argv = ["openrlhf.cli.train_ppo_ray", *rest]
+    runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""The learning side (needs OpenRLHF's GPU install): OpenRLHF's PPOTrainer with the RLHFless samples generator.
+
+OpenRLHF builds ``SamplesGenerator`` inside its ``PPOTrainer`` Ray actor, so the swap must happen inside that
+actor: this module's class (importable by every Ray worker) replaces the generator after OpenRLHF's own
+constructor ran, and adds the ``rlhfless/*`` metrics to what OpenRLHF logs to wandb / TensorBoard.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from openrlhf.trainer.ppo_trainer import PPOTrainer
+from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
+
+from rlhfless_sdk.config import SchedulerConfig
+from rlhfless_sdk.records import TimePerTokenProfile
+
+
+class RlhflessPPOTrainerImpl(PPOTrainer.__ray_actor_class__):  # type: ignore[name-defined,misc]
+    def __init__(self, pretrain: str, strategy: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(pretrain, strategy, *args, **kwargs)
+        rl = strategy.args.rlhfless  # put there by the launcher; it travels inside strategy.args
+        old = self.samples_generator
+        self.samples_generator = RlhflessSamplesGenerator(
+            strategy,
+            old.prompts_dataloader,
+            old.eval_dataloader,
+            old.tokenizer,
+            old.vllm_engines,
+            scheduler=SchedulerConfig.model_validate(rl["scheduler"]),
+            profile=TimePerTokenProfile.model_validate(rl["profile"]),
+            report_path=rl.get("report"),
+        )
+
+    def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
+        if logs_dict is not None:
+            logs_dict.update(self.samples_generator.last_metrics)
+        return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+
+
+RlhflessPPOTrainer = ray.remote(RlhflessPPOTrainerImpl)
