@@ -93,6 +93,8 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.report_path = None if report_path is None else Path(report_path)
         self.check_interval_s = check_interval_s
         self.dead: set[int] = set()
+        self.asleep: set[int] = set()
+        self.sleep_supported = True
         self.step = 0
         self.last_report: StepReport | None = None
         self.last_metrics: dict[str, float] = {}
@@ -132,6 +134,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         if not live:
             raise RuntimeError("every rollout engine has died; cannot generate")
         engine_of = {a: live[a % len(live)] for a in range(plan.num_actors)}  # plan actor -> live engine
+        self._scale(set(engine_of.values()), live)
         for e in live:  # a fresh per-step account of busy time and cached tokens
             self._call(e, "rl_reset_stats")
 
@@ -165,6 +168,28 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         experiences = [self._process_response_into_experience(r, **kw) for r in ordered]
         self._finish_step(batch, plan, ordered, live, migrations, t_start)
         return experiences
+
+    def _scale(self, active: set[int], live: list[int]) -> None:
+        """Engines outside the scaler's active subset sleep where OpenRLHF allows it (``--vllm.enable_sleep``:
+        engines built with vLLM's sleep mode, which OpenRLHF wakes before each generation and puts back to sleep
+        after it), freeing their GPU memory; otherwise they idle for the step and are not billed."""
+        for e in sorted(self.asleep & active):
+            self._call(e, "wake_up")
+            self.asleep.discard(e)
+        if not self.sleep_supported or not self.args.vllm.enable_sleep:
+            return
+        for e in live:
+            if e in active or e in self.asleep:
+                continue
+            try:
+                ray.get(self.vllm_engines[e].sleep.remote())
+                self.asleep.add(e)
+            except _DEAD as exc:
+                self._mark_dead(e, exc)
+            except Exception as exc:  # e.g. "Sleep mode is not supported on current platform"
+                self.sleep_supported = False
+                log.info("rollout engines cannot sleep here (%s); inactive engines stay idle and unbilled", exc)
+                return
 
     # -- dispatch, migration, failure --------------------------------------------------------------------------
     def _sampling_params(self, **kw: Any) -> SamplingParams:
@@ -347,6 +372,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             "rlhfless/actual_length_mean": float(lengths.mean()) if lengths.size else 0.0,
             "rlhfless/prediction_mae": report.prediction_mae or 0.0,
             "rlhfless/active_engines": float(plan.num_actors),
+            "rlhfless/engines_asleep": float(len(self.asleep)),
             "rlhfless/idle_fraction": report.idle_fraction,
             "rlhfless/gpu_seconds": report.gpu_seconds,
             "rlhfless/migrations": float(migrations),

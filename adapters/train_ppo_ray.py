@@ -17,6 +17,7 @@ generator inside the trainer actor.
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -89,6 +90,7 @@ def install_rollout_hooks(settings: dict[str, Any]) -> None:
         return out
 
     hierarchize.__wrapped__ = original  # type: ignore[attr-defined]
+    os.environ["RLHFLESS_PLACER"] = settings["scheduler"]["placer"]["name"]  # read by the engine builder
     config_module.hierarchize = hierarchize
     ray_pkg.create_vllm_engines = create_vllm_engines_with_rlhfless
 

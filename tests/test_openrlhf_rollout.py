@@ -54,9 +54,11 @@ PROMPTS = [
 def stack(tmp_path_factory):
     ray = pytest.importorskip("ray")
     from rlhfless_openrlhf import check_openrlhf_version
-    from rlhfless_openrlhf.engines import create_engines
+    from rlhfless_openrlhf.engines import create_engines, placer_bundles
     from rlhfless_openrlhf.tiny_model import tiny_model
     from transformers import AutoTokenizer
+
+    from rlhfless_sdk import get_plugin_manager
 
     check_openrlhf_version()
     cache = tmp_path_factory.mktemp("cache")
@@ -68,9 +70,13 @@ def stack(tmp_path_factory):
         runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}},
     )
     try:
-        engines = create_engines(2, model, cpu=True)
+        placer = get_plugin_manager().registry.create("placer", "locality-aware")
+        bundles = placer_bundles(2, placer)  # the placement group the placer builds
+        engines = create_engines(2, model, cpu=True, placer=placer)
         ray.get([e.rl_stats.remote() for e in engines])
-        yield SimpleNamespace(ray=ray, engines=engines, tokenizer=AutoTokenizer.from_pretrained(model), tmp=cache)
+        yield SimpleNamespace(
+            ray=ray, engines=engines, tokenizer=AutoTokenizer.from_pretrained(model), tmp=cache, bundles=bundles
+        )
     finally:
         ray.shutdown()
 
@@ -110,6 +116,11 @@ def assert_groups(experiences, prompts, n, max_new):
             assert e.rollout_log_probs.shape == e.action_mask.shape
 
 
+def test_engines_sit_in_the_placer_built_placement_group(stack):
+    assert len(stack.bundles) == 2
+    assert all(b["GPU"] == 1 and any(k.startswith("node:") for k in b) for b in stack.bundles)
+
+
 @pytest.mark.parametrize("scheduler", ["openrlhf", "rlhfless"])
 def test_two_rollout_steps_keep_groups(stack, scheduler):
     gen = make_generator(stack, scheduler, num_prompts=8)
@@ -125,6 +136,9 @@ def test_two_rollout_steps_keep_groups(stack, scheduler):
     assert len(lines) == 2
     if scheduler == "rlhfless":  # the template prefix was warmed once and vLLM counted the hits
         assert report.prefill_tokens_saved > 0
+        # without --vllm.enable_sleep (vLLM's CPU build has no sleep mode) an inactive engine idles, unbilled
+        assert gen.asleep == set()
+        assert report.actor_busy_s[1] == 0.0 or report.num_actors == 2
 
 
 class MoveFirst:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import sqlite3
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -38,21 +39,20 @@ def test_history_survives_a_restart(tmp_path, registry):
     assert again.store.next_step() == 1
 
 
-def _writer(path: str, worker: int, steps: int) -> None:
-    store = LengthHistory(path)
-    for step in range(steps):
-        store.record(step, {f"w{worker}-p{i}": [worker * 100 + step + i] for i in range(50)})
+WRITER = """
+import sys
+from rlhfless_sdk.history import LengthHistory
+path, worker, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+store = LengthHistory(path)
+for step in range(steps):
+    store.record(step, {f"w{worker}-p{i}": [worker * 100 + step + i] for i in range(50)})
+"""
 
 
 def test_history_is_safe_with_several_writer_processes(tmp_path):
     path = str(tmp_path / "shared.sqlite")
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_writer, args=(path, w, 20)) for w in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, path, str(w), "20"]) for w in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
     store = LengthHistory(path)
     assert len(store) == 4 * 20 * 50  # every row of every writer, none lost
     assert store.recent(["w3-p7"], window=2) == {"w3-p7": [300 + 18 + 7, 300 + 19 + 7]}
