@@ -112,3 +112,30 @@ def test_hooks_put_the_scheduler_into_args(monkeypatch):
     assert args.rlhfless == settings and args.vllm.enable_prefix_caching is True
     assert args.rollout.n_samples_per_prompt == 8
     assert ray_pkg.create_vllm_engines.__name__ == "create_vllm_engines_with_rlhfless"
+
+
+def test_example_gsm8k_reward():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "openrlhf" / "reward_gsm8k.py"
+    spec = importlib.util.spec_from_file_location("reward_gsm8k", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = module.reward_func(
+        ["Q: 2+2? The answer is 4.", "Q: 10*10? I think 1,000", "Q: 7? 7 apples, then 8"],
+        ["Q: 2+2?", "Q: 10*10?", "Q: 7?"],
+        ["so #### 4", "#### 100", "#### 7"],
+    )
+    assert out["rewards"].tolist() == [1.0, 0.0, 0.0]
+
+
+def test_example_launch_scripts_use_the_launcher():
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "examples" / "openrlhf"
+    for script in ("grpo_gsm8k_qwen2.5-3b.sh", "one_gpu_step.sh"):
+        text = (folder / script).read_text()
+        assert "python -m rlhfless_openrlhf.train_ppo_ray" in text and "--scheduler" in text
+    flags = set(split_args(["--scheduler", "rlhfless", "--scheduler.profile", "p"])[0])
+    assert flags == {"--scheduler", "--scheduler.profile"}
