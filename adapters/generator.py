@@ -94,6 +94,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.check_interval_s = check_interval_s
         self.dead: set[int] = set()
         self.asleep: set[int] = set()
+        self._continuations: dict[Any, tuple[str, int, int, dict[str, Any]]] = {}
         self.sleep_supported = True
         self.step = 0
         self.last_report: StepReport | None = None
@@ -254,9 +255,35 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                     piece.engine = min(live, key=lambda e: sum(len(p.keys) for p in pending.values() if p.engine == e))
                     self._dispatch(piece, prompts, labels, images, params, max_length, kw)
                     pending[piece.ref] = piece
+            self._check_continuations()
             if migrate and pending:
                 migrations += self._migrate(pending, predicted, migrated_count, finished_lengths, batch, controller)
         return migrations
+
+    def _check_continuations(self) -> None:
+        """A continuation whose engine died is run again on a live engine (or, with none left, the cut sample
+        keeps what it had), so the engine waiting to stitch it is never left hanging."""
+        if not self._continuations:
+            return
+        ready, _ = ray.wait(list(self._continuations), num_returns=len(self._continuations), timeout=0)
+        for ref in ready:
+            key, source, target, info = self._continuations.pop(ref)
+            try:
+                ray.get(ref)
+            except (*_DEAD, ray.exceptions.RayTaskError) as exc:
+                self._mark_dead(target, exc)
+                live = [e for e in range(len(self.vllm_engines)) if e not in self.dead and e != source]
+                if live:
+                    self._continue(key, source, live[0], info)
+                else:
+                    self.vllm_engines[source].fail_cut.remote(key, f"continuation engine died: {exc!r}")
+
+    def _continue(self, key: str, source: int, target: int, info: dict[str, Any]) -> None:
+        cont = self.vllm_engines[target].continue_sample.remote(
+            info["prompt_token_ids"] + info["partial"], info["sampling_params"], info["remaining"]
+        )
+        self._continuations[cont] = (key, source, target, info)
+        self.vllm_engines[source].deliver.remote(key, cont)
 
     def _migrate(self, pending, predicted, migrated_count, finished_lengths, batch, controller) -> int:
         live = sorted({p.engine for p in pending.values()} | ({e for e in range(len(self.vllm_engines))} - self.dead))
@@ -310,10 +337,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             info = self._call(d.from_actor, "cut", key)
             if info is None:
                 continue  # it finished before the cut landed
-            cont = self.vllm_engines[d.to_actor].continue_sample.remote(
-                info["prompt_token_ids"] + info["partial"], info["sampling_params"], info["remaining"]
-            )
-            self.vllm_engines[d.from_actor].deliver.remote(key, cont)
+            self._continue(key, d.from_actor, d.to_actor, info)
             migrated_count[key] += 1
             moved += 1
         return moved
@@ -397,6 +421,15 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                     continue
             kept.extend(group)
         return kept
+
+
+def merge_metrics(logs_dict: dict[str, Any] | None, generator: Any) -> dict[str, Any] | None:
+    """Add the generator's ``rlhfless/*`` metrics of the latest step to OpenRLHF's logs dict (wandb/TensorBoard
+    write every numeric entry of it); OpenRLHF's own keys are never overwritten."""
+    if logs_dict is not None:
+        for key, value in getattr(generator, "last_metrics", {}).items():
+            logs_dict.setdefault(key, value)
+    return logs_dict
 
 
 def n_of(batch: PromptBatch, i: int) -> int:

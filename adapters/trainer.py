@@ -11,7 +11,7 @@ from typing import Any
 
 import ray
 from openrlhf.trainer.ppo_trainer import PPOTrainer
-from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
+from rlhfless_openrlhf.generator import RlhflessSamplesGenerator, merge_metrics
 
 from rlhfless_sdk.config import SchedulerConfig
 from rlhfless_sdk.records import TimePerTokenProfile
@@ -34,8 +34,7 @@ class RlhflessPPOTrainerImpl(PPOTrainer.__ray_actor_class__):  # type: ignore[na
         )
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
-        if logs_dict is not None:
-            logs_dict.update(self.samples_generator.last_metrics)
+        merge_metrics(logs_dict, self.samples_generator)
         return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
 
 

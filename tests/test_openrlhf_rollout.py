@@ -19,16 +19,9 @@ N_SAMPLES = 4
 
 
 def make_args(n_samples: int = N_SAMPLES, batch_size: int = 4, logprobs: bool = True) -> SimpleNamespace:
-    """The slice of OpenRLHF's hierarchized args that the samples generator reads."""
-    return SimpleNamespace(
-        rollout=SimpleNamespace(n_samples_per_prompt=n_samples, batch_size=batch_size, vllm_generate_batch_size=None),
-        algo=SimpleNamespace(
-            advantage=SimpleNamespace(is_correction_level="tis" if logprobs else "off"),
-            dynamic_filtering_enable=False,
-            dynamic_filtering_range=(0.0, 1.0),
-        ),
-        vllm=SimpleNamespace(enable_sleep=False),
-    )
+    from rlhfless_openrlhf.rollout import rollout_args
+
+    return rollout_args(n_samples, batch_size=batch_size, logprobs=logprobs)
 
 
 def dataloader(prompts: list[str], batch_size: int):
@@ -139,6 +132,47 @@ def test_two_rollout_steps_keep_groups(stack, scheduler):
         # without --vllm.enable_sleep (vLLM's CPU build has no sleep mode) an inactive engine idles, unbilled
         assert gen.asleep == set()
         assert report.actor_busy_s[1] == 0.0 or report.num_actors == 2
+
+
+def test_generator_inside_a_ray_actor_logs_rlhfless_metrics(stack):
+    """The generator works inside its own Ray worker (as inside OpenRLHF's PPOTrainer actor), and its metrics
+    merge into OpenRLHF's logs dict the way the trainer subclass merges them before logging."""
+    from rlhfless_openrlhf.rollout import GeneratorActor
+
+    from rlhfless_sdk import get_plugin_manager
+    from rlhfless_sdk.profiles import load_profile
+
+    actor = GeneratorActor.remote(
+        stack.engines,
+        stack.tokenizer.name_or_path,
+        get_plugin_manager().registry.scheduler("rlhfless").model_dump(mode="json"),
+        load_profile("qwen2.5-3b-l40s").model_dump(mode="json"),
+        n_samples=N_SAMPLES,
+    )
+    out = stack.ray.get(
+        actor.step.remote(
+            PROMPTS[:4],
+            ["0"] * 4,
+            logs={"timing/generation": 1.0, "policy_loss": 0.1},
+            max_new_tokens=32,
+            n_samples_per_prompt=N_SAMPLES,
+            max_len=512,
+        )
+    )
+    assert out["prompts"] == [p for p in PROMPTS[:4] for _ in range(N_SAMPLES)]
+    logs = out["logs"]
+    assert logs["timing/generation"] == 1.0 and logs["policy_loss"] == 0.1
+    for key in (
+        "rlhfless/predicted_length_mean",
+        "rlhfless/actual_length_mean",
+        "rlhfless/idle_fraction",
+        "rlhfless/gpu_seconds",
+        "rlhfless/migrations",
+        "rlhfless/cached_prefill_tokens",
+        "rlhfless/planner_ms",
+        "rlhfless/engine0_busy_s",
+    ):
+        assert key in logs, key
 
 
 class MoveFirst:
