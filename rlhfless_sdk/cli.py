@@ -378,17 +378,17 @@ def demo_cmd(
         out=out,
     )
 
+    bar = click.progressbar(length=epochs * len(schedulers), label="rollout steps", file=sys.stderr, show_pos=True)
+
     def progress(done: int, total: int, r: dict) -> None:
-        click.echo(
-            f"[{done}/{total}] epoch {r['epoch'] + 1} {r['scheduler']:<10} generation {r['generation_s']:6.1f} s, "
-            f"{r['migrations']} migrations, {r['prefill_tokens_saved']} prefill tokens cached",
-            err=True,
-        )
+        bar.label = f"epoch {r['epoch'] + 1} {r['scheduler']} took {r['generation_s']:.1f} s"
+        bar.update(1)
 
     try:
-        result = run_demo(settings, say=lambda m: click.echo(m, err=True), progress=progress)
+        with bar:
+            result = run_demo(settings, say=lambda m: click.echo(m, err=True), progress=progress)
     except KeyboardInterrupt:
-        click.echo("interrupted: engines and Ray are shut down", err=True)
+        click.echo("\ninterrupted: engines and Ray are shut down", err=True)
         sys.exit(130)
     click.echo(
         f"\n{result['model']}: {result['prompts']} prompts x {result['samples_per_prompt']} samples, "
