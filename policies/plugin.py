@@ -144,6 +144,14 @@ def rlhfless_register_scalers(register):
     )
     register(
         PolicySpec(
+            name="deadline",
+            factory=scalers.DeadlineScaler,
+            params=scalers.DeadlineParams,
+            description="cheapest actor count within a slack of the fastest predicted time (beyond the paper)",
+        )
+    )
+    register(
+        PolicySpec(
             name="fixed",
             factory=scalers.FixedScaler,
             params=scalers.FixedParams,

@@ -54,6 +54,44 @@ class CostAwareScaler:
         return estimates[best].num_actors
 
 
+class DeadlineParams(Record):
+    slack: float = Field(
+        default=0.05, ge=0.0, description="Allowed predicted time over the fastest candidate's (0.05 = 5%)."
+    )
+    deadline_s: float | None = Field(
+        default=None, gt=0.0, description="An explicit step-time deadline in seconds (overrides slack)."
+    )
+    max_candidates: PositiveInt = Field(default=64, description="Counts tried; a geometric grid beyond this.")
+
+
+class DeadlineScaler:
+    """Beyond the paper: the cheapest actor count whose predicted step time meets a deadline.
+
+    The deadline is ``(1 + slack)`` times the fastest candidate's predicted time, or ``deadline_s``. Among the
+    candidates that meet it, the one with the fewest predicted GPU-seconds wins (ties: faster, then fewer
+    actors). If none meets an explicit deadline, the fastest candidate is chosen. The planner's cost model
+    accounts for deduplicated prefill and, when the scheduler migrates, for cut-and-migrate.
+    """
+
+    def __init__(self, params: DeadlineParams | None = None) -> None:
+        self.params = params or DeadlineParams()
+
+    def candidates(self, min_actors: int, max_actors: int) -> Sequence[int]:
+        return candidate_grid(min_actors, max_actors, self.params.max_candidates)
+
+    def limit(self, estimates: Sequence[CandidateEstimate]) -> float:
+        if self.params.deadline_s is not None:
+            return self.params.deadline_s
+        return (1.0 + self.params.slack) * min(e.time_s for e in estimates)
+
+    def choose(self, estimates: Sequence[CandidateEstimate]) -> int:
+        limit = self.limit(estimates)
+        feasible = [e for e in estimates if e.time_s <= limit * (1 + 1e-12)]
+        if not feasible:
+            return min(estimates, key=lambda e: (e.time_s, e.num_actors)).num_actors
+        return min(feasible, key=lambda e: (e.gpu_seconds, e.time_s, e.num_actors)).num_actors
+
+
 class FixedParams(Record):
     num_actors: PositiveInt | None = Field(
         default=None,

@@ -203,6 +203,12 @@ def plan_cmd(
 @click.option("--gpus-per-node", default=8, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with a `schedulers` list.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write cost against time per step (PNG).")
+@click.option(
+    "--frontier/--no-frontier",
+    default=True,
+    show_default=True,
+    help="Also simulate every candidate actor count: the time-cost frontier of each step.",
+)
 def simulate_cmd(**kw) -> None:
     """Replay a workload step by step under each scheduler; time, GPU-seconds, speedup, cost reduction."""
     from rlhfless_sdk.simulate_cli import simulate_main

@@ -89,13 +89,20 @@ class AnalyticCostModel:
         sample_actor: np.ndarray,
         num_actors: int,
         prefill: PrefillPlan,
+        migrates: bool = False,
     ) -> CandidateEstimate:
+        """``migrates``: the scheduler cuts and migrates laggards, so the slowest actor sheds its tail down to
+        the mean busy time, but no sample ends sooner than its own decode steps take."""
         prof = self.profile
         busy = self.actor_busy_s(batch, predicted, sample_actor, num_actors, prefill)
         used = int(np.count_nonzero(busy))
         shared = float(prefill.prefill_actor_tokens) if prefill.prompt_group else 0.0
         prefill_actor_s = prof.prefill_per_new_token_s * shared if shared else 0.0
-        time_s = prof.cold_start_s + prefill_actor_s + float(busy.max(initial=0.0))
+        decode = float(busy.max(initial=0.0))
+        if migrates and used:
+            longest = float(np.max(predicted, initial=0.0)) * prof.decode_base_s
+            decode = min(decode, max(float(busy[busy > 0].mean()), longest))
+        time_s = prof.cold_start_s + prefill_actor_s + decode
         gpu_seconds = prof.gpus_per_actor * (float(busy.sum()) + used * prof.cold_start_s)
         if prefill_actor_s:
             gpu_seconds += prefill_actor_s + prof.cold_start_s

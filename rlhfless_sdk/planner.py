@@ -210,6 +210,7 @@ class StepPlanner:
         candidates = self.call("scaler", fallbacks, lambda p: p.candidates(lo, hi), check_candidates)
         assignments: dict[int, np.ndarray] = {}
         estimates: list[CandidateEstimate] = []
+        migrates = self.config.migrator.name != "none"
         for n in candidates:
             sample_actor = self.call(
                 "assigner",
@@ -218,7 +219,8 @@ class StepPlanner:
                 lambda o, n=n: check_assignment(o, batch, n),
             )
             assignments[n] = sample_actor
-            estimates.append(self.cost_model.estimate(batch, pred, sample_actor, n, prefill))
+            flags = {"migrates": True} if migrates else {}  # a cost model without the keyword still works
+            estimates.append(self.cost_model.estimate(batch, pred, sample_actor, n, prefill, **flags))
 
         def check_choice(c: Any) -> int:
             if int(c) not in assignments:
@@ -231,6 +233,7 @@ class StepPlanner:
             chosen = check_choice(self.baseline("scaler").choose(estimates))
         else:
             chosen = self.call("scaler", fallbacks, lambda p: p.choose(estimates), check_choice)
+        self.last_assignments = assignments  # every candidate's assignment: the simulator's frontier reads them
         sample_actor = assignments[chosen]
         loads = np.bincount(sample_actor, weights=pred[batch.sample_prompt_index()], minlength=chosen)
         gpa = self.gpus_per_actor

@@ -118,6 +118,7 @@ class CostModel(Protocol):
         sample_actor: np.ndarray,
         num_actors: int,
         prefill: PrefillPlan,
+        migrates: bool = False,
     ) -> CandidateEstimate: ...
 
 

@@ -43,7 +43,10 @@ def compare(results: list[SimulationResult]) -> list[dict[str, Any]]:
                 "speedup": base["total_time_s"] / tot["total_time_s"] if tot["total_time_s"] else 0.0,
                 "cost_reduction": 1.0 - tot["total_gpu_seconds"] / base["total_gpu_seconds"],
                 "cost_reduction_vs_serverful": 1.0 - tot["total_gpu_seconds"] / base["total_gpu_seconds_serverful"],
-                "steps": [s.report.model_dump() for s in r.steps],
+                "steps": [
+                    {**s.report.model_dump(), **({"frontier": s.frontier} if s.frontier is not None else {})}
+                    for s in r.steps
+                ],
             }
         )
     return out
@@ -54,12 +57,13 @@ def run_simulation(
     workload: Workload,
     simulator: Simulator,
     progress: bool = True,
+    frontier: bool = False,
 ) -> list[SimulationResult]:
     results = []
     total = len(configs) * len(workload.steps)
     with click.progressbar(length=total, label="simulating", file=sys.stderr, hidden=not progress) as bar:
         for config in configs:
-            results.append(simulator.run(config, workload, on_step=lambda _r: bar.update(1)))
+            results.append(simulator.run(config, workload, on_step=lambda _r: bar.update(1), frontier=frontier))
     return results
 
 
@@ -78,6 +82,13 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
                 f"{st['gpu_seconds'] / b['gpu_seconds'] - 1:>+7.0%}{st['idle_fraction']:>6.2f}{st['migrations']:>6}"
                 f"{st['prefill_tokens_saved']:>15}{st['prediction_mae'] or 0:>6.0f}"
             )
+            if len(st.get("frontier") or []) > 1:  # N: simulated time s / GPU-s, * = chosen
+                points = "  ".join(
+                    f"{f['num_actors']}{'*' if f['chosen'] else ''}:"
+                    f"{f['simulated_time_s']:.0f}/{f['simulated_gpu_seconds']:.0f}"
+                    for f in st["frontier"]
+                )
+                click.echo(f"{'':>9}frontier (N: time s/GPU-s, * chosen): {points}")
     click.secho(
         "\ntotals: speedup and GPU-seconds change against the first scheduler, both billed serverless; "
         "'vs srvful': against the first billed serverful",
@@ -103,7 +114,11 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise click.ClickException("--plot needs matplotlib: pip install 'rlhfless[plot]'") from exc
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fronts = [r for r in rows if len(r["steps"][0].get("frontier") or []) > 1]
+    if fronts:
+        fig, (ax, fx) = plt.subplots(1, 2, figsize=(13, 5))
+    else:
+        fig, ax = plt.subplots(figsize=(7, 5))
     first = rows[0]
     ax.plot(
         [s["time_s"] for s in first["steps"]],
@@ -117,6 +132,38 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         c = [s["gpu_seconds"] for s in row["steps"]]
         (pts,) = ax.plot(t, c, "o", alpha=0.45, label=f"{row['name']} (per step)")
         ax.plot([sum(t) / len(t)], [sum(c) / len(c)], "*", ms=16, color=pts.get_color(), markeredgecolor="black")
+    if fronts:
+        for row in fronts:
+            f = row["steps"][-1]["frontier"]
+            (line,) = fx.plot(
+                [p["simulated_generation_s"] for p in f],
+                [p["simulated_generation_gpu_seconds"] for p in f],
+                "o-",
+                ms=4,
+                label=f"{row['name']} simulated",
+            )
+            fx.plot(
+                [p["predicted_time_s"] for p in f],
+                [p["predicted_gpu_seconds"] for p in f],
+                "x:",
+                color=line.get_color(),
+                alpha=0.6,
+                label=f"{row['name']} predicted",
+            )
+            c = next(p for p in f if p["chosen"])
+            fx.plot(
+                [c["simulated_generation_s"]],
+                [c["simulated_generation_gpu_seconds"]],
+                "*",
+                ms=16,
+                color=line.get_color(),
+                markeredgecolor="black",
+            )
+        fx.set_xlabel("generation time (s)")
+        fx.set_ylabel("generation GPU-seconds (serverless)")
+        fx.set_title("last step's frontier: a point per actor count N (star: chosen)")
+        fx.grid(alpha=0.3)
+        fx.legend(fontsize=7)
     ax.set_xlabel("step time (s)")
     ax.set_ylabel("GPU-seconds per step (serverless billing)")
     ax.set_title(title + "\nstars: mean step; lower-left is better")
@@ -162,6 +209,7 @@ def simulate_main(
     gpus_per_node: int = 8,
     as_json: bool = False,
     plot_path: Path | None = None,
+    frontier: bool = True,
 ) -> None:
     names = list(schedulers) or (ABLATION if ablation else ["openrlhf", "rlhfless"])
     if ablation and schedulers:
@@ -178,7 +226,7 @@ def simulate_main(
     if gpus < prof.gpus_per_actor:
         raise click.ClickException(f"--gpus {gpus} is fewer than one actor of profile {profile} needs")
     sim = Simulator(prof, make_cluster(gpus, gpus_per_node), registry=registry)
-    results = run_simulation(configs, workload, sim, progress=not as_json)
+    results = run_simulation(configs, workload, sim, progress=not as_json, frontier=frontier)
     rows = compare(results)
     meta = {"workload": workload_summary(workload), "profile": prof.name, "gpus": gpus}
     if as_json:

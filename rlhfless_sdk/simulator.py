@@ -226,6 +226,7 @@ class SimulatedStep:
     plan: StepPlan
     chosen: CandidateEstimate | None
     preemptions: int = 0
+    frontier: list[dict] | None = None  # every candidate N: predicted and simulated (time, GPU-seconds)
 
 
 @dataclass
@@ -282,21 +283,73 @@ class Simulator:
         )
 
     def run(
-        self, config: SchedulerConfig, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
+        self,
+        config: SchedulerConfig,
+        workload: Workload,
+        on_step: Callable[[StepReport], Any] | None = None,
+        frontier: bool = False,
     ) -> SimulationResult:
         planner = self.planner(config)
         steps = []
         for ws in workload.steps:
-            sim = self.step(planner, ws)
+            sim = self.step(planner, ws, frontier=frontier)
             steps.append(sim)
             if on_step is not None:
                 on_step(sim.report)
         return SimulationResult(config.name, steps)
 
     # -- one step ----------------------------------------------------------------------------------------
-    def step(self, planner: StepPlanner, ws: WorkloadStep) -> SimulatedStep:
-        prof = self.profile
+    def step(self, planner: StepPlanner, ws: WorkloadStep, frontier: bool = False) -> SimulatedStep:
         plan = planner.plan(ws.batch, step=ws.step)
+        report, s, preemptions = self.execute(planner, ws, plan)
+        self.last_samples = s  # for tests and debugging: the per-sample state of the latest step
+        planner.observe(self._finished(ws, s))
+        chosen = next((e for e in plan.candidates if e.num_actors == plan.num_actors), None)
+        front = self.frontier(planner, ws, plan, report) if frontier else None
+        return SimulatedStep(report, plan, chosen, preemptions, front)
+
+    def frontier(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, report: StepReport) -> list[dict]:
+        """Every candidate actor count: the cost model's (time, GPU-seconds) and the simulated ones."""
+        out = []
+        for e in sorted(plan.candidates, key=lambda e: e.num_actors):
+            n = e.num_actors
+            if n == plan.num_actors:
+                sim = report
+            else:
+                actor = planner.last_assignments[n]
+                loads = np.bincount(actor, weights=np.repeat(plan.predicted_lengths, ws.batch.n_samples), minlength=n)
+                extra = planner.extra_actors(plan.prefill)
+                try:
+                    placement = planner.policies["placer"].place(
+                        loads, self.cluster, self.profile.gpus_per_actor, extra
+                    )
+                except Exception:
+                    placement = planner.baseline("placer").place(
+                        loads, self.cluster, self.profile.gpus_per_actor, extra
+                    )
+                variant = plan.model_copy(
+                    update={"num_actors": n, "assignment": actor.tolist(), "placement": placement}
+                )
+                sim, _, _ = self.execute(planner, ws, variant)
+            learner = self.cluster.total_gpus * (sim.prepare_s + sim.learn_s + self.profile.weight_sync_s)
+            out.append(
+                {
+                    "num_actors": n,
+                    # the cost model covers generation only; the simulated step adds scoring, learning, sync
+                    "predicted_time_s": e.time_s,
+                    "predicted_gpu_seconds": e.gpu_seconds,
+                    "simulated_generation_s": sim.generation_s,
+                    "simulated_generation_gpu_seconds": sim.gpu_seconds - learner,
+                    "simulated_time_s": sim.time_s,
+                    "simulated_gpu_seconds": sim.gpu_seconds,
+                    "chosen": n == plan.num_actors,
+                }
+            )
+        return out
+
+    def execute(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan) -> tuple[StepReport, _Samples, int]:
+        """Run one step of ``plan``; the report, the per-sample state and the preemption count."""
+        prof = self.profile
         s = _Samples(ws, plan)
         n = plan.num_actors
         node_of = {(p.actor.role, p.actor.actor_id): p.node for p in plan.placement}
@@ -352,11 +405,8 @@ class Simulator:
             for actor in actors:
                 actor.run_until(s, math.inf)
 
-        self.last_samples = s  # for tests and debugging: the per-sample state of the latest step
         report = self._report(planner, ws, plan, s, actors, prefill_s, migrations)
-        planner.observe(self._finished(ws, s))
-        chosen = next((e for e in plan.candidates if e.num_actors == n), None)
-        return SimulatedStep(report, plan, chosen, sum(a.preemptions for a in actors))
+        return report, s, sum(a.preemptions for a in actors)
 
     def _bandwidth(self, a: str | None, b: str | None) -> float:
         gbps = self.profile.intra_node_gbps if a is not None and a == b else self.profile.inter_node_gbps

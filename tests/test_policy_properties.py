@@ -370,3 +370,25 @@ def test_empty_batch_and_single_prompt():
     one = PromptBatch(uids=["x"], prompt_lengths=np.array([3]), n_samples=np.array([4]), token_flat=np.array([1, 2, 3]))
     plan = planner.plan(one)
     assert len(plan.assignment) == 4 and len(set(plan.assignment)) == 1
+
+
+@given(est=estimates, slack=st.floats(0, 0.5))
+def test_deadline_picks_the_cheapest_feasible(est, slack):
+    scaler = REG.create("scaler", {"name": "deadline", "params": {"slack": slack}})
+    chosen = next(e for e in est if e.num_actors == scaler.choose(est))
+    limit = (1 + slack) * min(e.time_s for e in est)
+    feasible = [e for e in est if e.time_s <= limit * (1 + 1e-12)]
+    assert feasible  # the fastest candidate always meets a slack-relative deadline
+    assert chosen in feasible
+    assert chosen.gpu_seconds == min(e.gpu_seconds for e in feasible)
+
+
+@given(est=estimates, deadline=st.floats(0.001, 2e4))
+def test_deadline_with_an_explicit_deadline(est, deadline):
+    scaler = REG.create("scaler", {"name": "deadline", "params": {"deadline_s": deadline}})
+    chosen = next(e for e in est if e.num_actors == scaler.choose(est))
+    feasible = [e for e in est if e.time_s <= deadline * (1 + 1e-12)]
+    if feasible:  # feasible whenever any candidate is, and the cheapest of those
+        assert chosen in feasible and chosen.gpu_seconds == min(e.gpu_seconds for e in feasible)
+    else:  # none can meet it: the fastest
+        assert chosen.time_s == min(e.time_s for e in est)

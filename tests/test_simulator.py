@@ -327,3 +327,39 @@ def test_synthetic_length_distribution_is_configurable():
     assert res.exit_code == 0, res.output
     lengths = json.loads(res.output)["workload"]["response_length"]
     assert lengths["max"] <= 60 and 20 <= lengths["median"] <= 60
+
+
+def test_simulate_reports_the_time_cost_frontier():
+    res = CliRunner().invoke(
+        main,
+        [
+            "simulate",
+            "--prompts",
+            "24",
+            "--samples",
+            "4",
+            "--steps",
+            "2",
+            "--gpus",
+            "6",
+            "--json",
+            "--scheduler",
+            "openrlhf",
+            "--scheduler",
+            "rlhfless-slo",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    rows = {s["name"]: s for s in json.loads(res.output)["schedulers"]}
+    for step in rows["rlhfless-slo"]["steps"]:
+        front = step["frontier"]
+        assert [f["num_actors"] for f in front] == list(range(1, 7))  # every candidate N
+        (chosen,) = [f for f in front if f["chosen"]]
+        assert chosen["num_actors"] == step["num_actors"]
+        assert chosen["simulated_time_s"] == pytest.approx(step["time_s"])
+        assert all(f["predicted_time_s"] > 0 and f["simulated_gpu_seconds"] > 0 for f in front)
+    assert len(rows["openrlhf"]["steps"][0]["frontier"]) == 1  # a fixed scaler has one candidate
+    res = CliRunner().invoke(
+        main, ["simulate", "--prompts", "8", "--samples", "2", "--steps", "1", "--json", "--no-frontier"]
+    )
+    assert "frontier" not in json.loads(res.output)["schedulers"][1]["steps"][0]
