@@ -73,6 +73,8 @@ class DeadlineScaler:
     accounts for deduplicated prefill and, when the scheduler migrates, for cut-and-migrate.
     """
 
+    wants_migration_estimates = True  # the planner's estimates count on cut-and-migrate when it is on
+
     def __init__(self, params: DeadlineParams | None = None) -> None:
         self.params = params or DeadlineParams()
 

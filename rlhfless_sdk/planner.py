@@ -210,7 +210,11 @@ class StepPlanner:
         candidates = self.call("scaler", fallbacks, lambda p: p.candidates(lo, hi), check_candidates)
         assignments: dict[int, np.ndarray] = {}
         estimates: list[CandidateEstimate] = []
-        migrates = self.config.migrator.name != "none"
+        # Estimates that count on cut-and-migrate, for a scaler that asks for them (the paper's cost-aware scaler
+        # plans without: its published behaviour stays as it is).
+        migrates = self.config.migrator.name != "none" and getattr(
+            self.policies["scaler"], "wants_migration_estimates", False
+        )
         for n in candidates:
             sample_actor = self.call(
                 "assigner",
