@@ -32,7 +32,6 @@ from rlhfless_sdk.records import (
     ActorProgress,
     Cluster,
     FinishedSample,
-    Node,
     SampleProgress,
     StepProgress,
     StepReport,
@@ -79,12 +78,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
         registry = registry or get_plugin_manager().registry
         n = len(self.vllm_engines)
-        nodes, left, i = [], n, 0
-        while left > 0:
-            nodes.append(Node(name=f"node{i}", num_gpus=min(gpus_per_node, left)))
-            left -= gpus_per_node
-            i += 1
-        self.cluster = Cluster(nodes=nodes)
+        self.cluster = Cluster.of_gpus(n, gpus_per_node)
         config = scheduler.model_copy(update={"max_actors": min(scheduler.max_actors or n, n)})
         self.planner = StepPlanner(
             config, cluster=self.cluster, cost_model=AnalyticCostModel(profile), registry=registry, learner_gpus=0

@@ -144,16 +144,12 @@ def plan_cmd(
     from rlhfless_sdk.costmodel import AnalyticCostModel
     from rlhfless_sdk.plan_report import plan_synthetic, resolve_scheduler, summary
     from rlhfless_sdk.profiles import load_profile
-    from rlhfless_sdk.records import Cluster, Node
+    from rlhfless_sdk.records import Cluster
     from rlhfless_sdk.workloads import SyntheticWorkload
 
     registry = get_plugin_manager().registry
     configs = [resolve_scheduler(s, registry) for s in schedulers]
-    full, rest = divmod(gpus, gpus_per_node)
-    nodes = [Node(name=f"node{i}", num_gpus=gpus_per_node) for i in range(full)]
-    if rest:
-        nodes.append(Node(name=f"node{full}", num_gpus=rest))
-    cluster = Cluster(nodes=nodes)
+    cluster = Cluster.of_gpus(gpus, gpus_per_node)
     workload = SyntheticWorkload(prompts, samples, seed=seed)
     cost_model = AnalyticCostModel(load_profile(profile))
     results = [summary(p) for p in plan_synthetic(configs, registry, workload, cluster, cost_model, history)]

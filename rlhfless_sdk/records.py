@@ -120,6 +120,13 @@ class Cluster(Record):
         return sum(n.num_gpus for n in self.nodes)
 
     @classmethod
+    def of_gpus(cls, gpus: int, gpus_per_node: int, gpu_type: str = "generic") -> Cluster:
+        """``gpus`` GPUs in full nodes of ``gpus_per_node``, the remainder in one smaller last node."""
+        full, rest = divmod(gpus, gpus_per_node)
+        sizes = [gpus_per_node] * full + ([rest] if rest else [])
+        return cls(nodes=[Node(name=f"node{i}", num_gpus=n, gpu_type=gpu_type) for i, n in enumerate(sizes)])
+
+    @classmethod
     def uniform(cls, num_nodes: int, gpus_per_node: int, gpu_type: str = "generic") -> Cluster:
         return cls(nodes=[Node(name=f"node{i}", num_gpus=gpus_per_node, gpu_type=gpu_type) for i in range(num_nodes)])
 

@@ -13,7 +13,7 @@ from rlhfless_sdk.config import SchedulerConfig
 from rlhfless_sdk.plan_report import resolve_scheduler
 from rlhfless_sdk.plugins import Registry
 from rlhfless_sdk.profiles import load_profile
-from rlhfless_sdk.records import Cluster, Node
+from rlhfless_sdk.records import Cluster
 from rlhfless_sdk.simulator import SimulationResult, Simulator
 from rlhfless_sdk.traces import Workload, load_trace, synthetic_workload, workload_summary
 from rlhfless_sdk.workloads import SyntheticWorkload
@@ -23,11 +23,7 @@ ABLATION = ["ablation-raw", "ablation-dedup", "ablation-assign", "ablation-scale
 
 
 def make_cluster(gpus: int, gpus_per_node: int) -> Cluster:
-    full, rest = divmod(gpus, gpus_per_node)
-    nodes = [Node(name=f"node{i}", num_gpus=gpus_per_node) for i in range(full)]
-    if rest:
-        nodes.append(Node(name=f"node{full}", num_gpus=rest))
-    return Cluster(nodes=nodes)
+    return Cluster.of_gpus(gpus, gpus_per_node)
 
 
 def compare(results: list[SimulationResult]) -> list[dict[str, Any]]:
