@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +44,9 @@ def plan_synthetic(
     for config in schedulers:
         planner = StepPlanner(config, cluster=cluster, cost_model=cost_model, registry=registry)
         for step in range(history_steps):
-            batch, lengths = SyntheticWorkload(**{**workload.__dict__, "step": step}).batch()
+            batch, lengths = replace(workload, step=step).batch()
             planner.observe(finished_samples(batch, lengths))
-        batch, true = SyntheticWorkload(**{**workload.__dict__, "step": history_steps}).batch()
+        batch, true = replace(workload, step=history_steps).batch()
         plan = planner.plan(batch, step=history_steps)
         assert batch.true_lengths is not None
         mae = float(np.abs(np.asarray(plan.predicted_lengths) - batch.true_lengths).mean()) if len(batch) else 0.0

@@ -12,7 +12,7 @@ import csv
 import json
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -177,7 +177,7 @@ def synthetic_workload(synthetic: SyntheticWorkload, steps: int) -> Workload:
     """``steps`` epochs over the same synthetic prompts, lengths drifting from step to step."""
     out = Workload(name=f"synthetic-{synthetic.num_prompts}x{synthetic.n_samples}")
     for s in range(steps):
-        batch, lengths = SyntheticWorkload(**{**synthetic.__dict__, "step": s}).batch()
+        batch, lengths = replace(synthetic, step=s).batch()
         out.steps.append(WorkloadStep(step=s, batch=batch, lengths=lengths))
     return out
 
