@@ -281,11 +281,13 @@ class RlhflessSamplesGenerator(SamplesGenerator):
 
     def _migrate(self, pending, predicted, migrated_count, finished_lengths, batch, controller) -> int:
         live = sorted({p.engine for p in pending.values()} | ({e for e in range(len(self.vllm_engines))} - self.dead))
+        refs = {e: self.vllm_engines[e].rl_stats.remote() for e in live}  # ask every engine at once
         stats = {}
-        for e in live:
-            st = self._call(e, "rl_stats")
-            if st is not None:
-                stats[e] = st
+        for e, ref in refs.items():
+            try:
+                stats[e] = ray.get(ref)
+            except _DEAD as exc:
+                self._mark_dead(e, exc)
         if not stats:
             return 0
         planned = defaultdict(float)
