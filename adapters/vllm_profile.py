@@ -194,7 +194,7 @@ def validate(llm: Any, profile: TimePerTokenProfile, requests: list[tuple[int, i
     step = WorkloadStep(0, batch, np.array([t for _, t in requests]))
     registry = get_plugin_manager().registry
     base = registry.scheduler("openrlhf")
-    one = type(base).model_validate({**base.model_dump(), "name": "one-engine", "scaler": "fixed"})
+    one = base.derive(name="one-engine", scaler="fixed")
     sim = Simulator(profile.model_copy(update={"cold_start_s": 0.0}), Cluster.uniform(1, 1), registry=registry)
     simulated = sim.run(one, Workload("held-out", [step])).reports[0].generation_s
     return {

@@ -57,9 +57,7 @@ def accuracy(registry: Registry, ref: PolicyRef, workload: Workload) -> dict[str
 
 
 def with_predictor(base: SchedulerConfig, ref: PolicyRef) -> SchedulerConfig:
-    return SchedulerConfig.model_validate(
-        {**base.model_dump(), "name": f"{base.name}.{ref.name}", "predictor": ref.model_dump()}
-    )
+    return base.derive(name=f"{base.name}.{ref.name}", predictor=ref.model_dump())
 
 
 def compare_predictors(

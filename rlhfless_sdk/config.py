@@ -56,6 +56,10 @@ class SchedulerConfig(Record):
             raise ValueError(f"max_actors={self.max_actors} is below min_actors={self.min_actors}")
         return self
 
+    def derive(self, **changes: Any) -> SchedulerConfig:
+        """A validated copy with some fields replaced (``assigner="sorted"`` works as in YAML)."""
+        return SchedulerConfig.model_validate({**self.model_dump(), **changes})
+
     def policy_refs(self) -> dict[str, PolicyRef]:
         from rlhfless_sdk.protocols import POLICY_KINDS
 

@@ -214,7 +214,7 @@ def test_migrated_sample_is_well_formed(stack):
     pm.register(Plugin(), name="move-first-plugin")
     reg = pm.registry
     base = reg.scheduler("openrlhf")
-    config = type(base).model_validate({**base.model_dump(), "name": "migrate-test", "migrator": "move-first"})
+    config = base.derive(name="migrate-test", migrator="move-first")
     gen = make_generator(stack, config, registry=reg, num_prompts=4, check_interval_s=0.2)
     max_new = 160
     kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
@@ -247,7 +247,7 @@ def test_a_policy_that_raises_falls_back_for_the_step(stack):
     pm.register(Plugin(), name="boom-plugin")
     reg = pm.registry
     base = reg.scheduler("rlhfless")
-    config = type(base).model_validate({**base.model_dump(), "name": "boom-test", "assigner": "boom"})
+    config = base.derive(name="boom-test", assigner="boom")
     gen = make_generator(stack, config, registry=reg, num_prompts=4)
     experiences, *_ = gen.generate_samples(max_new_tokens=32, n_samples_per_prompt=N_SAMPLES, max_len=512)
     assert_groups(experiences, PROMPTS[:4], N_SAMPLES, 32)

@@ -39,7 +39,7 @@ def test_example_plugin_plans_a_step():
     reg = pm.registry
     assert reg.policy("assigner", "longest-rr").plugin == "readme-plugin"
     base = reg.scheduler("openrlhf")
-    config = type(base).model_validate({**base.model_dump(), "assigner": "longest-rr"})
+    config = base.derive(assigner="longest-rr")
     batch, _ = SyntheticWorkload(50, 4).batch()
     planner = StepPlanner(
         config,

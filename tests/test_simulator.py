@@ -129,9 +129,8 @@ def one_step(prompt_len: int, lengths: list[list[int]]) -> Workload:
 
 
 def fixed(registry, n: int, migrator: str = "none"):
-    base = registry.scheduler("openrlhf").model_dump()
-    return type(registry.scheduler("openrlhf")).model_validate(
-        {**base, "name": "fixed-test", "scaler": {"name": "fixed", "params": {"num_actors": n}}, "migrator": migrator}
+    return registry.scheduler("openrlhf").derive(
+        name="fixed-test", scaler={"name": "fixed", "params": {"num_actors": n}}, migrator=migrator
     )
 
 
