@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from rlhfless_sdk.errors import RlhflessError
+from rlhfless_sdk.api.errors import RlhflessError
 
 #: The OpenRLHF release whose internals (SamplesGenerator, RolloutRayActor, create_vllm_engines) the adapter uses.
 OPENRLHF_VERSION = "0.11.2"

@@ -198,7 +198,7 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
     from rlhfless_openrlhf.rollout import rollout_args
 
     from rlhfless_sdk import get_plugin_manager
-    from rlhfless_sdk.profiles import load_profile
+    from rlhfless_sdk.api.profiles import load_profile
 
     registry = get_plugin_manager().registry
     configs = [registry.scheduler(name) for name in settings.schedulers]

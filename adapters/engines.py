@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from rlhfless_openrlhf.engine import RlhflessRolloutActor
 
-from rlhfless_sdk.records import Actor, Cluster, Node
+from rlhfless_sdk.api.records import Actor, Cluster, Node
 
 
 class _DropIn:
@@ -127,7 +127,7 @@ def create_vllm_engines_with_rlhfless(
     placer = None
     name = os.environ.get("RLHFLESS_PLACER")
     if name:
-        from rlhfless_sdk.plugins import get_plugin_manager
+        from rlhfless_sdk.api.plugins import get_plugin_manager
 
         placer = get_plugin_manager().registry.create("placer", name)
     with _hooks(_DropIn(RlhflessRolloutActor, {}, None), placer, num_engines):

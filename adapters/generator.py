@@ -23,12 +23,10 @@ import ray
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
 from vllm import SamplingParams
 
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.config import SchedulerConfig
-from rlhfless_sdk.costmodel import AnalyticCostModel
-from rlhfless_sdk.planner import StepPlanner
-from rlhfless_sdk.plugins import Registry, get_plugin_manager
-from rlhfless_sdk.records import (
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
+from rlhfless_sdk.api.records import (
     ActorProgress,
     Cluster,
     FinishedSample,
@@ -37,6 +35,8 @@ from rlhfless_sdk.records import (
     StepReport,
     TimePerTokenProfile,
 )
+from rlhfless_sdk.planning.costmodel import AnalyticCostModel
+from rlhfless_sdk.planning.planner import StepPlanner
 
 log = logging.getLogger("rlhfless.openrlhf")
 

@@ -44,8 +44,8 @@ class GeneratorActor:
         from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
         from transformers import AutoTokenizer
 
-        from rlhfless_sdk.config import SchedulerConfig
-        from rlhfless_sdk.records import TimePerTokenProfile
+        from rlhfless_sdk.api.config import SchedulerConfig
+        from rlhfless_sdk.api.records import TimePerTokenProfile
 
         self.generator = RlhflessSamplesGenerator(
             SimpleNamespace(args=rollout_args(n_samples, logprobs=logprobs)),

@@ -49,9 +49,9 @@ def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
 
 def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
     """Validate the scheduler, config and profile; None means: run OpenRLHF unchanged."""
-    from rlhfless_sdk.config import read_scheduler_config
-    from rlhfless_sdk.plugins import get_plugin_manager
-    from rlhfless_sdk.profiles import load_profile
+    from rlhfless_sdk.api.config import read_scheduler_config
+    from rlhfless_sdk.api.plugins import get_plugin_manager
+    from rlhfless_sdk.api.profiles import load_profile
 
     registry = get_plugin_manager().registry
     name = ours.get("--scheduler", "openrlhf")
@@ -98,7 +98,7 @@ def install_rollout_hooks(settings: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> None:
     from rlhfless_openrlhf.internals import check_internals
 
-    from rlhfless_sdk.errors import RlhflessError
+    from rlhfless_sdk.api.errors import RlhflessError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, rest = split_args(argv)

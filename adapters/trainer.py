@@ -13,8 +13,8 @@ import ray
 from openrlhf.trainer.ppo_trainer import PPOTrainer
 from rlhfless_openrlhf.generator import RlhflessSamplesGenerator, merge_metrics
 
-from rlhfless_sdk.config import SchedulerConfig
-from rlhfless_sdk.records import TimePerTokenProfile
+from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.records import TimePerTokenProfile
 
 
 class RlhflessPPOTrainerImpl(PPOTrainer.__ray_actor_class__):  # type: ignore[name-defined,misc]

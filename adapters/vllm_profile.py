@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from rlhfless_sdk.records import TimePerTokenProfile
+from rlhfless_sdk.api.records import TimePerTokenProfile
 
 PREFILL_GRID = [(1, 32), (4, 128), (8, 256), (16, 256), (4, 1024), (32, 64)]
 DECODE_GRID = [
@@ -178,11 +178,11 @@ def measure(
 
 def validate(llm: Any, profile: TimePerTokenProfile, requests: list[tuple[int, int]] = HELD_OUT) -> dict[str, Any]:
     """Time a held-out batch on the engine and the simulator's prediction of it from ``profile``."""
-    from rlhfless_sdk.batch import PromptBatch
-    from rlhfless_sdk.plugins import get_plugin_manager
-    from rlhfless_sdk.records import Cluster
-    from rlhfless_sdk.simulator import Simulator
-    from rlhfless_sdk.traces import Workload, WorkloadStep
+    from rlhfless_sdk.api.batch import PromptBatch
+    from rlhfless_sdk.api.plugins import get_plugin_manager
+    from rlhfless_sdk.api.records import Cluster
+    from rlhfless_sdk.simulation.simulator import Simulator
+    from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
 
     measured = time_generate(llm, requests, salt=7777)
     batch = PromptBatch(

@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 
 from rlhfless_sdk import PolicyRef, get_plugin_manager
-from rlhfless_sdk.compare import compare_predictors
-from rlhfless_sdk.profiles import load_profile
-from rlhfless_sdk.simulate_cli import load_workload, make_cluster
-from rlhfless_sdk.simulator import Simulator
+from rlhfless_sdk.api.profiles import load_profile
+from rlhfless_sdk.cli.compare import compare_predictors
+from rlhfless_sdk.cli.simulate import load_workload, make_cluster
+from rlhfless_sdk.simulation.simulator import Simulator
 
 
 def main() -> None:

@@ -8,8 +8,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.records import NoParams, Record
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.records import NoParams, Record
 
 
 class SortedParams(Record):

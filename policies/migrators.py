@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt
 
-from rlhfless_sdk.records import ActorProgress, MigrationDecision, NoParams, Record, SampleProgress, StepProgress
+from rlhfless_sdk.api.records import ActorProgress, MigrationDecision, NoParams, Record, SampleProgress, StepProgress
 
 
 class _Destinations:

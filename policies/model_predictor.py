@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.records import FinishedSample, Record
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.records import FinishedSample, Record
 
 _K1, _K2, _K3 = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D
 

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlhfless_sdk.errors import RlhflessError
-from rlhfless_sdk.records import Actor, ActorPlacement, Cluster, NoParams
+from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.records import Actor, ActorPlacement, Cluster, NoParams
 
 
 class _Allocator:

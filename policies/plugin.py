@@ -7,8 +7,8 @@ from importlib.resources import files
 from rlhfless_policies import assigners, migrators, model_predictor, placers, predictors, prefill, scalers
 
 from rlhfless_sdk import PolicySpec, SchedulerConfig, hookimpl
-from rlhfless_sdk.config import parse_scheduler_config
-from rlhfless_sdk.records import NoParams
+from rlhfless_sdk.api.config import parse_scheduler_config
+from rlhfless_sdk.api.records import NoParams
 
 
 @hookimpl

@@ -9,10 +9,10 @@ import numpy as np
 from pydantic import Field, PositiveInt
 from rlhfless_policies.model_predictor import ModelParams, ModelPredictor
 
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.errors import RlhflessError
-from rlhfless_sdk.history import LengthHistory
-from rlhfless_sdk.records import FinishedSample, NoParams, Record, StepProgress
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.history import LengthHistory
+from rlhfless_sdk.api.records import FinishedSample, NoParams, Record, StepProgress
 
 
 class EwmaParams(Record):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.records import NoParams, PrefillPlan, Record
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.records import NoParams, PrefillPlan, Record
 
 _B = 0x9E3779B97F4A7C15  # odd, hence invertible modulo 2**64
 _B_INV = pow(_B, -1, 2**64)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import ConfigDict, Field, PositiveInt
 
-from rlhfless_sdk.records import CandidateEstimate, Record
+from rlhfless_sdk.api.records import CandidateEstimate, Record
 
 
 def candidate_grid(lo: int, hi: int, max_candidates: int) -> list[int]:

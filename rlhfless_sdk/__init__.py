@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pluggy
 
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.config import PolicyRef, SchedulerConfig, read_scheduler_config
-from rlhfless_sdk.errors import ConfigError, PluginError, RlhflessError, UnknownPolicyError
-from rlhfless_sdk.hookspecs import PROJECT
-from rlhfless_sdk.plugins import PluginManager, get_plugin_manager, reset_plugin_manager
-from rlhfless_sdk.protocols import (
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig, read_scheduler_config
+from rlhfless_sdk.api.errors import ConfigError, PluginError, RlhflessError, UnknownPolicyError
+from rlhfless_sdk.api.hookspecs import PROJECT
+from rlhfless_sdk.api.plugins import PluginManager, get_plugin_manager, reset_plugin_manager
+from rlhfless_sdk.api.protocols import (
     ActorPlacer,
     ActorScaler,
     CostModel,
@@ -24,29 +24,62 @@ from rlhfless_sdk.protocols import (
     PrefillPlanner,
     PromptAssigner,
 )
-from rlhfless_sdk.records import NoParams, PolicySpec
+from rlhfless_sdk.api.records import (
+    Actor,
+    ActorPlacement,
+    ActorProgress,
+    CandidateEstimate,
+    Cluster,
+    FinishedSample,
+    MigrationDecision,
+    Node,
+    NoParams,
+    PolicySpec,
+    PrefillPlan,
+    Record,
+    SampleProgress,
+    StepPlan,
+    StepProgress,
+    StepReport,
+    TimePerTokenProfile,
+)
 
 __version__ = "0.1.0"
 
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 __all__ = [
+    "Actor",
+    "ActorPlacement",
     "ActorPlacer",
+    "ActorProgress",
     "ActorScaler",
+    "CandidateEstimate",
+    "Cluster",
     "ConfigError",
     "CostModel",
+    "FinishedSample",
     "LengthPredictor",
+    "MigrationDecision",
     "Migrator",
     "NoParams",
+    "Node",
     "PluginError",
     "PluginManager",
     "PolicyRef",
     "PolicySpec",
+    "PrefillPlan",
     "PrefillPlanner",
     "PromptAssigner",
     "PromptBatch",
+    "Record",
     "RlhflessError",
+    "SampleProgress",
     "SchedulerConfig",
+    "StepPlan",
+    "StepProgress",
+    "StepReport",
+    "TimePerTokenProfile",
     "UnknownPolicyError",
     "__version__",
     "get_plugin_manager",

@@ -1,4 +1,4 @@
-from rlhfless_sdk.cli import main
+from rlhfless_sdk.cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.records import ActorProgress, Cluster, Node, SampleProgress, StepProgress
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.records import ActorProgress, Cluster, Node, SampleProgress, StepProgress
 
 
 @st.composite

@@ -11,7 +11,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from rlhfless_sdk import __version__
-from rlhfless_sdk.cli import main
+from rlhfless_sdk.cli.main import main
 
 
 def run(*args: str):

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from rlhfless_sdk import ConfigError, read_scheduler_config
-from rlhfless_sdk.cli import main
+from rlhfless_sdk.cli.main import main
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

@@ -78,7 +78,7 @@ def make_generator(stack, scheduler: str, **kw):
     from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
 
     from rlhfless_sdk import get_plugin_manager
-    from rlhfless_sdk.profiles import load_profile
+    from rlhfless_sdk.api.profiles import load_profile
 
     registry = kw.pop("registry", None) or get_plugin_manager().registry
     args = make_args(**kw.pop("args", {}))
@@ -140,7 +140,7 @@ def test_generator_inside_a_ray_actor_logs_rlhfless_metrics(stack):
     from rlhfless_openrlhf.rollout import GeneratorActor
 
     from rlhfless_sdk import get_plugin_manager
-    from rlhfless_sdk.profiles import load_profile
+    from rlhfless_sdk.api.profiles import load_profile
 
     actor = GeneratorActor.remote(
         stack.engines,
@@ -182,7 +182,7 @@ class MoveFirst:
         self.done = False
 
     def decide(self, progress):
-        from rlhfless_sdk.records import MigrationDecision
+        from rlhfless_sdk.api.records import MigrationDecision
 
         started = [s for s in progress.unfinished if s.tokens_generated >= 8]
         others = [a.actor_id for a in progress.actors]

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from rlhfless_sdk import PluginManager, PolicySpec, hookimpl
-from rlhfless_sdk.bench import bench_plan
-from rlhfless_sdk.costmodel import AnalyticCostModel
-from rlhfless_sdk.planner import BASELINES, StepPlanner, check_placement
-from rlhfless_sdk.profiles import load_profile
-from rlhfless_sdk.records import ActorPlacement, ActorProgress, Cluster, SampleProgress, StepProgress
-from rlhfless_sdk.workloads import SyntheticWorkload
+from rlhfless_sdk.api.profiles import load_profile
+from rlhfless_sdk.api.records import ActorPlacement, ActorProgress, Cluster, SampleProgress, StepProgress
+from rlhfless_sdk.cli.bench import bench_plan
+from rlhfless_sdk.planning.costmodel import AnalyticCostModel
+from rlhfless_sdk.planning.planner import BASELINES, StepPlanner, check_placement
+from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
 PROFILE = load_profile("qwen2.5-7b-l40s")
 
@@ -63,13 +63,13 @@ class Invalid:
         pass
 
     def plan(self, batch, capacity_tokens):
-        from rlhfless_sdk.records import PrefillPlan
+        from rlhfless_sdk.api.records import PrefillPlan
 
         return PrefillPlan(prompt_group=[0] * (len(batch) + 1), group_prefix_tokens=[0])  # one prompt too many
 
     def decide(self, progress):
         s = progress.unfinished[0]
-        from rlhfless_sdk.records import MigrationDecision
+        from rlhfless_sdk.api.records import MigrationDecision
 
         twice = MigrationDecision(
             uid=s.uid,
@@ -88,7 +88,7 @@ class Invalid:
 
     def place(self, loads, cluster, gpus_per_actor, extra):
         node = cluster.nodes[0].name
-        from rlhfless_sdk.records import Actor
+        from rlhfless_sdk.api.records import Actor
 
         return [ActorPlacement(actor=Actor(actor_id=i), node=node, gpu_indices=[0]) for i in range(len(loads))]
 

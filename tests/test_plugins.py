@@ -14,8 +14,8 @@ from rlhfless_sdk import (
     get_plugin_manager,
     hookimpl,
 )
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.records import NoParams, Record
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.records import NoParams, Record
 
 
 class ReverseParams(Record):

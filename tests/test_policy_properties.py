@@ -12,12 +12,12 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from rlhfless_sdk import PluginManager
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.costmodel import AnalyticCostModel
-from rlhfless_sdk.planner import MigrationController, StepPlanner, check_assignment, check_placement
-from rlhfless_sdk.profiles import load_profile
-from rlhfless_sdk.records import Actor, CandidateEstimate, FinishedSample
-from rlhfless_sdk.samples import regroup
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.profiles import load_profile
+from rlhfless_sdk.api.records import Actor, CandidateEstimate, FinishedSample
+from rlhfless_sdk.planning.costmodel import AnalyticCostModel
+from rlhfless_sdk.planning.planner import MigrationController, StepPlanner, check_assignment, check_placement
+from rlhfless_sdk.rollout.samples import regroup
 
 _spec = importlib.util.spec_from_file_location("rlhfless_test_strategies", Path(__file__).with_name("strategies.py"))
 S = importlib.util.module_from_spec(_spec)
@@ -247,7 +247,7 @@ def test_tau_moves_only_underestimated_samples_of_actors_past_tau(progress, tau)
 
 
 def test_tau_moves_a_laggard_to_an_idle_actor():
-    from rlhfless_sdk.records import ActorProgress, SampleProgress, StepProgress
+    from rlhfless_sdk.api.records import ActorProgress, SampleProgress, StepProgress
 
     progress = StepProgress(
         total_samples=4,

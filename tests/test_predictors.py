@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.cli import main
-from rlhfless_sdk.compare import kendall_tau, with_predictor
-from rlhfless_sdk.history import HistoryError, LengthHistory
-from rlhfless_sdk.profiles import load_profile
-from rlhfless_sdk.records import ActorProgress, FinishedSample, SampleProgress, StepProgress
-from rlhfless_sdk.simulate_cli import make_cluster
-from rlhfless_sdk.simulator import Simulator
-from rlhfless_sdk.traces import synthetic_workload
-from rlhfless_sdk.workloads import SyntheticWorkload, finished_samples
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.history import HistoryError, LengthHistory
+from rlhfless_sdk.api.profiles import load_profile
+from rlhfless_sdk.api.records import ActorProgress, FinishedSample, SampleProgress, StepProgress
+from rlhfless_sdk.cli.compare import kendall_tau, with_predictor
+from rlhfless_sdk.cli.main import main
+from rlhfless_sdk.cli.simulate import make_cluster
+from rlhfless_sdk.simulation.simulator import Simulator
+from rlhfless_sdk.simulation.traces import synthetic_workload
+from rlhfless_sdk.simulation.workloads import SyntheticWorkload, finished_samples
 
 
 def sample(uid: str, length: int, k: int = 0) -> FinishedSample:
@@ -41,7 +41,7 @@ def test_history_survives_a_restart(tmp_path, registry):
 
 WRITER = """
 import sys
-from rlhfless_sdk.history import LengthHistory
+from rlhfless_sdk.api.history import LengthHistory
 path, worker, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 store = LengthHistory(path)
 for step in range(steps):

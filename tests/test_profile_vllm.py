@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhfless_sdk.profiles import load_profile
+from rlhfless_sdk.api.profiles import load_profile
 
 pytestmark = pytest.mark.slow
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from rlhfless_sdk import PluginManager
-from rlhfless_sdk.costmodel import AnalyticCostModel
-from rlhfless_sdk.planner import StepPlanner
-from rlhfless_sdk.profiles import load_profile
-from rlhfless_sdk.records import Cluster
-from rlhfless_sdk.workloads import SyntheticWorkload
+from rlhfless_sdk.api.profiles import load_profile
+from rlhfless_sdk.api.records import Cluster
+from rlhfless_sdk.planning.costmodel import AnalyticCostModel
+from rlhfless_sdk.planning.planner import StepPlanner
+from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from rlhfless_sdk.config import PolicyRef, SchedulerConfig
-from rlhfless_sdk.records import (
+from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig
+from rlhfless_sdk.api.records import (
     ALL_RECORDS,
     GPU,
     Actor,

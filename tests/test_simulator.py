@@ -10,14 +10,14 @@ import pytest
 from click.testing import CliRunner
 
 from rlhfless_sdk import PluginManager, PolicySpec, hookimpl
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.cli import main
-from rlhfless_sdk.profiles import load_profile
-from rlhfless_sdk.records import Cluster, MigrationDecision, TimePerTokenProfile
-from rlhfless_sdk.simulate_cli import make_cluster
-from rlhfless_sdk.simulator import Simulator
-from rlhfless_sdk.traces import TraceError, Workload, WorkloadStep, load_trace, synthetic_workload
-from rlhfless_sdk.workloads import SyntheticWorkload
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.profiles import load_profile
+from rlhfless_sdk.api.records import Cluster, MigrationDecision, TimePerTokenProfile
+from rlhfless_sdk.cli.main import main
+from rlhfless_sdk.cli.simulate import make_cluster
+from rlhfless_sdk.simulation.simulator import Simulator
+from rlhfless_sdk.simulation.traces import TraceError, Workload, WorkloadStep, load_trace, synthetic_workload
+from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 GPQA = SHARED / "traces" / "gpqa-qwen2.5-7b-ppo"
@@ -197,7 +197,7 @@ class MoveOnce:
         ]
 
 
-class MoveParams(__import__("rlhfless_sdk").records.Record):
+class MoveParams(__import__("rlhfless_sdk").Record):
     mode: str = "tokens"
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from pydantic import Field, PositiveInt
 
 from rlhfless_sdk import PolicySpec, PromptBatch, hookimpl
-from rlhfless_sdk.records import FinishedSample, Record
+from rlhfless_sdk.api.records import FinishedSample, Record
 
 
 class MaxRecentParams(Record):

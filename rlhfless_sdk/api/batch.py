@@ -12,7 +12,7 @@ from itertools import chain
 
 import numpy as np
 
-from rlhfless_sdk.records import Prompt
+from rlhfless_sdk.api.records import Prompt
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.records import CandidateEstimate, PrefillPlan, TimePerTokenProfile
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.records import CandidateEstimate, PrefillPlan, TimePerTokenProfile
 
 
 def shared_prefix_per_prompt(batch: PromptBatch, prefill: PrefillPlan) -> np.ndarray:

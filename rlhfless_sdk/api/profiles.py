@@ -7,9 +7,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from rlhfless_sdk.config import parse_yaml, problems_from_validation
-from rlhfless_sdk.errors import ConfigError, ConfigProblem, UnknownPolicyError
-from rlhfless_sdk.records import TimePerTokenProfile
+from rlhfless_sdk.api.config import parse_yaml, problems_from_validation
+from rlhfless_sdk.api.errors import ConfigError, ConfigProblem, UnknownPolicyError
+from rlhfless_sdk.api.records import TimePerTokenProfile
 
 
 def _shipped() -> dict[str, str]:

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.errors import RlhflessError
-from rlhfless_sdk.workloads import SyntheticWorkload
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
 REQUIRED = ("uid", "step", "sample_idx", "prompt_length", "response_length")
 #: Qwen2.5's pad token, used to left-pad ``prompt`` in the verl traces.

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.errors import RlhflessError
-from rlhfless_sdk.records import FinishedSample
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.records import FinishedSample
 
 
 class SampleAccountingError(RlhflessError):

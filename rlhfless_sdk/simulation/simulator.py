@@ -25,11 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from rlhfless_sdk.config import SchedulerConfig
-from rlhfless_sdk.costmodel import AnalyticCostModel, shared_prefix_per_prompt
-from rlhfless_sdk.planner import StepPlanner
-from rlhfless_sdk.plugins import Registry
-from rlhfless_sdk.records import (
+from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.plugins import Registry
+from rlhfless_sdk.api.records import (
     ActorProgress,
     CandidateEstimate,
     Cluster,
@@ -41,7 +39,9 @@ from rlhfless_sdk.records import (
     StepReport,
     TimePerTokenProfile,
 )
-from rlhfless_sdk.traces import Workload, WorkloadStep
+from rlhfless_sdk.planning.costmodel import AnalyticCostModel, shared_prefix_per_prompt
+from rlhfless_sdk.planning.planner import StepPlanner
+from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
 
 _QUEUED, _RUNNING, _DONE = 0, 1, 2
 

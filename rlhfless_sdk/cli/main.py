@@ -11,10 +11,10 @@ from pathlib import Path
 import click
 
 from rlhfless_sdk import __version__
-from rlhfless_sdk.config import config_json_schema, read_scheduler_config
-from rlhfless_sdk.errors import ConfigError, RlhflessError
-from rlhfless_sdk.plugins import get_plugin_manager
-from rlhfless_sdk.protocols import POLICY_KINDS
+from rlhfless_sdk.api.config import config_json_schema, read_scheduler_config
+from rlhfless_sdk.api.errors import ConfigError, RlhflessError
+from rlhfless_sdk.api.plugins import get_plugin_manager
+from rlhfless_sdk.api.protocols import POLICY_KINDS
 
 
 class _Group(click.Group):
@@ -141,11 +141,11 @@ def plan_cmd(
     "planned" is what each scheduler expected from its own predictions; "at true lengths" is the cost model
     applied to the plan with the samples' true lengths (an estimate; the simulator measures the step).
     """
-    from rlhfless_sdk.costmodel import AnalyticCostModel
-    from rlhfless_sdk.plan_report import plan_synthetic, resolve_scheduler, summary
-    from rlhfless_sdk.profiles import load_profile
-    from rlhfless_sdk.records import Cluster
-    from rlhfless_sdk.workloads import SyntheticWorkload
+    from rlhfless_sdk.api.profiles import load_profile
+    from rlhfless_sdk.api.records import Cluster
+    from rlhfless_sdk.cli.plan_report import plan_synthetic, resolve_scheduler, summary
+    from rlhfless_sdk.planning.costmodel import AnalyticCostModel
+    from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
     registry = get_plugin_manager().registry
     configs = [resolve_scheduler(s, registry) for s in schedulers]
@@ -207,7 +207,7 @@ def plan_cmd(
 )
 def simulate_cmd(**kw) -> None:
     """Replay a workload step by step under each scheduler; time, GPU-seconds, speedup, cost reduction."""
-    from rlhfless_sdk.simulate_cli import simulate_main
+    from rlhfless_sdk.cli.simulate import simulate_main
 
     simulate_main(get_plugin_manager().registry, **kw)
 
@@ -290,13 +290,13 @@ def compare_predictors_cmd(
     plot_path: Path | None,
 ) -> None:
     """Replay a workload in step order and score each length predictor (MAE, Acc@50/100, Kendall tau)."""
-    from rlhfless_sdk.compare import compare_predictors
-    from rlhfless_sdk.config import PolicyRef
-    from rlhfless_sdk.plan_report import resolve_scheduler
-    from rlhfless_sdk.profiles import load_profile
-    from rlhfless_sdk.simulate_cli import load_workload, make_cluster
-    from rlhfless_sdk.simulator import Simulator
-    from rlhfless_sdk.traces import workload_summary
+    from rlhfless_sdk.api.config import PolicyRef
+    from rlhfless_sdk.api.profiles import load_profile
+    from rlhfless_sdk.cli.compare import compare_predictors
+    from rlhfless_sdk.cli.plan_report import resolve_scheduler
+    from rlhfless_sdk.cli.simulate import load_workload, make_cluster
+    from rlhfless_sdk.simulation.simulator import Simulator
+    from rlhfless_sdk.simulation.traces import workload_summary
 
     registry = get_plugin_manager().registry
     refs = [PolicyRef(name=n.strip()) for n in predictors.split(",") if n.strip()]
@@ -326,7 +326,7 @@ def compare_predictors_cmd(
                 line += f"{r['sim_time_s']:>12.1f}{r['sim_gpu_seconds']:>11.0f}{r['sim_migrations']:>6}"
             click.echo(line)
     if plot_path is not None:
-        from rlhfless_sdk.compare import plot_comparison
+        from rlhfless_sdk.cli.compare import plot_comparison
 
         plot_comparison(rows, plot_path, f"{workload.name}: predictors in the {base.name} scheduler")
 
@@ -432,7 +432,7 @@ def bench_plan_cmd(
     prompts: int, samples: int, actors: int, scheduler: str, profile: str, repeat: int, as_json: bool
 ) -> None:
     """Median milliseconds of a full plan: predict, dedup, assign for every candidate N, scale, place."""
-    from rlhfless_sdk.bench import bench_plan
+    from rlhfless_sdk.cli.bench import bench_plan
 
     res = bench_plan(prompts, samples, actors, scheduler=scheduler, profile=profile, repeat=repeat)
     if as_json:
@@ -453,7 +453,7 @@ def bench_plan_cmd(
 @click.option("--json", "as_json", is_flag=True)
 def bench_predict_cmd(predictor: str, prompts: int, samples: int, repeat: int, as_json: bool) -> None:
     """Median milliseconds of one predict() on a batch, after the predictor has observed one step."""
-    from rlhfless_sdk.bench import bench_predict
+    from rlhfless_sdk.cli.bench import bench_predict
 
     res = bench_predict(predictor, prompts, samples, repeat=repeat)
     if as_json:
@@ -485,7 +485,7 @@ def bench_simulate_cmd(
     as_json: bool,
 ) -> None:
     """Wall time of one simulated step at scale (default: 20 nodes x 8 H100, Llama-70B, 8,192 x 8 samples)."""
-    from rlhfless_sdk.bench import bench_simulate
+    from rlhfless_sdk.cli.bench import bench_simulate
 
     res = bench_simulate(
         prompts, samples, gpus, scheduler=scheduler, profile=profile, steps=steps, gpus_per_node=gpus_per_node

@@ -9,14 +9,14 @@ from typing import Any
 
 import click
 
-from rlhfless_sdk.config import SchedulerConfig
-from rlhfless_sdk.plan_report import resolve_scheduler
-from rlhfless_sdk.plugins import Registry
-from rlhfless_sdk.profiles import load_profile
-from rlhfless_sdk.records import Cluster
-from rlhfless_sdk.simulator import SimulationResult, Simulator
-from rlhfless_sdk.traces import Workload, load_trace, synthetic_workload, workload_summary
-from rlhfless_sdk.workloads import SyntheticWorkload
+from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.plugins import Registry
+from rlhfless_sdk.api.profiles import load_profile
+from rlhfless_sdk.api.records import Cluster
+from rlhfless_sdk.cli.plan_report import resolve_scheduler
+from rlhfless_sdk.simulation.simulator import SimulationResult, Simulator
+from rlhfless_sdk.simulation.traces import Workload, load_trace, synthetic_workload, workload_summary
+from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
 #: The paper's ablation points, then the bound.
 ABLATION = ["ablation-raw", "ablation-dedup", "ablation-assign", "ablation-scale", "oracle"]

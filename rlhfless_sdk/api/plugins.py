@@ -23,11 +23,11 @@ from typing import Any
 import pluggy
 from pydantic import BaseModel, ValidationError
 
-from rlhfless_sdk import hookspecs
-from rlhfless_sdk.config import PolicyRef, SchedulerConfig, problems_from_validation
-from rlhfless_sdk.errors import ConfigProblem, PluginError, UnknownPolicyError
-from rlhfless_sdk.protocols import POLICY_KINDS, PROTOCOLS
-from rlhfless_sdk.records import PolicySpec
+from rlhfless_sdk.api import hookspecs
+from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig, problems_from_validation
+from rlhfless_sdk.api.errors import ConfigProblem, PluginError, UnknownPolicyError
+from rlhfless_sdk.api.protocols import POLICY_KINDS, PROTOCOLS
+from rlhfless_sdk.api.records import PolicySpec
 
 ENTRY_POINT_GROUP = "rlhfless"
 ENV_PLUGINS = "RLHFLESS_PLUGINS"

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import Field, PositiveInt, ValidationError, model_validator
 
-from rlhfless_sdk.errors import ConfigError, ConfigProblem
-from rlhfless_sdk.records import Record
+from rlhfless_sdk.api.errors import ConfigError, ConfigProblem
+from rlhfless_sdk.api.records import Record
 
 if TYPE_CHECKING:
-    from rlhfless_sdk.plugins import Registry
+    from rlhfless_sdk.api.plugins import Registry
 
 
 class PolicyRef(Record):
@@ -61,7 +61,7 @@ class SchedulerConfig(Record):
         return SchedulerConfig.model_validate({**self.model_dump(), **changes})
 
     def policy_refs(self) -> dict[str, PolicyRef]:
-        from rlhfless_sdk.protocols import POLICY_KINDS
+        from rlhfless_sdk.api.protocols import POLICY_KINDS
 
         return {kind: getattr(self, kind) for kind in POLICY_KINDS}
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pluggy
 
-from rlhfless_sdk.config import SchedulerConfig
-from rlhfless_sdk.records import PolicySpec
+from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.records import PolicySpec
 
 PROJECT = "rlhfless"
 hookspec = pluggy.HookspecMarker(PROJECT)

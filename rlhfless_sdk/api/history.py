@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from rlhfless_sdk.errors import RlhflessError
+from rlhfless_sdk.api.errors import RlhflessError
 
 APP_ID = "rlhfless-length-history"
 SCHEMA_VERSION = 1

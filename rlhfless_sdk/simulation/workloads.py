@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.records import FinishedSample
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.records import FinishedSample
 
 
 @dataclass(frozen=True)

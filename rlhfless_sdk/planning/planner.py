@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.config import SchedulerConfig
-from rlhfless_sdk.errors import RlhflessError
-from rlhfless_sdk.plugins import Registry, get_plugin_manager
-from rlhfless_sdk.protocols import CostModel
-from rlhfless_sdk.records import (
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
+from rlhfless_sdk.api.protocols import CostModel
+from rlhfless_sdk.api.records import (
     Actor,
     ActorPlacement,
     CandidateEstimate,

@@ -6,12 +6,12 @@ import statistics
 import time
 from typing import Any
 
-from rlhfless_sdk.costmodel import AnalyticCostModel
-from rlhfless_sdk.planner import StepPlanner
-from rlhfless_sdk.plugins import get_plugin_manager
-from rlhfless_sdk.profiles import load_profile
-from rlhfless_sdk.records import Cluster
-from rlhfless_sdk.workloads import SyntheticWorkload, finished_samples
+from rlhfless_sdk.api.plugins import get_plugin_manager
+from rlhfless_sdk.api.profiles import load_profile
+from rlhfless_sdk.api.records import Cluster
+from rlhfless_sdk.planning.costmodel import AnalyticCostModel
+from rlhfless_sdk.planning.planner import StepPlanner
+from rlhfless_sdk.simulation.workloads import SyntheticWorkload, finished_samples
 
 
 def bench_plan(
@@ -70,9 +70,9 @@ def bench_simulate(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Wall time of each simulated step (planning included) of a synthetic workload at cluster scale."""
-    from rlhfless_sdk.simulate_cli import make_cluster
-    from rlhfless_sdk.simulator import Simulator
-    from rlhfless_sdk.traces import synthetic_workload
+    from rlhfless_sdk.cli.simulate import make_cluster
+    from rlhfless_sdk.simulation.simulator import Simulator
+    from rlhfless_sdk.simulation.traces import synthetic_workload
 
     registry = get_plugin_manager().registry
     sim = Simulator(load_profile(profile), make_cluster(gpus, gpus_per_node), registry=registry)

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from rlhfless_sdk.config import PolicyRef, SchedulerConfig
-from rlhfless_sdk.plugins import Registry
-from rlhfless_sdk.simulator import Simulator
-from rlhfless_sdk.traces import Workload
-from rlhfless_sdk.workloads import finished_samples
+from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig
+from rlhfless_sdk.api.plugins import Registry
+from rlhfless_sdk.simulation.simulator import Simulator
+from rlhfless_sdk.simulation.traces import Workload
+from rlhfless_sdk.simulation.workloads import finished_samples
 
 
 def kendall_tau(x: np.ndarray, y: np.ndarray) -> float:

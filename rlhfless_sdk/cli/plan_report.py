@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from rlhfless_sdk.config import SchedulerConfig, read_scheduler_config
-from rlhfless_sdk.costmodel import AnalyticCostModel
-from rlhfless_sdk.planner import StepPlanner
-from rlhfless_sdk.plugins import Registry
-from rlhfless_sdk.records import CandidateEstimate, Cluster, StepPlan
-from rlhfless_sdk.workloads import SyntheticWorkload, finished_samples
+from rlhfless_sdk.api.config import SchedulerConfig, read_scheduler_config
+from rlhfless_sdk.api.plugins import Registry
+from rlhfless_sdk.api.records import CandidateEstimate, Cluster, StepPlan
+from rlhfless_sdk.planning.costmodel import AnalyticCostModel
+from rlhfless_sdk.planning.planner import StepPlanner
+from rlhfless_sdk.simulation.workloads import SyntheticWorkload, finished_samples
 
 
 def resolve_scheduler(name_or_path: str, registry: Registry) -> SchedulerConfig:

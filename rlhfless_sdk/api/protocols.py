@@ -12,8 +12,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from rlhfless_sdk.batch import PromptBatch
-from rlhfless_sdk.records import (
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.records import (
     Actor,
     ActorPlacement,
     CandidateEstimate,
