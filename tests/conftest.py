@@ -31,11 +31,11 @@ def _clean_plugin_env(monkeypatch):
 
 @pytest.fixture
 def bare_pm() -> PluginManager:
-    """A manager with no installed plugin loaded: tests register throwaway plugins on it."""
-    return PluginManager(autoload=False)
+    """A manager with no plugin at all, not even the default one: tests register throwaway plugins on it."""
+    return PluginManager(autoload=False, defaults=False)
 
 
 @pytest.fixture
 def registry():
-    """The registry of the installed plugins (the reference policies load through their entry point)."""
+    """The registry of the default and installed plugins."""
     return PluginManager().registry

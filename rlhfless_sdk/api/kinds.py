@@ -1,0 +1,89 @@
+"""The one table of policy kinds: protocol, registration hook, baseline and optional capabilities.
+
+Everything that varies by kind reads this table: the hookspecs (one ``rlhfless_register_<kind>s`` hook per
+row), the scheduler config (one field per row), the registry (protocol checks), the planner (fallback to the
+baseline) and the CLI. Adding a kind means a row here, a protocol in ``protocols.py`` and the planner's wiring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlhfless_sdk.api.protocols import (
+    ActorPlacer,
+    ActorScaler,
+    LengthPredictor,
+    Migrator,
+    PrefillPlanner,
+    PromptAssigner,
+)
+
+
+@dataclass(frozen=True)
+class PolicyKind:
+    """One kind of policy, as configs (``assigner: sorted``), hooks and the planner know it."""
+
+    name: str  #: the config field and registry key, e.g. ``"assigner"``
+    protocol: type  #: the ``typing.Protocol`` every policy of this kind implements
+    baseline: str  #: the policy used when the configured one raises or breaks its guarantee (OpenRLHF's behaviour)
+    summary: str  #: what the kind's registration hook registers (its docstring)
+    #: Optional attributes a policy may have, each with what the planner does with it.
+    capabilities: tuple[tuple[str, str], ...] = ()
+    #: A config may omit the field and get the baseline (kinds added after the first configs were written).
+    optional: bool = False
+
+    @property
+    def hook(self) -> str:
+        """The registration hook's name: ``rlhfless_register_<kind>s``."""
+        return f"rlhfless_register_{self.name}s"
+
+    @property
+    def title(self) -> str:
+        return self.name.replace("_", " ")
+
+
+KINDS: tuple[PolicyKind, ...] = (
+    PolicyKind(
+        "predictor",
+        LengthPredictor,
+        baseline="prompt-length",
+        summary="Register length predictors (``LengthPredictor``): ``register(PolicySpec(name=..., factory=...))``.",
+        capabilities=(("refine", "re-estimates unfinished samples mid-step, before the migrator runs"),),
+    ),
+    PolicyKind(
+        "prefill_planner",
+        PrefillPlanner,
+        baseline="none",
+        summary="Register prefill planners (``PrefillPlanner``) that deduplicate shared prompt prefixes.",
+    ),
+    PolicyKind(
+        "assigner",
+        PromptAssigner,
+        baseline="round-robin",
+        summary="Register prompt assigners (``PromptAssigner``) that map prompts to decode actors.",
+    ),
+    PolicyKind(
+        "migrator",
+        Migrator,
+        baseline="none",
+        summary="Register cut-and-migrate policies (``Migrator``) consulted while a step runs.",
+    ),
+    PolicyKind(
+        "scaler",
+        ActorScaler,
+        baseline="fixed",
+        summary="Register actor scalers (``ActorScaler``) that choose the step's decode-actor count.",
+        capabilities=(
+            ("wants_migration_estimates", "when true and the scheduler migrates, estimates count on migration"),
+        ),
+    ),
+    PolicyKind(
+        "placer",
+        ActorPlacer,
+        baseline="pack",
+        summary="Register actor placers (``ActorPlacer``) that put actors onto nodes and GPUs.",
+    ),
+)
+
+KIND: dict[str, PolicyKind] = {k.name: k for k in KINDS}
+POLICY_KINDS: tuple[str, ...] = tuple(KIND)
