@@ -219,11 +219,13 @@ def test_migration_keeps_every_token_and_charges_its_cost(mode):
     res = sim.run(config, one_step(20, [[400, 100], [50]]))
     r = res.reports[0]
     assert r.migrations == 1
-    done = sim.last_samples
-    assert done.generated == done.target  # every token generated, none lost or repeated
-    assert sorted(done.migrations) == [0, 0, 1]
-    assert done.actor[0] == 1  # the long sample finished on actor 1
-    assert all(state == 2 for state in done.state)
+    out = res.steps[0].outcome
+    assert [s.response_length for s in out.samples] == [400, 100, 50]
+    # every token generated once: the long sample's pieces (cut on actor 0, finished on actor 1) add up to it
+    assert [sum(t for _, t in p) for p in out.pieces] == [400, 100, 50]
+    assert [e for e, _ in out.pieces[0]] == [0, 1]
+    assert [s.migrations for s in out.samples] == [1, 0, 0]
+    assert out.samples[0].actor_id == 1  # the long sample finished on actor 1
 
 
 def test_predictor_learns_across_steps(registry):
@@ -243,7 +245,12 @@ def test_every_sample_finishes_once(registry, name):
     for step, ws in zip(res.steps, w.steps, strict=True):
         assert step.report.samples == ws.batch.total_samples
         assert step.report.time_s >= step.report.generation_s > 0
-    assert sim.last_samples.generated == sim.last_samples.target
+        out = step.outcome
+        assert [(s.uid, s.sample_index) for s in out.samples] == [
+            (u, k) for u, n in zip(ws.batch.uids, ws.batch.n_samples.tolist(), strict=True) for k in range(n)
+        ]
+        assert [s.response_length for s in out.samples] == ws.lengths.tolist()
+        assert [sum(t for _, t in p) for p in out.pieces] == ws.lengths.tolist()
 
 
 # -- the command line --------------------------------------------------------------------------------------

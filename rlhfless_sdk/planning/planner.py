@@ -182,17 +182,35 @@ class StepPlanner:
     def predict(self, batch: PromptBatch, fallbacks: list[str]) -> np.ndarray:
         return self.call("predictor", fallbacks, lambda p: p.predict(batch), lambda o: check_predictions(o, batch))
 
-    def plan(self, batch: PromptBatch, step: int = 0, predicted: np.ndarray | None = None) -> StepPlan:
-        """The plan for one step; ``predicted`` overrides the predictor (a backend that already asked it)."""
+    def plan(
+        self,
+        batch: PromptBatch,
+        step: int = 0,
+        predicted: np.ndarray | None = None,
+        *,
+        num_actors: int | None = None,
+        prefill: PrefillPlan | None = None,
+    ) -> StepPlan:
+        """The plan for one step. ``predicted`` overrides the predictor (a backend that already asked it).
+
+        ``num_actors`` plans the step with exactly that many decode actors instead of asking the scaler (the
+        time-cost frontier, a backend that lost engines); ``prefill`` reuses a prefill plan made for this batch.
+        Either way every policy's output is checked and a failing policy falls back to its baseline.
+        """
         t0 = time.perf_counter()
         fallbacks: list[str] = []
         pred = self.predict(batch, fallbacks) if predicted is None else check_predictions(predicted, batch)
         cap = self.config.prefill_capacity_tokens
-        prefill = self.call(
-            "prefill_planner", fallbacks, lambda p: p.plan(batch, cap), lambda o: check_prefill(o, batch)
-        )
+        if prefill is None:
+            prefill = self.call(
+                "prefill_planner", fallbacks, lambda p: p.plan(batch, cap), lambda o: check_prefill(o, batch)
+            )
+        else:
+            prefill = check_prefill(prefill, batch)
         extra = self.extra_actors(prefill)
         lo, hi = self.actor_range(extra)
+        if num_actors is not None and not lo <= num_actors <= hi:
+            raise RlhflessError(f"cannot plan with {num_actors} decode actors: this cluster allows {lo} to {hi}")
 
         def check_candidates(c: Any) -> list[int]:
             cands = [int(x) for x in c]
@@ -200,14 +218,15 @@ class StepPlanner:
                 raise InvalidPolicyOutput(f"scaler candidates {cands} are empty, repeated or outside [{lo}, {hi}]")
             return cands
 
-        candidates = self.call("scaler", fallbacks, lambda p: p.candidates(lo, hi), check_candidates)
+        if num_actors is None:
+            candidates = self.call("scaler", fallbacks, lambda p: p.candidates(lo, hi), check_candidates)
+        else:
+            candidates = [num_actors]
         assignments: dict[int, np.ndarray] = {}
         estimates: list[CandidateEstimate] = []
         # Estimates that count on cut-and-migrate, for a scaler that asks for them (the paper's cost-aware scaler
         # plans without: its published behaviour stays as it is).
-        migrates = self.config.migrator.name != "none" and getattr(
-            self.policies["scaler"], "wants_migration_estimates", False
-        )
+        migrates = self.config.migrates() and getattr(self.policies["scaler"], "wants_migration_estimates", False)
         for n in candidates:
             sample_actor = self.call(
                 "assigner",
@@ -224,13 +243,14 @@ class StepPlanner:
                 raise InvalidPolicyOutput(f"scaler chose {c}, not one of its candidates {candidates}")
             return int(c)
 
-        if self.config.policy_refs()["scaler"].name != KIND["scaler"].baseline and any(
+        if num_actors is not None:
+            chosen = num_actors
+        elif self.config.policy_refs()["scaler"].name != KIND["scaler"].baseline and any(
             f.startswith("scaler:") for f in fallbacks
         ):
             chosen = check_choice(self.baseline("scaler").choose(estimates))
         else:
             chosen = self.call("scaler", fallbacks, lambda p: p.choose(estimates), check_choice)
-        self.last_assignments = assignments  # every candidate's assignment: the simulator's frontier reads them
         sample_actor = assignments[chosen]
         loads = np.bincount(sample_actor, weights=pred[batch.sample_prompt_index()], minlength=chosen)
         gpa = self.gpus_per_actor

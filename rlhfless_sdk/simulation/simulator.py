@@ -1,10 +1,11 @@
-"""A discrete-event simulator of synchronous RLHF steps: a backend like OpenRLHF, driven by the same planner.
+"""A discrete-event simulator of synchronous RLHF steps: a rollout backend like OpenRLHF's, driven by the same
+planner and the same step controller (``rlhfless_sdk.rollout.controller``), on a simulated clock.
 
 Each step: the scheduler's planner plans (its predictor has seen only earlier steps); the prefill actor, if
 the plan deduplicates, prefills each shared prefix once and ships the KV to the decode actors; every decode
 actor runs vLLM-style continuous batching (at most ``max_num_seqs`` sequences and ``kv_capacity_tokens`` of KV;
 FCFS admission, a prefill pause per admission round, recompute preemption of the newest sequence when KV runs
-out); at regular checkpoints the migration controller may cut samples and move them, paying a re-prefill of
+out); at regular checkpoints the step controller may cut samples and move them, paying a re-prefill of
 prompt + generated tokens (mode ``tokens``) or a KV transfer over the link between the two actors' nodes
 (mode ``kv``); then scoring, learning and the weight sync take the time the profile gives. The finished
 samples go back to the predictor, and a ``StepReport`` bills the step both serverless (each actor from its
@@ -27,20 +28,18 @@ import numpy as np
 
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.plugins import Registry
-from rlhfless_sdk.api.records import (
-    ActorProgress,
-    CandidateEstimate,
-    Cluster,
-    FinishedSample,
-    MigrationDecision,
-    SampleProgress,
-    StepPlan,
-    StepProgress,
-    StepReport,
-    TimePerTokenProfile,
-)
+from rlhfless_sdk.api.records import CandidateEstimate, Cluster, StepPlan, StepReport, TimePerTokenProfile
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel, shared_prefix_per_prompt
 from rlhfless_sdk.planning.planner import StepPlanner
+from rlhfless_sdk.rollout.controller import (
+    EngineStatus,
+    EngineUsage,
+    Finished,
+    Poll,
+    StepController,
+    StepOutcome,
+    StepUsage,
+)
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
 
 _QUEUED, _RUNNING, _DONE = 0, 1, 2
@@ -64,12 +63,12 @@ class _Samples:
         self.generated = [0] * n  # tokens generated before the current admission
         self.admit_step = [0] * n
         self.actor = list(plan.assignment)
-        self.migrations = [0] * n
         self.ready_at = [0.0] * n
         self.prefilled = [False] * n  # first admission prefills only the part not shared via the prefill actor
         self.kv_cached = [False] * n  # migrated with its KV: admission needs no recompute
         self.finish_time = [0.0] * n
-        self.finished_lengths: dict[int, list[int]] = {}  # prompt index -> lengths of its finished samples
+        self.cut_from = [0] * n  # the actor a migrated sample was cut from
+        self.events: list[int] = []  # samples finished since the last poll, in order
 
 
 @dataclass
@@ -210,12 +209,159 @@ class _Actor:
                 s.state[sid] = _DONE
                 s.generated[sid] = s.target[sid]
                 s.finish_time[sid] = self.t
-                s.finished_lengths.setdefault(s.prompt[sid], []).append(s.target[sid])
+                s.events.append(sid)
                 self.B -= 1
                 self.ctx -= s.prompt_len[sid] + s.target[sid]
                 self.stack.remove(sid)
                 self.last_token = self.t
                 self.blocked = False
+
+
+class SimulatedBackend:
+    """The simulator as a rollout backend: decode actors on a simulated clock, driven by ``StepController``.
+
+    Before decode, the prefill actor (when the plan deduplicates) prefills each distinct shared prefix once,
+    actor by actor (heaviest first), and ships each actor's prefixes as soon as they are done: a decode actor
+    starts when its own prefixes arrive. ``poll`` advances every actor to the next check (every
+    ``checks_per_step``-th of the chosen candidate's predicted time, less often if the plan was far off), or
+    to the end when nothing migrates.
+    """
+
+    def __init__(
+        self,
+        profile: TimePerTokenProfile,
+        cluster: Cluster,
+        ws: WorkloadStep,
+        plan: StepPlan,
+        *,
+        max_tokens: int | None = None,
+        checks_per_step: int = 40,
+        migrates: bool = False,
+    ) -> None:
+        self.profile, self.cluster, self.ws, self.plan = profile, cluster, ws, plan
+        self.s = s = _Samples(ws, plan)
+        self.max_num_seqs = profile.max_num_seqs
+        self.max_tokens = max_tokens or int(max(s.target, default=1)) or 1
+        self.migrates = migrates
+        n = plan.num_actors
+        self.node_of = {(p.actor.role, p.actor.actor_id): p.node for p in plan.placement}
+        start = self._prefill(n)
+        self.actors = [_Actor(a, profile, self.node_of.get(("decode", a), ""), float(start[a])) for a in range(n)]
+        chosen = next((e for e in plan.candidates if e.num_actors == n), None)
+        self.interval = max((chosen.time_s if chosen else 1.0) / checks_per_step, 1e-3)
+        self.checks_per_step = checks_per_step
+        self.tau = float(start.max(initial=0.0)) + self.interval
+        self.checks = 0
+        self._now = 0.0
+
+    def _prefill(self, n: int) -> np.ndarray:
+        """When each decode actor can start; sets ``prefill_s``, the prefill actor's busy time."""
+        prof, plan, s = self.profile, self.plan, self.s
+        self.prefill_s = 0.0
+        start = np.zeros(n)
+        if not plan.prefill.prompt_group:
+            return start
+        group = np.asarray(plan.prefill.prompt_group)[np.asarray(s.prompt, dtype=np.int64)]
+        prefix = np.asarray(plan.prefill.group_prefix_tokens, dtype=np.float64)
+        sample_actor = np.asarray(plan.assignment, dtype=np.int64)
+        load = np.bincount(sample_actor, weights=np.asarray(s.predicted), minlength=n)
+        done = np.zeros(len(prefix), dtype=bool)
+        # groups share template blocks: the prefill actor's real work is the prefix tree, D tokens in all
+        scale = plan.prefill.prefill_actor_tokens / max(float(prefix.sum()), 1.0)
+        clock = prof.prefill_base_s
+        for a in np.argsort(-load, kind="stable").tolist():
+            groups = np.unique(group[sample_actor == a])
+            if groups.size == 0:
+                continue
+            todo = groups[~done[groups]]
+            done[todo] = True
+            clock += prof.prefill_per_new_token_s * scale * float(prefix[todo].sum())
+            gbytes = float(prefix[groups].sum()) * prof.kv_bytes_per_token / 1e9
+            start[a] = clock + gbytes / self._bandwidth(
+                self.node_of.get(("prefill", 0)), self.node_of.get(("decode", a))
+            )
+        self.prefill_s = clock
+        return start
+
+    def _bandwidth(self, a: str | None, b: str | None) -> float:
+        return self.profile.intra_node_gbps if a is not None and a == b else self.profile.inter_node_gbps
+
+    # -- the backend protocol --------------------------------------------------------------------------------
+    def engines(self) -> list[int]:
+        return list(range(len(self.actors)))
+
+    def start(self, samples: Sequence[int], engines: Sequence[int]) -> None:
+        s = self.s
+        for sid, e in zip(samples, engines, strict=True):
+            s.actor[sid] = e
+            self.actors[e].waiting.append(sid)
+
+    def poll(self) -> Poll:
+        if self.migrates:
+            now = self.tau
+            for actor in self.actors:
+                actor.run_until(self.s, now)
+            self.checks += 1
+            if self.checks % (4 * self.checks_per_step) == 0:
+                self.interval *= 2  # the plan was far off: check less often rather than forever
+            self.tau = now + self.interval
+        else:
+            now = math.inf
+            for actor in self.actors:
+                actor.run_until(self.s, now)
+        self._now = now
+        s = self.s
+        finished = [Finished(sid, s.target[sid]) for sid in s.events]
+        s.events.clear()
+        return Poll(finished=finished)
+
+    def progress(self) -> dict[int, EngineStatus]:
+        s = self.s
+        return {a.aid: EngineStatus(a.generated, {sid: a.gen_now(s, sid) for sid in a.stack}) for a in self.actors}
+
+    def cut(self, engine: int, sample: int) -> int | None:
+        s = self.s
+        if s.state[sample] != _RUNNING or s.actor[sample] != engine:
+            return None
+        s.cut_from[sample] = engine
+        return self.actors[engine]._remove_running(s, sample)
+
+    def resume(self, engine: int, sample: int, mode: str = "tokens") -> None:
+        """Queue the sample first on ``engine``: its KV arrives over the link (``kv``), or the engine recomputes
+        prompt + generated tokens (``tokens``)."""
+        s, now = self.s, self._now
+        src, dest = self.actors[s.cut_from[sample]], self.actors[engine]
+        if mode == "kv":  # no recompute, but the KV arrives later
+            gb = (s.prompt_len[sample] + s.generated[sample]) * self.profile.kv_bytes_per_token / 1e9
+            s.ready_at[sample] = now + gb / self._bandwidth(src.node, dest.node)
+            s.kv_cached[sample] = True
+        else:
+            s.ready_at[sample] = now
+        if dest.idle():  # an actor that had finished wakes up now; a busy one keeps its own clock
+            dest.t = max(dest.t, now)
+        dest.waiting.appendleft(sample)
+
+    def now(self) -> float:
+        return self._now
+
+    def usage(self) -> StepUsage:
+        prof, s = self.profile, self.s
+        g = self.cluster.total_gpus
+        used = [a for a in self.actors if a.used]
+        tokens = float(sum(s.prompt_len) + sum(s.target))
+        return StepUsage(
+            generation_s=max([a.last_token for a in used] + [self.prefill_s, 0.0]),
+            engines=[EngineUsage(a.busy, a.first if a.used else None, a.last_token) for a in self.actors],
+            gpus=g,
+            gpus_per_engine=prof.gpus_per_actor,
+            cold_start_s=prof.cold_start_s,
+            prefill_s=self.prefill_s,
+            prefill_tokens_saved=self.plan.prefill.tokens_saved,
+            prepare_s=tokens * prof.prepare_gpu_s_per_token / g,
+            learn_s=tokens * prof.learn_gpu_s_per_token / g,
+            sync_s=prof.weight_sync_s,
+            extra={"preemptions": sum(a.preemptions for a in self.actors)},
+        )
 
 
 @dataclass
@@ -227,6 +373,7 @@ class SimulatedStep:
     chosen: CandidateEstimate | None
     preemptions: int = 0
     frontier: list[dict] | None = None  # every candidate N: predicted and simulated (time, GPU-seconds)
+    outcome: StepOutcome | None = None  # per sample: final actor, migrations, the pieces of its tokens
 
 
 @dataclass
@@ -298,15 +445,25 @@ class Simulator:
                 on_step(sim.report)
         return SimulationResult(config.name, steps)
 
-    # -- one step ----------------------------------------------------------------------------------------
     def step(self, planner: StepPlanner, ws: WorkloadStep, frontier: bool = False) -> SimulatedStep:
         plan = planner.plan(ws.batch, step=ws.step)
-        report, s, preemptions = self.execute(planner, ws, plan)
-        self.last_samples = s  # for tests and debugging: the per-sample state of the latest step
-        planner.observe(self._finished(ws, s))
+        outcome = self.execute(planner, ws, plan, observe=True)
         chosen = next((e for e in plan.candidates if e.num_actors == plan.num_actors), None)
-        front = self.frontier(planner, ws, plan, report) if frontier else None
-        return SimulatedStep(report, plan, chosen, preemptions, front)
+        front = self.frontier(planner, ws, plan, outcome.report) if frontier else None
+        return SimulatedStep(outcome.report, plan, chosen, outcome.usage.extra["preemptions"], front, outcome)
+
+    def execute(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, *, observe: bool = False) -> StepOutcome:
+        """Run one step of ``plan`` through the step controller on the simulated backend."""
+        backend = SimulatedBackend(
+            self.profile,
+            self.cluster,
+            ws,
+            plan,
+            max_tokens=self.max_tokens,
+            checks_per_step=self.checks_per_step,
+            migrates=planner.config.migrates(),
+        )
+        return StepController(planner, backend, ws.batch, plan, step=ws.step).run(observe=observe)
 
     def frontier(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, report: StepReport) -> list[dict]:
         """Every candidate actor count: the cost model's (time, GPU-seconds) and the simulated ones."""
@@ -316,21 +473,14 @@ class Simulator:
             if n == plan.num_actors:
                 sim = report
             else:
-                actor = planner.last_assignments[n]
-                loads = np.bincount(actor, weights=np.repeat(plan.predicted_lengths, ws.batch.n_samples), minlength=n)
-                extra = planner.extra_actors(plan.prefill)
-                try:
-                    placement = planner.policies["placer"].place(
-                        loads, self.cluster, self.profile.gpus_per_actor, extra
-                    )
-                except Exception:
-                    placement = planner.baseline("placer").place(
-                        loads, self.cluster, self.profile.gpus_per_actor, extra
-                    )
-                variant = plan.model_copy(
-                    update={"num_actors": n, "assignment": actor.tolist(), "placement": placement}
+                variant = planner.plan(
+                    ws.batch,
+                    step=ws.step,
+                    predicted=np.asarray(plan.predicted_lengths),
+                    num_actors=n,
+                    prefill=plan.prefill,
                 )
-                sim, _, _ = self.execute(planner, ws, variant)
+                sim = self.execute(planner, ws, variant).report
             learner = self.cluster.total_gpus * (sim.prepare_s + sim.learn_s + self.profile.weight_sync_s)
             out.append(
                 {
@@ -346,203 +496,3 @@ class Simulator:
                 }
             )
         return out
-
-    def execute(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan) -> tuple[StepReport, _Samples, int]:
-        """Run one step of ``plan``; the report, the per-sample state and the preemption count."""
-        prof = self.profile
-        s = _Samples(ws, plan)
-        n = plan.num_actors
-        node_of = {(p.actor.role, p.actor.actor_id): p.node for p in plan.placement}
-
-        # The prefill actor prefills each distinct shared prefix once, actor by actor (heaviest first), and ships
-        # each actor's prefixes as soon as they are done: a decode actor starts when its own prefixes arrive.
-        prefill_s = 0.0
-        start = np.zeros(n)
-        if plan.prefill.prompt_group:
-            group = np.asarray(plan.prefill.prompt_group)[np.asarray(s.prompt, dtype=np.int64)]
-            prefix = np.asarray(plan.prefill.group_prefix_tokens, dtype=np.float64)
-            sample_actor = np.asarray(plan.assignment, dtype=np.int64)
-            load = np.bincount(sample_actor, weights=np.asarray(s.predicted), minlength=n)
-            done = np.zeros(len(prefix), dtype=bool)
-            # groups share template blocks: the prefill actor's real work is the prefix tree, D tokens in all
-            scale = plan.prefill.prefill_actor_tokens / max(float(prefix.sum()), 1.0)
-            clock = prof.prefill_base_s
-            for a in np.argsort(-load, kind="stable").tolist():
-                groups = np.unique(group[sample_actor == a])
-                if groups.size == 0:
-                    continue
-                todo = groups[~done[groups]]
-                done[todo] = True
-                clock += prof.prefill_per_new_token_s * scale * float(prefix[todo].sum())
-                gbytes = float(prefix[groups].sum()) * prof.kv_bytes_per_token / 1e9
-                start[a] = clock + gbytes / self._bandwidth(node_of.get(("prefill", 0)), node_of.get(("decode", a)))
-            prefill_s = clock
-        actors = [_Actor(a, prof, node_of.get(("decode", a), ""), float(start[a])) for a in range(n)]
-        pred = s.predicted
-        for sid, a in enumerate(plan.assignment):
-            actors[a].waiting.append(sid)
-            actors[a].planned += pred[sid]
-
-        migrations = 0
-        controller = planner.migration
-        if config_migrates(planner.config):
-            chosen = next((e for e in plan.candidates if e.num_actors == n), None)
-            interval = max((chosen.time_s if chosen else 1.0) / self.checks_per_step, 1e-3)
-            tau = float(start.max(initial=0.0)) + interval
-            checks = 0
-            while True:
-                for actor in actors:
-                    actor.run_until(s, tau)
-                if all(a.idle() for a in actors):
-                    break
-                decisions = controller.decide(self._progress(ws, s, actors, tau))
-                migrations += self._apply(ws, s, actors, decisions, tau)
-                checks += 1
-                if checks % (4 * self.checks_per_step) == 0:
-                    interval *= 2  # the plan was far off: check less often rather than forever
-                tau += interval
-        else:
-            for actor in actors:
-                actor.run_until(s, math.inf)
-
-        report = self._report(planner, ws, plan, s, actors, prefill_s, migrations)
-        return report, s, sum(a.preemptions for a in actors)
-
-    def _bandwidth(self, a: str | None, b: str | None) -> float:
-        gbps = self.profile.intra_node_gbps if a is not None and a == b else self.profile.inter_node_gbps
-        return gbps
-
-    def _progress(self, ws: WorkloadStep, s: _Samples, actors: Sequence[_Actor], now: float) -> StepProgress:
-        cap = self.max_tokens or int(max(s.target, default=1)) or 1
-        uids = ws.batch.uids
-        act, unfinished, prompts = [], [], set()
-        for a in actors:
-            act.append(
-                ActorProgress.model_construct(
-                    actor_id=a.aid,
-                    planned_tokens=a.planned,
-                    generated_tokens=a.generated,
-                    running=a.B,
-                    waiting=len(a.waiting),
-                    free_slots=max(0, self.profile.max_num_seqs - a.B - len(a.waiting)),
-                )
-            )
-            for sid in a.stack:
-                unfinished.append(
-                    SampleProgress.model_construct(
-                        uid=uids[s.prompt[sid]],
-                        sample_index=s.index_in_group[sid],
-                        actor_id=a.aid,
-                        tokens_generated=a.gen_now(s, sid),
-                        predicted_length=s.predicted[sid],
-                        max_tokens=max(cap, 1),
-                        migrations=s.migrations[sid],
-                        planned_length=s.predicted[sid],
-                    )
-                )
-                prompts.add(s.prompt[sid])
-        finished = {uids[p]: s.finished_lengths[p] for p in prompts if p in s.finished_lengths}
-        return StepProgress.model_construct(
-            step=ws.step,
-            elapsed_s=now,
-            total_samples=ws.batch.total_samples,
-            actors=act,
-            unfinished=unfinished,
-            finished=finished,
-        )
-
-    def _apply(
-        self, ws: WorkloadStep, s: _Samples, actors: Sequence[_Actor], decisions: list[MigrationDecision], now: float
-    ) -> int:
-        """Cut each decided sample off its actor and queue it first on the destination, tokens and all."""
-        if not decisions:
-            return 0
-        prompt_index = {uid: i for i, uid in enumerate(ws.batch.uids)}
-        offsets = ws.batch.sample_offsets
-        moved = 0
-        for d in decisions:
-            sid = int(offsets[prompt_index[d.uid]]) + d.sample_index
-            src, dest = actors[d.from_actor], actors[d.to_actor]
-            if s.state[sid] != _RUNNING or s.actor[sid] != src.aid:
-                continue  # the controller checked the snapshot; the sample cannot have moved since
-            g = src._remove_running(s, sid)
-            s.migrations[sid] += 1
-            if d.mode == "kv":  # move the KV over the link: no recompute, but it arrives later
-                gb = (s.prompt_len[sid] + g) * self.profile.kv_bytes_per_token / 1e9
-                s.ready_at[sid] = now + gb / self._bandwidth(src.node, dest.node)
-                s.kv_cached[sid] = True
-            else:  # resubmit prompt + generated tokens: the destination recomputes them
-                s.ready_at[sid] = now
-            if dest.idle():  # an actor that had finished wakes up now; a busy one keeps its own clock
-                dest.t = max(dest.t, now)
-            dest.waiting.appendleft(sid)
-            moved += 1
-        return moved
-
-    def _finished(self, ws: WorkloadStep, s: _Samples) -> list[FinishedSample]:
-        uids = ws.batch.uids
-        return [
-            FinishedSample.model_construct(
-                uid=uids[s.prompt[sid]],
-                sample_index=s.index_in_group[sid],
-                prompt_length=s.prompt_len[sid],
-                response_length=s.target[sid],
-                actor_id=s.actor[sid],
-                migrations=s.migrations[sid],
-                finish_reason="stop",
-                predicted_length=s.predicted[sid],
-            )
-            for sid in range(len(s.target))
-        ]
-
-    def _report(
-        self,
-        planner: StepPlanner,
-        ws: WorkloadStep,
-        plan: StepPlan,
-        s: _Samples,
-        actors: Sequence[_Actor],
-        prefill_s: float,
-        migrations: int,
-    ) -> StepReport:
-        prof = self.profile
-        g = self.cluster.total_gpus
-        used = [a for a in actors if a.used]
-        generation = max([a.last_token for a in used] + [prefill_s, 0.0])
-        tokens = float(sum(s.prompt_len) + sum(s.target))
-        prepare = tokens * prof.prepare_gpu_s_per_token / g
-        learn = tokens * prof.learn_gpu_s_per_token / g
-        time_s = generation + prepare + learn + prof.weight_sync_s
-        gpa = prof.gpus_per_actor
-        decode_gpu_s = sum((a.last_token - a.first + prof.cold_start_s) * gpa for a in used)
-        prefill_gpu_s = prefill_s + prof.cold_start_s if prefill_s else 0.0
-        serverless = decode_gpu_s + prefill_gpu_s + g * (prepare + learn + prof.weight_sync_s)
-        busy = np.array([a.busy for a in used]) if used else np.zeros(1)
-        decode_gpus = max(len(used), 1) * gpa
-        idle = 1.0 - float(busy.sum()) * gpa / (decode_gpus * generation) if generation > 0 else 0.0
-        pred = np.asarray(s.predicted)
-        mae = float(np.abs(pred - np.asarray(s.target)).mean()) if len(pred) else 0.0
-        return StepReport(
-            step=ws.step,
-            scheduler=planner.config.name,
-            time_s=time_s,
-            generation_s=generation,
-            prepare_s=prepare,
-            learn_s=learn,
-            gpu_seconds=serverless,
-            gpu_seconds_serverful=g * time_s,
-            idle_fraction=min(max(idle, 0.0), 1.0),
-            imbalance=float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0,
-            prefill_tokens_saved=plan.prefill.tokens_saved,
-            migrations=migrations,
-            num_actors=plan.num_actors,
-            samples=len(s.target),
-            actor_busy_s=[a.busy for a in actors],
-            prediction_mae=mae,
-            planner_ms=plan.planner_ms,
-            fallbacks=plan.fallbacks,
-        )
-
-
-def config_migrates(config: SchedulerConfig) -> bool:
-    return config.migrator.name != "none"

@@ -1,0 +1,413 @@
+"""The rollout-step controller: one step's life, written once for every backend.
+
+A step starts from a plan (``StepPlanner.plan``). The controller dispatches each sample to an engine, polls
+the backend for finished samples and lost engines, re-dispatches what a dead engine held, builds the progress
+snapshots the migrator sees, applies its cut-and-migrate decisions, regroups every prompt's n samples
+adjacent and in batch order, and writes the ``StepReport``. A backend only starts, cuts, continues and polls
+work on engines: the simulator is one (a simulated clock), the OpenRLHF adapter's generator another (Ray
+actors, vLLM engines). So every report figure has one formula, and this logic is tested without Ray.
+
+Sample ids are positions in batch order (prompt after prompt, each prompt's samples in index order): sample
+``batch.sample_offsets[i] + k`` is prompt i's k-th sample.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.records import (
+    ActorProgress,
+    FinishedSample,
+    SampleProgress,
+    StepPlan,
+    StepProgress,
+    StepReport,
+)
+from rlhfless_sdk.planning.planner import StepPlanner
+
+log = logging.getLogger("rlhfless.rollout")
+
+
+class SampleAccountingError(RlhflessError):
+    """A backend reported a sample the step does not hold, or twice: the step's output would corrupt training."""
+
+
+class NoEngineLeft(RlhflessError):
+    """Every engine of the step died; the samples they held cannot be generated."""
+
+
+# -- what a backend reports --------------------------------------------------------------------------------
+@dataclass
+class Finished:
+    """A sample finished: ``length`` response tokens in all (every piece, wherever generated)."""
+
+    sample: int
+    length: int
+    output: Any = None  # what the backend hands back to its caller for this sample (e.g. OpenRLHF's response)
+    finish_reason: str = "stop"
+
+
+@dataclass
+class Lost:
+    """A sample's engine died. ``tokens_kept`` of its tokens survive (held by the backend since a cut); the
+    controller re-dispatches it from there, or from scratch when 0."""
+
+    sample: int
+    tokens_kept: int = 0
+
+
+@dataclass
+class Poll:
+    finished: list[Finished] = field(default_factory=list)
+    lost: list[Lost] = field(default_factory=list)
+    dead_engines: list[int] = field(default_factory=list)
+
+
+@dataclass
+class EngineStatus:
+    """One engine at a progress check: tokens it generated this step, and its running samples (sample id ->
+    tokens generated so far, in the engine's admission order)."""
+
+    generated_tokens: int
+    running: dict[int, int]
+
+
+@dataclass
+class EngineUsage:
+    busy_s: float  # seconds with at least one sample running
+    first_s: float | None  # first work this step (serverless billing starts); None: the engine did no work
+    last_s: float  # last token
+
+
+@dataclass
+class StepUsage:
+    """What the backend measured (or simulated) for the report."""
+
+    generation_s: float
+    engines: list[EngineUsage]  # by engine id
+    gpus: int  # GPUs billed for the whole step when serverful
+    gpus_per_engine: int = 1
+    cold_start_s: float = 0.0  # charged per used engine (and the prefill actor), serverless
+    prefill_s: float = 0.0  # the prefill actor's busy time (simulator's dedup prefill)
+    prefill_tokens_saved: int = 0
+    prepare_s: float = 0.0  # scoring, learning and the weight sync, on every GPU after generation
+    learn_s: float = 0.0
+    sync_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)  # backend-specific figures (preemptions, ...)
+
+
+class RolloutBackend(Protocol):
+    """What a backend does for the controller; all sample ids are the controller's (batch positions)."""
+
+    max_num_seqs: int  # sequences one engine runs at once (free slots in progress snapshots)
+    max_tokens: int  # the most response tokens a sample may have
+
+    def engines(self) -> list[int]:
+        """Engines that can take work now, in order (the plan's actor a runs on ``engines()[a % len]``)."""
+        ...
+
+    def start(self, samples: Sequence[int], engines: Sequence[int]) -> None:
+        """Start each sample from its prompt on the engine beside it (samples in batch order)."""
+        ...
+
+    def poll(self) -> Poll:
+        """Let work proceed until the next check (the simulator: a clock tick; a real backend: a short wait)."""
+        ...
+
+    def progress(self) -> dict[int, EngineStatus]:
+        """Every live engine's status now (called only when the scheduler migrates)."""
+        ...
+
+    def cut(self, engine: int, sample: int) -> int | None:
+        """Stop a running sample and keep its tokens; how many it generated, or None if it is not running there."""
+        ...
+
+    def resume(self, engine: int, sample: int, mode: str = "tokens") -> None:
+        """Continue a cut sample (or one whose engine died after a cut) on ``engine``, from the tokens it kept:
+        re-prefilled (``tokens``) or with its KV shipped (``kv``)."""
+        ...
+
+    def now(self) -> float:
+        """Seconds since the step started."""
+        ...
+
+    def usage(self) -> StepUsage:
+        """The step's accounting, once every sample finished."""
+        ...
+
+
+# -- the outcome -------------------------------------------------------------------------------------------
+@dataclass
+class StepOutcome:
+    report: StepReport
+    samples: list[FinishedSample]  # batch order: each prompt's samples adjacent, in sample order
+    outputs: list[Any]  # the backend's output per sample, same order
+    pieces: list[list[tuple[int, int]]]  # per sample: (engine, tokens) generated there, in order; sums to its length
+    usage: StepUsage
+
+
+_WAITING, _DONE = 0, 1
+
+
+class StepController:
+    """Runs one step of ``plan`` over ``batch`` on ``backend``; ``run()`` returns the ``StepOutcome``."""
+
+    def __init__(
+        self,
+        planner: StepPlanner,
+        backend: RolloutBackend,
+        batch: PromptBatch,
+        plan: StepPlan,
+        *,
+        step: int = 0,
+        history_uids: Sequence[str] | None = None,
+    ) -> None:
+        self.planner, self.backend, self.batch, self.plan, self.step = planner, backend, batch, plan, step
+        self.history_uids = list(history_uids) if history_uids is not None else batch.uids
+        n = batch.total_samples
+        prompt_of = batch.sample_prompt_index()
+        self.prompt = prompt_of.tolist()
+        self.index_in_group = (np.arange(n) - batch.sample_offsets[prompt_of]).tolist()
+        pred = np.asarray(plan.predicted_lengths, dtype=np.float64)
+        self.predicted: list[float] = pred[prompt_of].tolist() if len(pred) else []
+        self.prompt_index = {uid: i for i, uid in enumerate(batch.uids)}
+        self.state = [_WAITING] * n
+        self.engine = [-1] * n
+        self.kept = [0] * n  # tokens kept from earlier pieces (cuts)
+        self.pieces: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        self.sample_migrations = [0] * n
+        self.length = [0] * n
+        self.finish_reason = ["stop"] * n
+        self.outputs: list[Any] = [None] * n
+        self.pending: dict[int, int] = {}  # engine -> unfinished samples it holds
+        self.planned: dict[int, float] = {}  # engine -> predicted tokens of the samples dispatched to it
+        self.finished_lengths: dict[int, list[int]] = {}  # prompt -> lengths of its finished samples, in order
+        self.unfinished = n
+        self.migrations = 0
+        self.redispatched = 0
+
+    # -- the step --------------------------------------------------------------------------------------------
+    def run(self, *, observe: bool = True) -> StepOutcome:
+        """Dispatch, drive to the end, regroup, report; feed the samples to the predictor when ``observe``."""
+        live = self.backend.engines()
+        if not live and self.unfinished:
+            raise NoEngineLeft("no engine can take work; cannot generate")
+        assignment = self.plan.assignment
+        engines = [live[a % len(live)] for a in assignment]
+        for sid, e in enumerate(engines):
+            self._place(sid, e)
+        self.backend.start(range(len(engines)), engines)
+        migrates = self.planner.config.migrates()
+        while self.unfinished:
+            poll = self.backend.poll()
+            for f in poll.finished:
+                self._finish(f)
+            if poll.lost:
+                self._redispatch(poll.lost)
+            if self.unfinished and migrates:
+                self._migrate()
+        samples = self._samples()
+        if observe:
+            self.planner.observe(samples)
+        usage = self.backend.usage()
+        return StepOutcome(self._report(usage), samples, self.outputs, self.pieces, usage)
+
+    def sample_id(self, uid: str, sample_index: int) -> int:
+        i = self.prompt_index.get(uid)
+        if i is None or not 0 <= sample_index < int(self.batch.n_samples[i]):
+            raise SampleAccountingError(f"sample {uid!r}/{sample_index} belongs to no prompt of step {self.step}")
+        return int(self.batch.sample_offsets[i]) + sample_index
+
+    # -- bookkeeping -----------------------------------------------------------------------------------------
+    def _place(self, sid: int, engine: int) -> None:
+        self.engine[sid] = engine
+        self.pending[engine] = self.pending.get(engine, 0) + 1
+        self.planned[engine] = self.planned.get(engine, 0.0) + (self.predicted[sid] if self.predicted else 0.0)
+
+    def _leave(self, sid: int) -> None:
+        self.pending[self.engine[sid]] -= 1
+
+    def _finish(self, f: Finished) -> None:
+        sid = f.sample
+        if not 0 <= sid < len(self.state) or self.state[sid] == _DONE:
+            raise SampleAccountingError(f"backend reported sample {sid} finished, which is not pending in this step")
+        if f.length < self.kept[sid]:
+            raise SampleAccountingError(
+                f"sample {sid} finished with {f.length} tokens, fewer than the {self.kept[sid]} it kept from cuts"
+            )
+        self.pieces[sid].append((self.engine[sid], f.length - self.kept[sid]))
+        self.kept[sid] = f.length
+        self.state[sid] = _DONE
+        self.length[sid] = f.length
+        self.finish_reason[sid] = f.finish_reason
+        self.outputs[sid] = f.output
+        self.finished_lengths.setdefault(self.prompt[sid], []).append(f.length)
+        self._leave(sid)
+        self.unfinished -= 1
+
+    def _redispatch(self, lost: Sequence[Lost]) -> None:
+        """Samples of a dead engine go to the live engine with the fewest pending samples, a prompt's together;
+        a sample that kept tokens from a cut resumes from them, the others start over."""
+        live = self.backend.engines()
+        fresh: dict[int, list[int]] = {}
+        resumed: list[tuple[int, int]] = []
+        for item in lost:
+            sid = item.sample
+            if self.state[sid] == _DONE:
+                continue
+            if not live:
+                raise NoEngineLeft(f"every rollout engine has died; {self.unfinished} sample(s) cannot be generated")
+            self._truncate(sid, item.tokens_kept)
+            self._leave(sid)
+            if item.tokens_kept:
+                resumed.append((sid, item.tokens_kept))
+            else:
+                fresh.setdefault(self.prompt[sid], []).append(sid)
+        for sid, _ in resumed:
+            e = min(live, key=lambda x: self.pending.get(x, 0))
+            self._place(sid, e)
+            self.backend.resume(e, sid, "tokens")
+        for sids in fresh.values():
+            e = min(live, key=lambda x: self.pending.get(x, 0))
+            for sid in sids:
+                self._place(sid, e)
+            self.backend.start(sids, [e] * len(sids))
+        self.redispatched += len(resumed) + sum(len(s) for s in fresh.values())
+
+    def _truncate(self, sid: int, kept: int) -> None:
+        """Drop the pieces beyond the ``kept`` tokens that survived (a lost engine's work)."""
+        pieces, total = [], 0
+        for engine, tokens in self.pieces[sid]:
+            take = min(tokens, kept - total)
+            if take <= 0:
+                break
+            pieces.append((engine, take))
+            total += take
+        if total != kept:
+            raise SampleAccountingError(f"sample {sid}: the backend kept {kept} tokens, but only {total} were cut")
+        self.pieces[sid], self.kept[sid] = pieces, kept
+
+    # -- migration -------------------------------------------------------------------------------------------
+    def snapshot(self, status: dict[int, EngineStatus]) -> StepProgress:
+        """The progress the migrator sees: every live engine, every running sample."""
+        uids, cap = self.batch.uids, max(int(self.backend.max_tokens), 1)
+        actors, unfinished, prompts = [], [], set()
+        for e, st in status.items():
+            pending = self.pending.get(e, 0)
+            running = len(st.running)
+            actors.append(
+                ActorProgress.model_construct(
+                    actor_id=e,
+                    planned_tokens=self.planned.get(e, 0.0),
+                    generated_tokens=st.generated_tokens,
+                    running=running,
+                    waiting=max(pending - running, 0),
+                    free_slots=max(0, self.backend.max_num_seqs - pending),
+                )
+            )
+            for sid, tokens in st.running.items():
+                if self.state[sid] == _DONE or self.engine[sid] != e:
+                    continue  # finished since the backend looked; the next poll reports it
+                unfinished.append(
+                    SampleProgress.model_construct(
+                        uid=uids[self.prompt[sid]],
+                        sample_index=self.index_in_group[sid],
+                        actor_id=e,
+                        tokens_generated=tokens,
+                        predicted_length=self.predicted[sid],
+                        max_tokens=cap,
+                        migrations=self.sample_migrations[sid],
+                        planned_length=self.predicted[sid],
+                    )
+                )
+                prompts.add(self.prompt[sid])
+        finished = {uids[p]: self.finished_lengths[p] for p in prompts if p in self.finished_lengths}
+        return StepProgress.model_construct(
+            step=self.step,
+            elapsed_s=self.backend.now(),
+            total_samples=self.batch.total_samples,
+            actors=actors,
+            unfinished=unfinished,
+            finished=finished,
+        )
+
+    def _migrate(self) -> None:
+        status = self.backend.progress()
+        if not status:
+            return
+        for d in self.planner.migration.decide(self.snapshot(status)):
+            sid = self.sample_id(d.uid, d.sample_index)
+            if self.state[sid] == _DONE or self.engine[sid] != d.from_actor:
+                continue
+            tokens = self.backend.cut(d.from_actor, sid)
+            if tokens is None:
+                continue  # it finished (or was lost) before the cut landed; a later poll says which
+            if tokens < self.kept[sid]:
+                raise SampleAccountingError(f"sample {sid} was cut at {tokens} tokens, below the {self.kept[sid]} kept")
+            self.pieces[sid].append((d.from_actor, tokens - self.kept[sid]))
+            self.kept[sid] = tokens
+            self.sample_migrations[sid] += 1
+            self.migrations += 1
+            self._leave(sid)
+            self.engine[sid] = d.to_actor
+            self.pending[d.to_actor] = self.pending.get(d.to_actor, 0) + 1
+            self.backend.resume(d.to_actor, sid, d.mode)
+
+    # -- the end ---------------------------------------------------------------------------------------------
+    def _samples(self) -> list[FinishedSample]:
+        hist, plens = self.history_uids, self.batch.prompt_lengths.tolist()
+        return [
+            FinishedSample.model_construct(
+                uid=hist[self.prompt[sid]],
+                sample_index=self.index_in_group[sid],
+                prompt_length=plens[self.prompt[sid]],
+                response_length=self.length[sid],
+                actor_id=self.engine[sid],
+                migrations=self.sample_migrations[sid],
+                finish_reason=self.finish_reason[sid],
+                predicted_length=self.predicted[sid] if self.predicted else None,
+            )
+            for sid in range(len(self.state))
+        ]
+
+    def _report(self, u: StepUsage) -> StepReport:
+        """One formula per figure, whichever backend ran the step."""
+        g, gpa = u.gpus, u.gpus_per_engine
+        generation = u.generation_s
+        used = [e for e in u.engines if e.first_s is not None]
+        time_s = generation + u.prepare_s + u.learn_s + u.sync_s
+        decode_gpu_s = sum((e.last_s - e.first_s + u.cold_start_s) * gpa for e in used)  # type: ignore[operator]
+        prefill_gpu_s = u.prefill_s + u.cold_start_s if u.prefill_s else 0.0
+        serverless = decode_gpu_s + prefill_gpu_s + g * (u.prepare_s + u.learn_s + u.sync_s)
+        busy = np.array([e.busy_s for e in used]) if used else np.zeros(1)
+        decode_gpus = max(len(used), 1) * gpa
+        idle = 1.0 - float(busy.sum()) * gpa / (decode_gpus * generation) if generation > 0 else 0.0
+        pred = np.asarray(self.predicted)
+        mae = float(np.abs(pred - np.asarray(self.length)).mean()) if len(pred) else 0.0
+        return StepReport(
+            step=self.step,
+            scheduler=self.planner.config.name,
+            time_s=time_s,
+            generation_s=generation,
+            prepare_s=u.prepare_s,
+            learn_s=u.learn_s,
+            gpu_seconds=serverless,
+            gpu_seconds_serverful=g * time_s,
+            idle_fraction=min(max(idle, 0.0), 1.0),
+            imbalance=float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0,
+            prefill_tokens_saved=u.prefill_tokens_saved,
+            migrations=self.migrations,
+            num_actors=self.plan.num_actors,
+            samples=len(self.state),
+            actor_busy_s=[e.busy_s for e in u.engines],
+            prediction_mae=mae,
+            planner_ms=self.plan.planner_ms,
+            fallbacks=self.plan.fallbacks,
+        )
