@@ -26,6 +26,7 @@ from typing import Any
 
 import ray
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+from rlhfless_openrlhf.messages import Continuation, CutSample, EngineStats
 from vllm.inputs import TokensPrompt
 
 _SAMPLE_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("rlhfless_sample_key", default=None)
@@ -104,24 +105,25 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         partial = list(out.token_ids)
         budget = (sampling_params.max_tokens or 0) - len(partial)
         self._rl_partial[key].set_result(
-            {
-                "prompt_token_ids": list(prompt_token_ids),
-                "partial": partial,
-                "remaining": max(budget, 0),
-                "sampling_params": sampling_params,
-            }
+            CutSample(
+                prompt_token_ids=list(prompt_token_ids),
+                partial=partial,
+                partial_logprobs=None if out.logprobs is None else list(out.logprobs),
+                remaining=max(budget, 0),
+                sampling_params=sampling_params,
+            )
         )
-        cont = await cut
+        cont: Continuation = await cut
         self._rl_cut.pop(key, None)
         self._rl_partial.pop(key, None)
         self._rl_progress.pop(key, None)
         logprobs = None
-        if out.logprobs is not None and cont.get("logprobs") is not None:
-            logprobs = list(out.logprobs) + list(cont["logprobs"])
+        if out.logprobs is not None and cont.logprobs is not None:
+            logprobs = list(out.logprobs) + list(cont.logprobs)
         stitched = SimpleNamespace(
-            token_ids=partial + list(cont["token_ids"]),
+            token_ids=partial + list(cont.token_ids),
             text="",
-            finish_reason=cont["finish_reason"],
+            finish_reason=cont.finish_reason,
             logprobs=logprobs,
         )
         return SimpleNamespace(outputs=[stitched], prompt_token_ids=list(prompt_token_ids), migrated=True)
@@ -155,7 +157,7 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         return list(await asyncio.gather(*(one(k) for k in keys)))
 
     # -- cut-and-migrate -------------------------------------------------------------------------------------
-    async def cut(self, key: str) -> dict[str, Any] | None:
+    async def cut(self, key: str) -> CutSample | None:
         """Abort sample ``key``; its prompt, partial tokens and remaining budget, or None if it already ended."""
         request_id = self._rl_request.get(key)
         if request_id is None or key not in self._rl_progress:
@@ -170,20 +172,20 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
             self._rl_partial.pop(key, None)
         return info
 
-    async def continue_sample(self, prompt_token_ids: list[int], sampling_params: Any, remaining: int) -> dict:
+    async def continue_sample(self, prompt_token_ids: list[int], sampling_params: Any, remaining: int) -> Continuation:
         """Generate the rest of a migrated sample: ``remaining`` more tokens after ``prompt_token_ids``."""
         params = deepcopy(sampling_params)
         params.max_tokens = max(int(remaining), 1)
         params.min_tokens = min(getattr(params, "min_tokens", 0) or 0, params.max_tokens)
         final = await self._run(prompt_token_ids, params, None)
         out = final.outputs[0]
-        return {
-            "token_ids": list(out.token_ids),
-            "logprobs": None if out.logprobs is None else list(out.logprobs),
-            "finish_reason": out.finish_reason,
-        }
+        return Continuation(
+            token_ids=list(out.token_ids),
+            logprobs=None if out.logprobs is None else list(out.logprobs),
+            finish_reason=out.finish_reason,
+        )
 
-    async def deliver(self, key: str, continuation: dict) -> bool:
+    async def deliver(self, key: str, continuation: Continuation) -> bool:
         fut = self._rl_cut.get(key)
         if fut is None or fut.done():
             return False
@@ -194,7 +196,7 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         """The continuation could not be produced: let the cut sample return what it had (marked truncated)."""
         fut = self._rl_cut.get(key)
         if fut is not None and not fut.done():
-            fut.set_result({"token_ids": [], "logprobs": None, "finish_reason": "length", "error": message})
+            fut.set_result(Continuation(token_ids=[], logprobs=None, finish_reason="length", error=message))
 
     # -- prefixes and stats ------------------------------------------------------------------------------------
     async def warm_prefixes(self, prefixes: list[list[int]], sampling_params: Any) -> int:
@@ -204,18 +206,18 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         await asyncio.gather(*(self._run(list(p), params, None) for p in prefixes if p))
         return sum(len(p) for p in prefixes)
 
-    def rl_stats(self) -> dict[str, Any]:
+    def rl_stats(self) -> EngineStats:
         busy = self._rl_busy + (time.time() - self._rl_busy_since if self._rl_busy_since is not None else 0.0)
-        return {
-            "progress": dict(self._rl_progress),
-            "running": self._rl_inflight,
-            "busy_s": busy,
-            "first": self._rl_first,
-            "last": self._rl_last,
-            "prompt_tokens": self._rl_prompt_tokens,
-            "cached_tokens": self._rl_cached_tokens,
-            "generated_tokens": self._rl_generated,
-        }
+        return EngineStats(
+            progress=dict(self._rl_progress),
+            running=self._rl_inflight,
+            busy_s=busy,
+            first=self._rl_first,
+            last=self._rl_last,
+            prompt_tokens=self._rl_prompt_tokens,
+            cached_tokens=self._rl_cached_tokens,
+            generated_tokens=self._rl_generated,
+        )
 
     def rl_reset_stats(self) -> None:
         self._rl_busy, self._rl_first, self._rl_last = 0.0, None, None

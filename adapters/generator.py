@@ -1,11 +1,13 @@
-"""RLHFless's samples generator: OpenRLHF's ``SamplesGenerator`` with the rollout driven by a step plan.
+"""RLHFless's samples generator: OpenRLHF's ``SamplesGenerator`` with the rollout driven by the SDK's step
+controller.
 
-Each step it tokenizes the prompts, asks the planner for a plan (predictor, dedup prefill, assignment for each
-candidate engine count, scaler, placer), warms each engine's shared prefixes once, dispatches each prompt's
-samples to the engines of the plan (the scaler's N is the active subset), runs cut-and-migrate while the
-samples decode, survives an engine that dies (its prompts are regenerated on the others, nothing lost or
-duplicated), returns each prompt's n samples adjacent and in order, feeds the observed lengths back to the
-predictor, and writes a step report (JSON lines) whose ``rlhfless/*`` metrics OpenRLHF's loggers pick up.
+Each step it tokenizes the prompts and asks the planner for a plan (predictor, dedup prefill, assignment for
+each candidate engine count, scaler, placer). The SDK's ``StepController`` then runs the step: dispatch to the
+plan's engines, progress checks and cut-and-migrate, re-dispatch of what a dead engine held, regrouping of
+each prompt's n samples in order, the ``StepReport`` and the predictor's observations, exactly as it does for
+the simulator. ``RayBackend`` below is all this adapter adds: it starts, cuts, continues and polls work on
+OpenRLHF's vLLM engines through Ray (sleeping inactive engines where allowed, warming each engine's shared
+prefixes once). The generator writes the report as JSON lines and ``rlhfless/*`` metrics for OpenRLHF's logs.
 """
 
 from __future__ import annotations
@@ -15,28 +17,33 @@ import json
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ray
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
+from rlhfless_openrlhf.messages import CutSample, EngineStats
 from vllm import SamplingParams
 
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
-from rlhfless_sdk.api.records import (
-    ActorProgress,
-    Cluster,
-    FinishedSample,
-    SampleProgress,
-    StepProgress,
-    StepReport,
-    TimePerTokenProfile,
-)
+from rlhfless_sdk.api.records import Cluster, StepPlan, StepReport, TimePerTokenProfile
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.planner import StepPlanner
+from rlhfless_sdk.rollout.controller import (
+    EngineStatus,
+    EngineUsage,
+    Finished,
+    Lost,
+    Poll,
+    StepController,
+    StepOutcome,
+    StepUsage,
+)
 
 log = logging.getLogger("rlhfless.openrlhf")
 
@@ -48,13 +55,189 @@ def prompt_uid(prompt: str) -> str:
     return hashlib.sha1(prompt.encode("utf-8")).hexdigest()[:16]
 
 
+@dataclass
+class _Request:
+    """One step's prompts as the engines receive them."""
+
+    prompts: list[str]
+    labels: list[Any]
+    images: list[Any]
+    token_ids: list[list[int]]
+    keys: list[str]  # per sample, batch order: "<uid>/<sample index>"
+    prompt_of: list[int]  # per sample: its prompt's index
+    params: SamplingParams
+    max_length: int
+
+
 class _Piece:
     """Some samples of one prompt, dispatched to one engine in one Ray call."""
 
-    def __init__(self, prompt_index: int, keys: list[str], engine: int) -> None:
-        self.prompt_index, self.keys, self.engine = prompt_index, keys, engine
+    def __init__(self, prompt_index: int, samples: list[int], engine: int) -> None:
+        self.prompt_index, self.samples, self.engine = prompt_index, samples, engine
         self.ref: Any = None
-        self.result: list[dict[str, Any]] | None = None
+
+
+class RayBackend:
+    """OpenRLHF's vLLM engines (RLHFless's engine class) as a rollout backend of the SDK's step controller."""
+
+    def __init__(self, gen: RlhflessSamplesGenerator, req: _Request, plan: StepPlan, t_start: float) -> None:
+        self.gen, self.req, self.plan, self.t_start = gen, req, plan, t_start
+        self.max_num_seqs = gen.profile.max_num_seqs
+        self.max_tokens = int(req.params.max_tokens or req.max_length)
+        self.sid = {key: sid for sid, key in enumerate(req.keys)}
+        self.pending: dict[Any, _Piece] = {}
+        self.cuts: dict[int, tuple[int, CutSample]] = {}  # sample -> (engine holding it, what the cut returned)
+        self.continuations: dict[Any, tuple[int, int, CutSample]] = {}  # ref -> (sample, engine, cut)
+        self.started = False
+
+    @property
+    def handles(self) -> list:
+        return self.gen.vllm_engines
+
+    def engines(self) -> list[int]:
+        return [e for e in range(len(self.handles)) if e not in self.gen.dead]
+
+    # -- start -----------------------------------------------------------------------------------------------
+    def start(self, samples: Sequence[int], engines: Sequence[int]) -> None:
+        if not self.started:  # the step's first dispatch: wake/sleep, fresh stats, warm shared prefixes
+            self.started = True
+            live = self.engines()
+            self.gen._scale(set(engines), live)
+            for e in live:
+                self.gen._call(e, "rl_reset_stats")
+            self._warm(samples, engines)
+        pieces: dict[tuple[int, int], _Piece] = {}
+        for sid, e in zip(samples, engines, strict=True):
+            i = self.req.prompt_of[sid]
+            pieces.setdefault((i, e), _Piece(i, [], e)).samples.append(sid)
+        for piece in pieces.values():
+            self._dispatch(piece)
+
+    def _warm(self, samples: Sequence[int], engines: Sequence[int]) -> None:
+        """Deduplicated prefill: each engine prefills its prompts' shared prefixes once (prefix caching on)."""
+        pf = self.plan.prefill
+        if not pf.prompt_group:
+            return
+        prefix_len = np.asarray(pf.group_prefix_tokens)[np.asarray(pf.prompt_group)]
+        per_engine: dict[int, dict[tuple, list[int]]] = defaultdict(dict)
+        for sid, e in zip(samples, engines, strict=True):
+            i = self.req.prompt_of[sid]
+            pre = self.req.token_ids[i][: int(prefix_len[i])]
+            per_engine[e][tuple(pre)] = pre
+        refs = [self.handles[e].warm_prefixes.remote(list(p.values()), self.req.params) for e, p in per_engine.items()]
+        ray.get(refs)
+
+    def _dispatch(self, piece: _Piece) -> None:
+        r, i = self.req, piece.prompt_index
+        piece.ref = self.handles[piece.engine].generate_group.remote(
+            prompt=r.prompts[i],
+            label=r.labels[i],
+            sampling_params=r.params,
+            max_length=r.max_length,
+            hf_tokenizer=self.gen.tokenizer,
+            keys=[r.keys[s] for s in piece.samples],
+            images=r.images[i],
+        )
+        self.pending[piece.ref] = piece
+
+    # -- poll ------------------------------------------------------------------------------------------------
+    def poll(self) -> Poll:
+        out = Poll()
+        if self.pending:
+            ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=self.gen.check_interval_s)
+            for ref in ready:
+                piece = self.pending.pop(ref)
+                try:
+                    results = ray.get(ref)
+                except (*_DEAD, ray.exceptions.RayTaskError) as exc:
+                    if isinstance(exc, ray.exceptions.RayTaskError) and not _engine_dead(exc):
+                        raise
+                    self.gen._mark_dead(piece.engine, exc)
+                    out.dead_engines.append(piece.engine)
+                    for sid in piece.samples:  # the engine held them (and stitched any cut one): start over
+                        self.cuts.pop(sid, None)
+                        out.lost.append(Lost(sid, 0))
+                    continue
+                for resp in results:
+                    sid = self.sid[resp["rlhfless_key"]]
+                    self.cuts.pop(sid, None)
+                    reason = "length" if resp.get("truncated") else "stop"
+                    out.finished.append(Finished(sid, _response_length(resp), output=resp, finish_reason=reason))
+        else:  # every piece returned, so every sample finished or was reported lost and re-dispatched
+            raise RuntimeError("rollout backend: samples are unfinished but no engine holds any (a bug)")
+        self._check_continuations(out)
+        return out
+
+    def _check_continuations(self, out: Poll) -> None:
+        """A continuation whose engine died is lost from its cut: the controller resumes it elsewhere, so the
+        engine waiting to stitch it is never left hanging."""
+        if not self.continuations:
+            return
+        ready, _ = ray.wait(list(self.continuations), num_returns=len(self.continuations), timeout=0)
+        for ref in ready:
+            sid, target, cut = self.continuations.pop(ref)
+            try:
+                ray.get(ref)
+            except (*_DEAD, ray.exceptions.RayTaskError) as exc:
+                if self.cuts.get(sid, (None, None))[1] is not cut:
+                    continue  # the sample was lost with its stitching engine, or finished
+                self.gen._mark_dead(target, exc)
+                out.lost.append(Lost(sid, len(cut.partial)))
+
+    # -- progress, cut, continue -----------------------------------------------------------------------------
+    def progress(self) -> dict[int, EngineStatus]:
+        live = sorted({p.engine for p in self.pending.values()} | set(self.engines()))
+        refs = {e: self.handles[e].rl_stats.remote() for e in live}  # ask every engine at once
+        status = {}
+        for e, ref in refs.items():
+            try:
+                st: EngineStats = ray.get(ref)
+            except _DEAD as exc:
+                self.gen._mark_dead(e, exc)
+                continue
+            running = {self.sid[k]: v for k, v in st.progress.items() if k in self.sid}
+            status[e] = EngineStatus(st.generated_tokens + sum(st.progress.values()), running)
+        return status
+
+    def cut(self, engine: int, sample: int) -> int | None:
+        info = self.gen._call(engine, "cut", self.req.keys[sample])
+        if info is None:
+            return None  # it finished before the cut landed (or the engine died)
+        self.cuts[sample] = (engine, info)
+        return len(info.partial)
+
+    def resume(self, engine: int, sample: int, mode: str = "tokens") -> None:
+        source, info = self.cuts[sample]  # by tokens: the target re-prefills prompt + partial tokens
+        cont = self.handles[engine].continue_sample.remote(
+            info.prompt_token_ids + info.partial, info.sampling_params, info.remaining
+        )
+        self.continuations[cont] = (sample, engine, info)
+        self.handles[source].deliver.remote(self.req.keys[sample], cont)
+
+    def now(self) -> float:
+        return time.time() - self.t_start
+
+    def usage(self) -> StepUsage:
+        stats: dict[int, EngineStats] = {}
+        for e in self.engines():
+            st = self.gen._call(e, "rl_stats")
+            if st is not None:
+                stats[e] = st
+        engines = []
+        for e in range(len(self.handles)):
+            st = stats.get(e)
+            if st is None or st.first is None:
+                engines.append(EngineUsage(st.busy_s if st else 0.0, None, 0.0))
+            else:
+                engines.append(EngineUsage(st.busy_s, st.first, st.last if st.last is not None else st.first))
+        return StepUsage(
+            generation_s=time.time() - self.t_start,
+            engines=engines,
+            gpus=len(self.handles),  # serverful: every engine OpenRLHF holds, for the whole step
+            gpus_per_engine=1,
+            cold_start_s=self.gen.profile.cold_start_s,
+            prefill_tokens_saved=sum(int(s.cached_tokens) for s in stats.values()),
+        )
 
 
 class RlhflessSamplesGenerator(SamplesGenerator):
@@ -88,7 +271,6 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.check_interval_s = check_interval_s
         self.dead: set[int] = set()
         self.asleep: set[int] = set()
-        self._continuations: dict[Any, tuple[str, int, int, dict[str, Any]]] = {}
         self.sleep_supported = True
         self.step = 0
         self.last_report: StepReport | None = None
@@ -108,9 +290,6 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         """Generate every sample of ``prompts`` under the plan; experiences grouped by prompt, in order."""
         t_start = time.time()
         n = int(kw.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
-        images = images or [None] * len(prompts)
-        params = self._sampling_params(**kw)
-        max_length = kw.get("max_len", 2048)
         token_ids = [self.tokenizer(text=p, add_special_tokens=False)["input_ids"] for p in prompts]
         uids, seen = [], defaultdict(int)
         for p in prompts:  # the same prompt twice in one batch: distinct uids, shared history key
@@ -125,43 +304,23 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             token_flat=np.fromiter((t for ids in token_ids for t in ids), dtype=np.int64, count=int(lengths.sum())),
         )
         plan = self.planner.plan(batch, step=self.step)
-        live = [e for e in range(len(self.vllm_engines)) if e not in self.dead]
-        if not live:
+        if not [e for e in range(len(self.vllm_engines)) if e not in self.dead]:
             raise RuntimeError("every rollout engine has died; cannot generate")
-        engine_of = {a: live[a % len(live)] for a in range(plan.num_actors)}  # plan actor -> live engine
-        self._scale(set(engine_of.values()), live)
-        for e in live:  # a fresh per-step account of busy time and cached tokens
-            self._call(e, "rl_reset_stats")
-
-        # Deduplicated prefill: each engine prefills its prompts' shared prefixes once (prefix caching on).
-        warm_refs = []
-        if plan.prefill.prompt_group:
-            prefix_len = np.asarray(plan.prefill.group_prefix_tokens)[np.asarray(plan.prefill.prompt_group)]
-            per_engine: dict[int, dict[tuple, list[int]]] = defaultdict(dict)
-            for i in range(len(prompts)):
-                e = engine_of[plan.assignment[int(batch.sample_offsets[i])]]
-                pre = token_ids[i][: int(prefix_len[i])]
-                per_engine[e][tuple(pre)] = pre
-            for e, prefixes in per_engine.items():
-                warm_refs.append(self.vllm_engines[e].warm_prefixes.remote(list(prefixes.values()), params))
-            ray.get(warm_refs)
-
-        pieces: list[_Piece] = []
-        for i in range(len(prompts)):
-            by_engine: dict[int, list[str]] = defaultdict(list)
-            for k in range(n):
-                by_engine[engine_of[plan.assignment[int(batch.sample_offsets[i]) + k]]].append(f"{uids[i]}/{k}")
-            for e, keys in by_engine.items():
-                pieces.append(_Piece(i, keys, e))
-        for piece in pieces:
-            self._dispatch(piece, prompts, labels, images, params, max_length, kw)
-
-        migrations = self._drive(pieces, batch, plan, prompts, labels, images, params, max_length, kw)
-        # Regroup: each prompt's samples adjacent and in sample order, prompts in batch order.
-        by_key = {r["rlhfless_key"]: r for p in pieces for r in (p.result or [])}
-        ordered = [by_key[f"{uids[i]}/{k}"] for i in range(len(prompts)) for k in range(n)]
-        experiences = [self._process_response_into_experience(r, **kw) for r in ordered]
-        self._finish_step(batch, plan, ordered, live, migrations, t_start)
+        req = _Request(
+            prompts=prompts,
+            labels=labels,
+            images=images or [None] * len(prompts),
+            token_ids=token_ids,
+            keys=[f"{uids[i]}/{k}" for i in range(len(prompts)) for k in range(n)],
+            prompt_of=[i for i in range(len(prompts)) for _ in range(n)],
+            params=self._sampling_params(**kw),
+            max_length=kw.get("max_len", 2048),
+        )
+        backend = RayBackend(self, req, plan, t_start)
+        history = [u.split("#")[0] for u in uids]  # a prompt repeated in the batch shares its history
+        outcome = StepController(self.planner, backend, batch, plan, step=self.step, history_uids=history).run()
+        experiences = [self._process_response_into_experience(r, **kw) for r in outcome.outputs]
+        self._finish_step(outcome, plan)
         return experiences
 
     def _scale(self, active: set[int], live: list[int]) -> None:
@@ -186,7 +345,6 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                 log.info("rollout engines cannot sleep here (%s); inactive engines stay idle and unbilled", exc)
                 return
 
-    # -- dispatch, migration, failure --------------------------------------------------------------------------
     def _sampling_params(self, **kw: Any) -> SamplingParams:
         return SamplingParams(
             temperature=kw.get("temperature", 1.0),
@@ -196,18 +354,6 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             min_tokens=kw.get("min_new_tokens", 1),
             skip_special_tokens=kw.get("skip_special_tokens", False),
             logprobs=1 if self.args.algo.advantage.is_correction_level != "off" else None,
-        )
-
-    def _dispatch(self, piece: _Piece, prompts, labels, images, params, max_length, kw) -> None:
-        i = piece.prompt_index
-        piece.ref = self.vllm_engines[piece.engine].generate_group.remote(
-            prompt=prompts[i],
-            label=labels[i],
-            sampling_params=params,
-            max_length=max_length,
-            hf_tokenizer=self.tokenizer,
-            keys=piece.keys,
-            images=images[i],
         )
 
     def _call(self, engine: int, method: str, *args: Any) -> Any:
@@ -222,170 +368,11 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             self.dead.add(engine)
             log.warning("rollout engine %d died (%s); its prompts go to the other engines", engine, type(exc).__name__)
 
-    def _drive(self, pieces, batch, plan, prompts, labels, images, params, max_length, kw) -> int:
-        pending = {p.ref: p for p in pieces}
-        migrations, controller = 0, self.planner.migration
-        migrate = self.planner.config.migrator.name != "none"
-        predicted = {
-            f"{batch.uids[i]}/{k}": plan.predicted_lengths[i] for i in range(len(batch)) for k in range(n_of(batch, i))
-        }
-        migrated_count: dict[str, int] = defaultdict(int)
-        finished_lengths: dict[str, list[int]] = defaultdict(list)
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=self.check_interval_s)
-            for ref in ready:
-                piece = pending.pop(ref)
-                try:
-                    piece.result = ray.get(ref)
-                    for r in piece.result:
-                        finished_lengths[r["rlhfless_key"].rsplit("/", 1)[0]].append(_response_length(r))
-                except (*_DEAD, ray.exceptions.RayTaskError) as exc:
-                    if isinstance(exc, ray.exceptions.RayTaskError) and not _engine_dead(exc):
-                        raise
-                    self._mark_dead(piece.engine, exc)
-                    live = [e for e in range(len(self.vllm_engines)) if e not in self.dead]
-                    if not live:
-                        raise RuntimeError("every rollout engine has died; cannot generate") from exc
-                    piece.engine = min(live, key=lambda e: sum(len(p.keys) for p in pending.values() if p.engine == e))
-                    self._dispatch(piece, prompts, labels, images, params, max_length, kw)
-                    pending[piece.ref] = piece
-            self._check_continuations()
-            if migrate and pending:
-                migrations += self._migrate(pending, predicted, migrated_count, finished_lengths, batch, controller)
-        return migrations
-
-    def _check_continuations(self) -> None:
-        """A continuation whose engine died is run again on a live engine (or, with none left, the cut sample
-        keeps what it had), so the engine waiting to stitch it is never left hanging."""
-        if not self._continuations:
-            return
-        ready, _ = ray.wait(list(self._continuations), num_returns=len(self._continuations), timeout=0)
-        for ref in ready:
-            key, source, target, info = self._continuations.pop(ref)
-            try:
-                ray.get(ref)
-            except (*_DEAD, ray.exceptions.RayTaskError) as exc:
-                self._mark_dead(target, exc)
-                live = [e for e in range(len(self.vllm_engines)) if e not in self.dead and e != source]
-                if live:
-                    self._continue(key, source, live[0], info)
-                else:
-                    self.vllm_engines[source].fail_cut.remote(key, f"continuation engine died: {exc!r}")
-
-    def _continue(self, key: str, source: int, target: int, info: dict[str, Any]) -> None:
-        cont = self.vllm_engines[target].continue_sample.remote(
-            info["prompt_token_ids"] + info["partial"], info["sampling_params"], info["remaining"]
-        )
-        self._continuations[cont] = (key, source, target, info)
-        self.vllm_engines[source].deliver.remote(key, cont)
-
-    def _migrate(self, pending, predicted, migrated_count, finished_lengths, batch, controller) -> int:
-        live = sorted({p.engine for p in pending.values()} | ({e for e in range(len(self.vllm_engines))} - self.dead))
-        refs = {e: self.vllm_engines[e].rl_stats.remote() for e in live}  # ask every engine at once
-        stats = {}
-        for e, ref in refs.items():
-            try:
-                stats[e] = ray.get(ref)
-            except _DEAD as exc:
-                self._mark_dead(e, exc)
-        if not stats:
-            return 0
-        planned = defaultdict(float)
-        for p in pending.values():
-            for key in p.keys:
-                planned[p.engine] += predicted[key]
-        actors, unfinished = [], []
-        for e, st in stats.items():
-            running = len(st["progress"])
-            actors.append(
-                ActorProgress(
-                    actor_id=e,
-                    planned_tokens=planned[e],
-                    generated_tokens=st["generated_tokens"] + sum(st["progress"].values()),
-                    running=running,
-                    free_slots=max(0, self.profile.max_num_seqs - running),
-                )
-            )
-            for key, tokens in st["progress"].items():
-                uid, k = key.rsplit("/", 1)
-                unfinished.append(
-                    SampleProgress(
-                        uid=uid,
-                        sample_index=int(k),
-                        actor_id=e,
-                        tokens_generated=tokens,
-                        predicted_length=predicted.get(key, 0.0),
-                        planned_length=predicted.get(key, 0.0),
-                        max_tokens=4096,
-                        migrations=migrated_count[key],
-                    )
-                )
-        progress = StepProgress(
-            step=self.step,
-            total_samples=batch.total_samples,
-            actors=actors,
-            unfinished=unfinished,
-            finished=dict(finished_lengths),
-        )
-        moved = 0
-        for d in controller.decide(progress):
-            key = f"{d.uid}/{d.sample_index}"
-            info = self._call(d.from_actor, "cut", key)
-            if info is None:
-                continue  # it finished before the cut landed
-            self._continue(key, d.from_actor, d.to_actor, info)
-            migrated_count[key] += 1
-            moved += 1
-        return moved
-
     # -- after the step ------------------------------------------------------------------------------------
-    def _finish_step(self, batch, plan, ordered, live, migrations, t_start) -> None:
-        stats = {e: self._call(e, "rl_stats") for e in live if e not in self.dead}
-        stats = {e: s for e, s in stats.items() if s is not None}
-        generation_s = time.time() - t_start
-        lengths = np.array([_response_length(r) for r in ordered], dtype=np.float64)
-        n = batch.n_samples
-        pred = np.repeat(np.asarray(plan.predicted_lengths, dtype=np.float64), n)
-        index = {u: i for i, u in enumerate(batch.uids)}
-        samples = []
-        for idx, r in enumerate(ordered):
-            uid, k = r["rlhfless_key"].rsplit("/", 1)
-            samples.append(
-                FinishedSample(
-                    uid=uid.split("#")[0],  # a prompt repeated in the batch shares its history
-                    sample_index=int(k),
-                    prompt_length=int(batch.prompt_lengths[index[uid]]),
-                    response_length=int(lengths[idx]),
-                    predicted_length=float(pred[idx]),
-                    finish_reason="length" if r.get("truncated") else "stop",
-                )
-            )
-        self.planner.observe(samples)
-        busy = {e: float(s["busy_s"]) for e, s in stats.items()}
-        used = [e for e, s in stats.items() if s["first"] is not None]
-        gpu_s = sum((stats[e]["last"] - stats[e]["first"]) for e in used) + len(used) * self.profile.cold_start_s
-        busy_sum = sum(busy[e] for e in used)
-        idle = 1.0 - busy_sum / (max(len(used), 1) * generation_s) if generation_s > 0 else 0.0
-        mean_busy = busy_sum / max(len(used), 1)
-        cached = sum(int(s["cached_tokens"]) for s in stats.values())
-        report = StepReport(
-            step=self.step,
-            scheduler=self.planner.config.name,
-            time_s=generation_s,
-            generation_s=generation_s,
-            gpu_seconds=gpu_s,
-            gpu_seconds_serverful=len(self.vllm_engines) * generation_s,
-            idle_fraction=min(max(idle, 0.0), 1.0),
-            imbalance=max(max((busy[e] for e in used), default=0.0) / mean_busy if mean_busy > 0 else 1.0, 1.0),
-            prefill_tokens_saved=cached,
-            migrations=migrations,
-            num_actors=plan.num_actors,
-            samples=len(ordered),
-            actor_busy_s=[busy.get(e, 0.0) for e in range(len(self.vllm_engines))],
-            prediction_mae=float(np.abs(pred - lengths).mean()) if lengths.size else 0.0,
-            planner_ms=plan.planner_ms,
-            fallbacks=plan.fallbacks,
-        )
+    def _finish_step(self, outcome: StepOutcome, plan: StepPlan) -> None:
+        report = outcome.report
+        lengths = np.array([s.response_length for s in outcome.samples], dtype=np.float64)
+        pred = np.array([s.predicted_length or 0.0 for s in outcome.samples], dtype=np.float64)
         self.last_report = report
         self.last_metrics = {
             "rlhfless/predicted_length_mean": float(pred.mean()) if pred.size else 0.0,
@@ -395,10 +382,14 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             "rlhfless/engines_asleep": float(len(self.asleep)),
             "rlhfless/idle_fraction": report.idle_fraction,
             "rlhfless/gpu_seconds": report.gpu_seconds,
-            "rlhfless/migrations": float(migrations),
-            "rlhfless/cached_prefill_tokens": float(cached),
+            "rlhfless/migrations": float(report.migrations),
+            "rlhfless/cached_prefill_tokens": float(report.prefill_tokens_saved),
             "rlhfless/planner_ms": plan.planner_ms,
-            **{f"rlhfless/engine{e}_busy_s": b for e, b in busy.items()},
+            **{
+                f"rlhfless/engine{e}_busy_s": u.busy_s
+                for e, u in enumerate(outcome.usage.engines)
+                if e not in self.dead
+            },
         }
         if self.report_path is not None:
             self.report_path.parent.mkdir(parents=True, exist_ok=True)
@@ -426,10 +417,6 @@ def merge_metrics(logs_dict: dict[str, Any] | None, generator: Any) -> dict[str,
         for key, value in getattr(generator, "last_metrics", {}).items():
             logs_dict.setdefault(key, value)
     return logs_dict
-
-
-def n_of(batch: PromptBatch, i: int) -> int:
-    return int(batch.n_samples[i])
 
 
 def _response_length(response: dict[str, Any]) -> int:

@@ -261,7 +261,7 @@ def test_engine_killed_mid_step_loses_nothing(stack):
     def kill_mid_step():  # once the victim has decoded a few tokens of its samples
         deadline = time.time() + 120
         while time.time() < deadline:
-            progress = stack.ray.get(victim.rl_stats.remote())["progress"]
+            progress = stack.ray.get(victim.rl_stats.remote()).progress
             if progress and max(progress.values()) >= 20:
                 stack.ray.kill(victim)
                 return

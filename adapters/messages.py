@@ -1,0 +1,41 @@
+"""Typed records that cross Ray between RLHFless's engines and its samples generator (no Ray or vLLM here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class EngineStats:
+    """An engine's account of the current step (``rl_stats``), reset by ``rl_reset_stats``."""
+
+    progress: dict[str, int]  # sample key -> tokens generated so far, keyed samples in flight, in admission order
+    running: int  # requests in flight (keyed or not)
+    busy_s: float  # seconds with at least one request in flight
+    first: float | None  # wall clock of the first request this step; None: no work yet
+    last: float | None  # wall clock of the latest finished request
+    prompt_tokens: int
+    cached_tokens: int  # vLLM's num_cached_tokens: prompt tokens served from the prefix cache
+    generated_tokens: int  # tokens of finished requests
+
+
+@dataclass
+class CutSample:
+    """What ``cut`` hands back: enough to continue the sample elsewhere."""
+
+    prompt_token_ids: list[int]
+    partial: list[int]  # response tokens generated before the cut
+    partial_logprobs: list[Any] | None
+    remaining: int  # response tokens still allowed
+    sampling_params: Any  # vLLM SamplingParams
+
+
+@dataclass
+class Continuation:
+    """What ``continue_sample`` produced, delivered to the engine that holds the cut sample."""
+
+    token_ids: list[int]
+    logprobs: list[Any] | None
+    finish_reason: str
+    error: str | None = None
