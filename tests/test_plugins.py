@@ -45,7 +45,7 @@ def test_throwaway_plugin_is_selected_by_name(bare_pm):
         spec = bare_pm.registry.policy("assigner", "reverse")
         assert (spec.plugin, spec.kind) == ("throwaway", "assigner")
         policy = bare_pm.registry.create("assigner", PolicyRef(name="reverse", params={"offset": 1}))
-        batch = PromptBatch.from_prompts([])
+        batch = PromptBatch.empty()
         assert policy.assign(batch, np.zeros(0), 3).shape == (0,)
         assert isinstance(policy, ReverseAssigner) and policy.offset == 1
     finally:

@@ -21,7 +21,6 @@ from rlhfless_sdk.api.records import (
     Node,
     PrefillGroup,
     PrefillPlan,
-    Prompt,
     SampleProgress,
     StepPlan,
     StepProgress,
@@ -33,14 +32,6 @@ names = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FFF), min_size=
 nat = st.integers(0, 10**6)
 pos = st.integers(1, 10**4)
 fin = st.floats(0, 1e6, allow_nan=False, allow_infinity=False)
-
-
-@st.composite
-def prompts(draw):
-    tokens = draw(st.none() | st.lists(st.integers(0, 200_000), max_size=20))
-    length = len(tokens) if tokens is not None else draw(nat)
-    give_len = tokens is None or draw(st.booleans())
-    return Prompt(uid=draw(names), token_ids=tokens, prompt_length=length if give_len else None, n_samples=draw(pos))
 
 
 actors = st.builds(
@@ -143,7 +134,6 @@ profiles = st.builds(
 )
 
 STRATEGIES = {
-    Prompt: prompts(),
     FinishedSample: st.builds(
         FinishedSample,
         uid=names,
@@ -227,9 +217,6 @@ def test_scheduler_config_round_trip(ref):
 @pytest.mark.parametrize(
     ("build", "field"),
     [
-        (lambda: Prompt(uid="a", n_samples=0, prompt_length=3), "n_samples"),
-        (lambda: Prompt(uid="a", token_ids=[1, 2], prompt_length=3), "prompt_length=3 but token_ids has 2"),
-        (lambda: Prompt(uid="a"), "give token_ids or prompt_length"),
         (lambda: FinishedSample(uid="a", sample_index=0, prompt_length=1, response_length=-1), "response_length"),
         (
             lambda: StepReport(
@@ -245,7 +232,7 @@ def test_scheduler_config_round_trip(ref):
         (lambda: Cluster(nodes=[Node(name="a", num_gpus=1), Node(name="a", num_gpus=2)]), "duplicate node names"),
         (lambda: ActorPlacement(actor=Actor(actor_id=0, num_gpus=2), node="a", gpu_indices=[0]), "needs 2 GPU"),
         (lambda: PrefillPlan(tokens_before=1, tokens_after=2), "tokens_after=2"),
-        (lambda: Prompt(uid="a", prompt_length=1, colour="red"), "colour"),
+        (lambda: FinishedSample(uid="a", sample_index=0, prompt_length=1, response_length=1, colour="red"), "colour"),
     ],
 )
 def test_validation_errors_name_the_field(build, field):

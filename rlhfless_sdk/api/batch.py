@@ -1,18 +1,14 @@
 """PromptBatch: the columnar view of a step's prompts that policies work on.
 
-Records are validated once at the boundary (``Prompt``); policies then see numpy columns, so a plan for
-100,000 prompts never loops over pydantic objects.
+Backends build it once from their prompts (a trace, a tokenized OpenRLHF batch); policies then see numpy
+columns, so a plan for 100,000 prompts never loops over pydantic objects.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 
 import numpy as np
-
-from rlhfless_sdk.api.records import Prompt
 
 
 @dataclass(frozen=True)
@@ -54,21 +50,6 @@ class PromptBatch:
         offsets = np.zeros(p + 1, dtype=np.int64)
         np.cumsum(self.n_samples, out=offsets[1:])
         object.__setattr__(self, "_sample_offsets", offsets)
-
-    @classmethod
-    def from_prompts(cls, prompts: Sequence[Prompt], true_lengths: Sequence[float] | None = None) -> PromptBatch:
-        lengths = np.fromiter((p.length for p in prompts), dtype=np.int64, count=len(prompts))
-        flat = None
-        if prompts and all(p.token_ids is not None for p in prompts):
-            ids = chain.from_iterable(p.token_ids for p in prompts)  # type: ignore[misc]
-            flat = np.fromiter(ids, dtype=np.int64, count=int(lengths.sum()))
-        return cls(
-            uids=[p.uid for p in prompts],
-            prompt_lengths=lengths,
-            n_samples=np.fromiter((p.n_samples for p in prompts), dtype=np.int64, count=len(prompts)),
-            token_flat=flat,
-            true_lengths=None if true_lengths is None else np.asarray(true_lengths, dtype=np.float64),
-        )
 
     @classmethod
     def empty(cls) -> PromptBatch:

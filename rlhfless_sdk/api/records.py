@@ -41,36 +41,6 @@ class PolicySpec(BaseModel):
     plugin: str = ""
 
 
-class Prompt(Record):
-    """One prompt of a rollout batch; all ``n_samples`` responses to it form one GRPO group."""
-
-    uid: str = Field(min_length=1, description="Stable id of the prompt across steps (keys its length history).")
-    token_ids: list[NonNegativeInt] | None = Field(
-        default=None, description="Prompt token ids; needed for prefix deduplication."
-    )
-    prompt_length: NonNegativeInt | None = Field(
-        default=None, description="Prompt length in tokens; derived from token_ids when absent."
-    )
-    n_samples: PositiveInt = Field(default=1, description="Responses sampled for this prompt (GRPO group size).")
-
-    @model_validator(mode="after")
-    def _length_known(self) -> Prompt:
-        if self.token_ids is None and self.prompt_length is None:
-            raise ValueError("give token_ids or prompt_length")
-        if self.token_ids is not None:
-            if self.prompt_length is None:
-                object.__setattr__(self, "prompt_length", len(self.token_ids))
-            elif self.prompt_length != len(self.token_ids):
-                raise ValueError(f"prompt_length={self.prompt_length} but token_ids has {len(self.token_ids)} tokens")
-        return self
-
-    @property
-    def length(self) -> int:
-        """Prompt length in tokens."""
-        assert self.prompt_length is not None  # set by the validator
-        return self.prompt_length
-
-
 class FinishedSample(Record):
     """One generated response, as a backend reports it when it finishes."""
 
@@ -356,7 +326,6 @@ class StepReport(Record):
 
 
 ALL_RECORDS: tuple[type[Record], ...] = (
-    Prompt,
     FinishedSample,
     GPU,
     Node,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -196,11 +196,3 @@ def workload_summary(workload: Workload) -> dict[str, Any]:
         },
         "has_tokens": all(s.batch.has_tokens for s in workload.steps),
     }
-
-
-def iter_samples(step: WorkloadStep) -> Iterable[tuple[int, int, int]]:
-    """(prompt index, sample index within the group, true length) of every sample of a step."""
-    offsets = step.batch.sample_offsets
-    for i in range(len(step.batch)):
-        for k in range(int(step.batch.n_samples[i])):
-            yield i, k, int(step.lengths[offsets[i] + k])
