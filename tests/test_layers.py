@@ -1,0 +1,82 @@
+"""The SDK's layout: layers import only downwards, no import circle, and nothing in it knows the adapter."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SDK = Path(__file__).resolve().parent.parent / "rlhfless_sdk"
+#: Lowest first: a module may import from its own layer and the ones before it.
+LAYERS = ["api", "planning", "rollout", "simulation", "cli"]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SDK.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in SDK.rglob("*.py")}
+
+
+def sdk_imports(path: Path, known: set[str]) -> set[str]:
+    """Every rlhfless_sdk module ``path`` imports, at top level or inside functions (TYPE_CHECKING blocks too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("rlhfless_sdk")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rlhfless_sdk"):
+            for a in node.names:  # ``from rlhfless_sdk.api import hookspecs`` imports a module
+                sub = f"{node.module}.{a.name}"
+                out.add(sub if sub in known else node.module)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {m: sdk_imports(p, set(mods)) - {m} for m, p in mods.items()}
+
+
+def layer(module: str) -> int | None:
+    if module == "rlhfless_sdk":  # the package facade re-exports the api layer only
+        return 0
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_every_sdk_module_sits_in_a_layer():
+    loose = [m for m in modules() if layer(m) is None and m not in ("rlhfless_sdk", "rlhfless_sdk.__main__")]
+    assert loose == []
+
+
+def test_layers_import_only_downwards():
+    wrong = []
+    for mod, deps in graph().items():
+        here = layer(mod)
+        if here is None:
+            continue
+        wrong += [(mod, d) for d in deps if layer(d) is None or layer(d) > here]  # type: ignore[operator]
+    assert wrong == []
+
+
+def test_no_import_circle():
+    g = graph()
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(g.get(m, ())):
+            if state.get(d) == 1:
+                raise AssertionError("import circle: " + " -> ".join([*path[path.index(d) :], d]))
+            if d not in state:
+                visit(d, [*path, d])
+        state[m] = 2
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m, [m])
+
+
+def test_the_sdk_never_names_the_adapter():
+    hits = [str(p) for p in SDK.rglob("*.py") if "rlhfless_openrlhf" in p.read_text(encoding="utf-8")]
+    assert hits == []
