@@ -8,8 +8,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from rlhfless_sdk.api.batch import PromptBatch
-from rlhfless_sdk.api.records import NoParams, Record
+from rlhfless_sdk import NoParams, PromptBatch, Record
 
 
 class SortedParams(Record):
@@ -27,6 +26,8 @@ class SortedAssigner:
     the running predicted tokens (n * length) cross multiples of total/N, so the actor holding the long
     prompts gets fewer of them; ``split=count`` gives each actor the same number of samples.
     """
+
+    description = "sort by predicted length, contiguous length ranges per actor (RLHFless)"
 
     def __init__(self, params: SortedParams | None = None) -> None:
         self.split = (params or SortedParams()).split
@@ -60,6 +61,8 @@ class LeastPendingAssigner:
     At plan time nothing has finished yet, so the count is the samples assigned so far (ties: lowest index).
     """
 
+    description = "OpenRLHF 0.11.2: engine with the fewest unfinished samples"
+
     def __init__(self, params: NoParams | None = None) -> None:
         pass
 
@@ -82,6 +85,8 @@ class LeastPendingAssigner:
 class RoundRobinAssigner:
     """Prompt i goes to actor i mod N."""
 
+    description = "prompt i to actor i mod N"
+
     def __init__(self, params: NoParams | None = None) -> None:
         pass
 
@@ -95,6 +100,8 @@ class BalancedAssigner:
     Prompts in decreasing predicted work each go to the actor with the least predicted work so far, which
     equalises the actors' total tokens (within the largest single prompt) instead of their length ranges.
     """
+
+    description = "longest-processing-time-first on predicted tokens (beyond the paper)"
 
     def __init__(self, params: NoParams | None = None) -> None:
         pass

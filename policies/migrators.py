@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt
 
-from rlhfless_sdk.api.records import ActorProgress, MigrationDecision, NoParams, Record, SampleProgress, StepProgress
+from rlhfless_sdk import ActorProgress, MigrationDecision, NoParams, Record, SampleProgress, StepProgress
 
 
 class _Destinations:
@@ -64,6 +64,8 @@ class TauMigrator:
     and still hold work (a finished actor is released under serverless billing), unless ``wake_idle``.
     """
 
+    description = "cut underestimated samples of actors past tau of their work (RLHFless)"
+
     def __init__(self, params: TauParams | None = None) -> None:
         self.params = params or TauParams()
 
@@ -105,6 +107,8 @@ class GlobalMigrator:
     The actors with the most running samples keep theirs and take the rest into their free slots, so the
     others can be released; this is one global decision, not per-actor.
     """
+
+    description = "RLHFuse-style: consolidate the tail once few samples remain"
 
     def __init__(self, params: GlobalParams | None = None) -> None:
         self.params = params or GlobalParams()
@@ -148,21 +152,14 @@ def _move(
         to = dests.take()
         if to is None:
             break
-        out.append(
-            MigrationDecision(
-                uid=s.uid,
-                sample_index=s.sample_index,
-                from_actor=s.actor_id,
-                to_actor=to,
-                tokens_generated=s.tokens_generated,
-                mode=mode,
-            )
-        )
+        out.append(MigrationDecision.move(s, to, mode))
     return out
 
 
 class NoMigrator:
     """Baseline: never migrate."""
+
+    description = "baseline: never migrate"
 
     def __init__(self, params: NoParams | None = None) -> None:
         pass

@@ -14,8 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from rlhfless_sdk.api.batch import PromptBatch
-from rlhfless_sdk.api.records import FinishedSample, Record
+from rlhfless_sdk import FinishedSample, PromptBatch, Record
 
 _K1, _K2, _K3 = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D
 
@@ -97,6 +96,8 @@ class ModelPredictor:
     ``observe`` uses the features of the latest batch it predicted; a sample of another prompt contributes
     through its prompt length only.
     """
+
+    description = "ridge regression on hashed token n-grams of the prompt, trained online"
 
     def __init__(self, params: ModelParams | None = None) -> None:
         self.model = HashedNgramRegressor(params)

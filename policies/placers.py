@@ -6,8 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlhfless_sdk.api.errors import RlhflessError
-from rlhfless_sdk.api.records import Actor, ActorPlacement, Cluster, NoParams
+from rlhfless_sdk import Actor, ActorPlacement, Cluster, NoParams, RlhflessError
 
 
 class _Allocator:
@@ -29,6 +28,8 @@ class _Allocator:
 class PackPlacer:
     """OpenRLHF's PACK placement group order: decode actors 0..N-1 fill node after node, then the others."""
 
+    description = "OpenRLHF's PACK order: fill node after node"
+
     def __init__(self, params: NoParams | None = None) -> None:
         pass
 
@@ -43,6 +44,8 @@ class PackPlacer:
 class LocalityAwarePlacer:
     """The paper's placement: learner and prefill actor on the first node, the heaviest decode actors beside
     them, lighter ones on later (further) nodes, so KV and weight transfers of the big actors stay on-node."""
+
+    description = "learner, prefill and heaviest decode actors on one node (RLHFless)"
 
     def __init__(self, params: NoParams | None = None) -> None:
         pass

@@ -9,10 +9,7 @@ import numpy as np
 from pydantic import Field, PositiveInt
 from rlhfless_policies.model_predictor import ModelParams, ModelPredictor
 
-from rlhfless_sdk.api.batch import PromptBatch
-from rlhfless_sdk.api.errors import RlhflessError
-from rlhfless_sdk.api.history import LengthHistory
-from rlhfless_sdk.api.records import FinishedSample, NoParams, Record, StepProgress
+from rlhfless_sdk import FinishedSample, LengthHistory, NoParams, PromptBatch, Record, RlhflessError, StepProgress
 
 
 class EwmaParams(Record):
@@ -37,6 +34,8 @@ class EwmaPredictor:
     ``mean`` uses the mean length of the most recent step observed (``default_length`` before any),
     ``prompt-length`` uses the prompt's own length, ``constant`` always uses ``default_length``.
     """
+
+    description = "EWMA of each prompt's response length in its last steps (RLHFless)"
 
     def __init__(self, params: EwmaParams | None = None) -> None:
         self.params = params or EwmaParams()
@@ -95,6 +94,8 @@ class PromptLengthParams(Record):
 class PromptLengthPredictor:
     """Naive baseline: a response is predicted to be ``scale`` times as long as its prompt."""
 
+    description = "naive baseline: response length proportional to prompt length"
+
     def __init__(self, params: PromptLengthParams | None = None) -> None:
         self.scale = (params or PromptLengthParams()).scale
 
@@ -107,6 +108,8 @@ class PromptLengthPredictor:
 
 class OraclePredictor:
     """The true mean length of each prompt's samples: an upper bound for simulations, never a real policy."""
+
+    description = "true lengths, for simulation bounds only"
 
     def __init__(self, params: NoParams | None = None) -> None:
         pass
@@ -135,6 +138,8 @@ class GroupPredictor(EwmaPredictor):
     than g, blended with the history (``prior`` samples' weight); if every finished sibling was shorter,
     1.25 g. Samples without finished siblings keep their prediction.
     """
+
+    description = "EWMA, refined mid-step from finished GRPO siblings (beyond the paper)"
 
     def __init__(self, params: GroupParams | None = None) -> None:
         super().__init__(params or GroupParams())
@@ -168,6 +173,8 @@ class HybridParams(EwmaParams):
 
 class HybridPredictor:
     """Beyond the paper: a prompt's own history (EWMA) when it has one; the ``model`` regression otherwise."""
+
+    description = "EWMA for prompts with a history, the model for new ones (beyond the paper)"
 
     def __init__(self, params: HybridParams | None = None) -> None:
         p = params or HybridParams()

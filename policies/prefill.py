@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from rlhfless_sdk.api.batch import PromptBatch
-from rlhfless_sdk.api.records import NoParams, PrefillPlan, Record
+from rlhfless_sdk import NoParams, PrefillPlan, PromptBatch, Record
 
 _B = 0x9E3779B97F4A7C15  # odd, hence invertible modulo 2**64
 _B_INV = pow(_B, -1, 2**64)
@@ -57,6 +56,8 @@ class DedupPrefillPlanner:
     falls, so the planner takes the largest L whose work fits ``capacity_tokens`` (binary search). Without
     token ids, only the n samples of each prompt are deduplicated.
     """
+
+    description = "prefill each shared prefix once; largest prefix length that fits (RLHFless)"
 
     name = "dedup"
 
@@ -118,6 +119,8 @@ class DedupPrefillPlanner:
 
 class NoPrefillPlanner:
     """Baseline: no deduplication; every sample prefills its whole prompt on its decode actor."""
+
+    description = "baseline: every sample prefills its whole prompt"
 
     name = "none"
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import ConfigDict, Field, PositiveInt
 
-from rlhfless_sdk.api.records import CandidateEstimate, Record
+from rlhfless_sdk import CandidateEstimate, Record
 
 
 def candidate_grid(lo: int, hi: int, max_candidates: int) -> list[int]:
@@ -36,6 +36,8 @@ class CostAwareScaler:
     T~ and C~ are the cost model's step time and GPU-seconds, min-max normalised over the candidates; ties go
     to the faster candidate, then the smaller N.
     """
+
+    description = "argmin of lambda*time + (1-lambda)*cost, min-max normalised (RLHFless)"
 
     def __init__(self, params: CostAwareParams | None = None) -> None:
         self.params = params or CostAwareParams()
@@ -73,6 +75,8 @@ class DeadlineScaler:
     accounts for deduplicated prefill and, when the scheduler migrates, for cut-and-migrate.
     """
 
+    description = "cheapest actor count within a slack of the fastest predicted time (beyond the paper)"
+
     wants_migration_estimates = True  # the planner's estimates count on cut-and-migrate when it is on
 
     def __init__(self, params: DeadlineParams | None = None) -> None:
@@ -103,6 +107,8 @@ class FixedParams(Record):
 
 class FixedScaler:
     """Baseline: the same actor count every step (OpenRLHF's fixed ``--vllm.num_engines``)."""
+
+    description = "baseline: the same actor count every step"
 
     def __init__(self, params: FixedParams | None = None) -> None:
         self.num_actors = (params or FixedParams()).num_actors

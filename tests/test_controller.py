@@ -171,15 +171,7 @@ class RandomMover:
             if dests and self.rng.random() < self.rate:
                 to = self.rng.choice(dests)
                 free[to] -= 1
-                out.append(
-                    MigrationDecision(
-                        uid=s.uid,
-                        sample_index=s.sample_index,
-                        from_actor=s.actor_id,
-                        to_actor=to,
-                        tokens_generated=s.tokens_generated,
-                    )
-                )
+                out.append(MigrationDecision.move(s, to))
         return out
 
 
@@ -276,8 +268,7 @@ def test_a_continuation_whose_engine_dies_resumes_from_the_cut(reg):
             if self.done or s is None:
                 return []
             self.done = True
-            return [MigrationDecision(uid=s.uid, sample_index=s.sample_index, from_actor=0, to_actor=1,
-                                      tokens_generated=s.tokens_generated)]  # fmt: skip
+            return [MigrationDecision.move(s, 1)]
 
     class Plugin:
         @hookimpl

@@ -191,15 +191,7 @@ class MoveFirst:
         s = started[0]
         self.done = True
         to = next(a for a in others if a != s.actor_id)
-        return [
-            MigrationDecision(
-                uid=s.uid,
-                sample_index=s.sample_index,
-                from_actor=s.actor_id,
-                to_actor=to,
-                tokens_generated=s.tokens_generated,
-            )
-        ]
+        return [MigrationDecision.move(s, to)]
 
 
 def test_migrated_sample_is_well_formed(stack):

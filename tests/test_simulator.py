@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from rlhfless_sdk import PluginManager, PolicySpec, hookimpl
+from rlhfless_sdk import PluginManager, PolicySpec, Record, hookimpl
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster, MigrationDecision, TimePerTokenProfile
@@ -185,19 +185,10 @@ class MoveOnce:
             return []
         self.done = True
         s = max(started, key=lambda s: s.tokens_generated)
-        return [
-            MigrationDecision(
-                uid=s.uid,
-                sample_index=s.sample_index,
-                from_actor=0,
-                to_actor=1,
-                tokens_generated=s.tokens_generated,
-                mode=self.mode,
-            )
-        ]
+        return [MigrationDecision.move(s, 1, self.mode)]
 
 
-class MoveParams(__import__("rlhfless_sdk").Record):
+class MoveParams(Record):
     mode: str = "tokens"
 
 

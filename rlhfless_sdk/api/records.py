@@ -252,6 +252,18 @@ class MigrationDecision(Record):
             raise ValueError(f"from_actor and to_actor are both {self.from_actor}")
         return self
 
+    @classmethod
+    def move(cls, sample: SampleProgress, to_actor: int, mode: Literal["tokens", "kv"] = "tokens") -> MigrationDecision:
+        """The decision that moves ``sample`` (as a progress snapshot lists it) to ``to_actor``, tokens and all."""
+        return cls(
+            uid=sample.uid,
+            sample_index=sample.sample_index,
+            from_actor=sample.actor_id,
+            to_actor=to_actor,
+            tokens_generated=sample.tokens_generated,
+            mode=mode,
+        )
+
 
 class SampleProgress(Record):
     """An unfinished sample, as the migration controller sees it mid-step."""

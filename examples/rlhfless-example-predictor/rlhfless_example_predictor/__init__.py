@@ -8,8 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import Field, PositiveInt
 
-from rlhfless_sdk import PolicySpec, PromptBatch, hookimpl
-from rlhfless_sdk.api.records import FinishedSample, Record
+from rlhfless_sdk import FinishedSample, PolicySpec, PromptBatch, Record, hookimpl
 
 
 class MaxRecentParams(Record):
