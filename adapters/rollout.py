@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import ray
+from rlhfless_openrlhf.messages import RolloutStepResult
 
 
 def rollout_args(n_samples: int, *, batch_size: int = 1, logprobs: bool = True, enable_sleep: bool = False) -> Any:
@@ -60,14 +61,13 @@ class GeneratorActor:
 
     def step(
         self, prompts: list[str], labels: list[Any], logs: dict[str, Any] | None = None, **generate_kwargs: Any
-    ) -> dict[str, Any]:
+    ) -> RolloutStepResult:
         from rlhfless_openrlhf.generator import merge_metrics
 
         experiences = self.generator.generate_step(prompts, labels, **generate_kwargs)
-        report = self.generator.last_report
-        return {
-            "prompts": [e.prompts[0] for e in experiences],
-            "response_lengths": [int(e.response_length[0]) for e in experiences],
-            "report": None if report is None else report.model_dump(mode="json"),
-            "logs": merge_metrics(dict(logs or {}), self.generator),
-        }
+        return RolloutStepResult(
+            prompts=[e.prompts[0] for e in experiences],
+            response_lengths=[int(e.response_length[0]) for e in experiences],
+            report=self.generator.last_report,
+            logs=merge_metrics(dict(logs or {}), self.generator),
+        )

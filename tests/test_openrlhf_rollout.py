@@ -159,8 +159,9 @@ def test_generator_inside_a_ray_actor_logs_rlhfless_metrics(stack):
             max_len=512,
         )
     )
-    assert out["prompts"] == [p for p in PROMPTS[:4] for _ in range(N_SAMPLES)]
-    logs = out["logs"]
+    assert out.prompts == [p for p in PROMPTS[:4] for _ in range(N_SAMPLES)]
+    assert out.report.samples == 4 * N_SAMPLES
+    logs = out.logs
     assert logs["timing/generation"] == 1.0 and logs["policy_loss"] == 0.1
     for key in (
         "rlhfless/predicted_length_mean",
