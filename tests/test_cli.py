@@ -52,3 +52,21 @@ def test_console_script_is_installed():
     assert exe, "the rlhfless console script is not installed"
     out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True).stdout
     assert __version__ in out
+
+
+def test_the_adapter_adds_its_commands_through_the_hook(monkeypatch):
+    res = run("--help")
+    assert "demo" in res.output and "profile" in res.output  # from the rlhfless-openrlhf entry point
+    res = run("demo", "--help")
+    assert res.exit_code == 0 and "--max-new-tokens" in res.output
+    rows = json.loads(run("plugins", "--json").output)
+    assert {(r["name"], r["plugin"]) for r in rows if r["kind"] == "command"} == {
+        ("demo", "rlhfless-openrlhf"),
+        ("profile", "rlhfless-openrlhf"),
+    }
+    monkeypatch.setenv("RLHFLESS_DISABLE_PLUGIN_AUTOLOAD", "1")
+    from rlhfless_sdk import reset_plugin_manager
+
+    reset_plugin_manager()
+    res = run("demo")
+    assert res.exit_code == 2 and "Plugin commands may be missing: plugin autoload is off" in res.output

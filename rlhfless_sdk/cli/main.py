@@ -33,6 +33,15 @@ class _Group(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         return super().get_command(ctx, cmd_name) or self._plugin_commands().get(cmd_name)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]):  # type: ignore[override]
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            note = get_plugin_manager().registry.autoload_note
+            if note and args and not args[0].startswith("-"):  # e.g. `demo` comes from the adapter's plugin
+                raise click.UsageError(f"{exc.message} Plugin commands may be missing: {note}.", ctx) from None
+            raise
+
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
