@@ -44,7 +44,7 @@ class NoEngineLeft(RlhflessError):
 
 
 # -- what a backend reports --------------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class Finished:
     """A sample finished: ``length`` response tokens in all (every piece, wherever generated)."""
 
@@ -54,7 +54,7 @@ class Finished:
     finish_reason: str = "stop"
 
 
-@dataclass
+@dataclass(slots=True)
 class Lost:
     """A sample's engine died. ``tokens_kept`` of its tokens survive (held by the backend since a cut); the
     controller re-dispatches it from there, or from scratch when 0."""
@@ -70,7 +70,7 @@ class Poll:
     dead_engines: list[int] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class EngineStatus:
     """One engine at a progress check: tokens it generated this step, and its running samples (sample id ->
     tokens generated so far, in the engine's admission order)."""
@@ -79,7 +79,7 @@ class EngineStatus:
     running: dict[int, int]
 
 
-@dataclass
+@dataclass(slots=True)
 class EngineUsage:
     busy_s: float  # seconds with at least one sample running
     first_s: float | None  # first work this step (serverless billing starts); None: the engine did no work
@@ -199,16 +199,15 @@ class StepController:
         live = self.backend.engines()
         if not live and self.unfinished:
             raise NoEngineLeft("no engine can take work; cannot generate")
-        assignment = self.plan.assignment
-        engines = [live[a % len(live)] for a in assignment]
-        for sid, e in enumerate(engines):
-            self._place(sid, e)
+        engines = [live[a % len(live)] for a in self.plan.assignment]
+        self._place_all(engines)
         self.backend.start(range(len(engines)), engines)
         migrates = self.planner.config.migrates()
         while self.unfinished:
             poll = self.backend.poll()
-            for f in poll.finished:
-                self._finish(f)
+            self._finish_all(poll.finished)
+            if poll.dead_engines:
+                log.info("step %d: engine(s) %s died; re-dispatching what they held", self.step, poll.dead_engines)
             if poll.lost:
                 self._redispatch(poll.lost)
             if self.unfinished and migrates:
@@ -231,26 +230,39 @@ class StepController:
         self.pending[engine] = self.pending.get(engine, 0) + 1
         self.planned[engine] = self.planned.get(engine, 0.0) + (self.predicted[sid] if self.predicted else 0.0)
 
+    def _place_all(self, engines: list[int]) -> None:
+        """The initial dispatch, in batch order (the same sums as placing one sample after another)."""
+        self.engine = list(engines)
+        if not engines:
+            return
+        e = np.asarray(engines, dtype=np.int64)
+        count = np.bincount(e)
+        planned = np.bincount(e, weights=np.asarray(self.predicted, dtype=np.float64)) if self.predicted else 0 * count
+        for x in np.flatnonzero(count).tolist():
+            self.pending[x] = int(count[x])
+            self.planned[x] = float(planned[x])
+
     def _leave(self, sid: int) -> None:
         self.pending[self.engine[sid]] -= 1
 
-    def _finish(self, f: Finished) -> None:
-        sid = f.sample
-        if not 0 <= sid < len(self.state) or self.state[sid] == _DONE:
-            raise SampleAccountingError(f"backend reported sample {sid} finished, which is not pending in this step")
-        if f.length < self.kept[sid]:
-            raise SampleAccountingError(
-                f"sample {sid} finished with {f.length} tokens, fewer than the {self.kept[sid]} it kept from cuts"
-            )
-        self.pieces[sid].append((self.engine[sid], f.length - self.kept[sid]))
-        self.kept[sid] = f.length
-        self.state[sid] = _DONE
-        self.length[sid] = f.length
-        self.finish_reason[sid] = f.finish_reason
-        self.outputs[sid] = f.output
-        self.finished_lengths.setdefault(self.prompt[sid], []).append(f.length)
-        self._leave(sid)
-        self.unfinished -= 1
+    def _finish_all(self, finished: Sequence[Finished]) -> None:
+        state, kept, engine, pending = self.state, self.kept, self.engine, self.pending
+        pieces, length, reason, outputs = self.pieces, self.length, self.finish_reason, self.outputs
+        prompt, by_prompt, n = self.prompt, self.finished_lengths, len(self.state)
+        for f in finished:
+            sid, tokens = f.sample, f.length
+            if not 0 <= sid < n or state[sid] == _DONE:
+                raise SampleAccountingError(f"backend reported sample {sid} finished; it is not pending in this step")
+            if tokens < kept[sid]:
+                raise SampleAccountingError(f"sample {sid} finished with {tokens} tokens, below the {kept[sid]} kept")
+            pieces[sid].append((engine[sid], tokens - kept[sid]))
+            kept[sid] = length[sid] = tokens
+            state[sid] = _DONE
+            reason[sid] = f.finish_reason
+            outputs[sid] = f.output
+            by_prompt.setdefault(prompt[sid], []).append(tokens)
+            pending[engine[sid]] -= 1
+            self.unfinished -= 1
 
     def _redispatch(self, lost: Sequence[Lost]) -> None:
         """Samples of a dead engine go to the live engine with the fewest pending samples, a prompt's together;
