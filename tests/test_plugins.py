@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
+from hypothesis import given
+from pydantic import BaseModel
 
 from rlhfless_sdk import (
     PluginError,
@@ -15,8 +20,14 @@ from rlhfless_sdk import (
     hookimpl,
 )
 from rlhfless_sdk.api.batch import PromptBatch
-from rlhfless_sdk.api.kinds import KINDS
+from rlhfless_sdk.api.kinds import KIND, KINDS
+from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import NoParams, Record
+
+_spec = importlib.util.spec_from_file_location("rlhfless_test_strategies", Path(__file__).with_name("strategies.py"))
+S = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(S)
+PROFILE = load_profile("qwen2.5-7b-l40s")
 
 
 class ReverseParams(Record):
@@ -217,3 +228,141 @@ def test_trace_env_prints_hook_calls(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "rlhfless_register_assigners" in err
     assert "rlhfless_register_schedulers" in err
+
+
+# -- policies get read-only inputs ----------------------------------------------------------------------------
+def _vandalize(*inputs):
+    """Write to every input the way a careless policy would; the first write that is refused raises."""
+    for x in inputs:
+        if isinstance(x, PromptBatch):
+            _vandalize(x.prompt_lengths, x.n_samples, x.uids, x.true_lengths, x.token_flat, x.sample_offsets)
+        elif isinstance(x, np.ndarray):
+            x.sort()  # in place: `predicted.sort()`, `batch.prompt_lengths //= 2`, `batch.n_samples[:] = 1`
+            x[...] = 1
+        elif isinstance(x, BaseModel):
+            name = next(iter(type(x).model_fields))
+            setattr(x, name, getattr(x, name))
+        elif isinstance(x, list | tuple):
+            if x:
+                _vandalize(x[0])
+            x.append(x[0] if x else 0)  # a tuple has no append: refused too
+        elif isinstance(x, dict):
+            x.clear()
+
+
+class Vandal:
+    """One policy of every plan-time kind: it writes to its inputs before answering like the baseline would."""
+
+    def __init__(self, params):
+        pass
+
+    def predict(self, batch):
+        _vandalize(batch)
+        return np.zeros(len(batch))
+
+    def observe(self, samples):
+        _vandalize(samples)
+
+    def plan(self, batch, capacity_tokens):
+        _vandalize(batch)
+
+    def assign(self, batch, predicted, num_actors):
+        _vandalize(predicted, batch)
+
+    def candidates(self, min_actors, max_actors):
+        return [max_actors]
+
+    def choose(self, estimates):
+        _vandalize(estimates)
+
+    def place(self, decode_loads, cluster, gpus_per_actor, extra):
+        _vandalize(decode_loads, extra, cluster)
+
+    def decide(self, progress):
+        _vandalize(progress, progress.finished, progress.unfinished)
+        return []
+
+
+class VandalPlugin:
+    @hookimpl
+    def rlhfless_register_predictors(self, register):
+        register(PolicySpec(name="vandal", factory=Vandal))
+
+    @hookimpl
+    def rlhfless_register_prefill_planners(self, register):
+        register(PolicySpec(name="vandal", factory=Vandal))
+
+    @hookimpl
+    def rlhfless_register_assigners(self, register):
+        register(PolicySpec(name="vandal", factory=Vandal))
+
+    @hookimpl
+    def rlhfless_register_migrators(self, register):
+        register(PolicySpec(name="vandal", factory=Vandal))
+
+    @hookimpl
+    def rlhfless_register_scalers(self, register):
+        register(PolicySpec(name="vandal", factory=Vandal))
+
+    @hookimpl
+    def rlhfless_register_placers(self, register):
+        register(PolicySpec(name="vandal", factory=Vandal))
+
+
+@pytest.fixture(scope="module")
+def vandal_registry():
+    pm = PluginManager()
+    pm.register(VandalPlugin(), name="vandal-plugin")
+    return pm.registry
+
+
+def _columns(batch):
+    return [None if a is None else np.array(a) for a in (batch.prompt_lengths, batch.n_samples, batch.token_flat)]
+
+
+def _same_plan(a, b):
+    skip = {"planner_ms", "fallbacks", "scheduler"}
+    return a.model_dump(exclude=skip) == b.model_dump(exclude=skip)
+
+
+@pytest.mark.parametrize("kind", ["predictor", "prefill_planner", "assigner", "scaler", "placer"])
+@given(batch=S.prompt_batches(max_prompts=12))
+def test_a_policy_that_writes_to_its_inputs_falls_back_and_changes_nothing(vandal_registry, kind, batch):
+    from rlhfless_sdk.api.records import Cluster
+    from rlhfless_sdk.planning.costmodel import AnalyticCostModel
+    from rlhfless_sdk.planning.planner import StepPlanner
+
+    reg = vandal_registry
+    base = reg.scheduler("rlhfless").derive(name="base", predictor="prompt-length", migrator="none")
+    cluster, cost = Cluster.uniform(2, 4), AnalyticCostModel(PROFILE)
+    before = _columns(batch)
+    vandal = base.derive(name="vandal", **{kind: "vandal"})
+    fallback = base.derive(name="fallback", **{kind: KIND[kind].baseline})
+    if kind == "scaler":  # the vandal's candidates are valid; only its choice writes (and falls back)
+        fallback = base.derive(name="fallback", scaler={"name": "fixed", "params": {"num_actors": 8}})
+    got = StepPlanner(vandal, cluster=cluster, cost_model=cost, registry=reg).plan(batch)
+    assert got.fallbacks == [f"{kind}:vandal"]  # the write was refused: the call failed and fell back
+    want = StepPlanner(fallback, cluster=cluster, cost_model=cost, registry=reg).plan(batch)
+    assert _same_plan(got, want) or kind == "scaler"
+    if kind == "scaler":
+        assert got.num_actors == want.num_actors
+    for a, b in zip(_columns(batch), before, strict=True):  # the next scheduler sees the original data
+        assert (a is None and b is None) or np.array_equal(a, b)
+
+
+def test_a_migrator_and_an_observer_that_write_change_nothing_for_later_schedulers(vandal_registry):
+    from rlhfless_sdk.api.profiles import load_profile
+    from rlhfless_sdk.cli.simulate import make_cluster
+    from rlhfless_sdk.simulation.simulator import Simulator
+    from rlhfless_sdk.simulation.traces import synthetic_workload
+    from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+
+    reg = vandal_registry
+    w = synthetic_workload(SyntheticWorkload(32, 4, seed=5), 2)
+    sim = Simulator(load_profile("qwen2.5-7b-l40s"), make_cluster(8, 8), registry=reg)
+    alone = sim.run(reg.scheduler("openrlhf"), w).reports
+    vandal = reg.scheduler("rlhfless").derive(name="vandal", migrator="vandal", predictor="vandal")
+    sim.run(vandal, w)
+    after = sim.run(reg.scheduler("openrlhf"), w).reports
+    skip = {"planner_ms"}
+    assert [r.model_dump(exclude=skip) for r in after] == [r.model_dump(exclude=skip) for r in alone]

@@ -56,7 +56,7 @@ def test_csv_groups_rows_by_uid_and_strips_left_padding(tmp_path):
     )
     w = load_trace(path, pad_id=9)
     s1 = w.steps[0]
-    assert s1.batch.uids == ["a", "b"] and s1.batch.n_samples.tolist() == [2, 1]
+    assert list(s1.batch.uids) == ["a", "b"] and s1.batch.n_samples.tolist() == [2, 1]
     assert s1.lengths.tolist() == [10, 30, 5]
     assert s1.batch.tokens(1).tolist() == [1, 9]  # a pad id inside the prompt stays
     assert s1.batch.true_lengths.tolist() == [20.0, 5.0]

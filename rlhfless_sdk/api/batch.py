@@ -7,8 +7,16 @@ columns, so a plan for 100,000 prompts never loops over pydantic objects.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+
+def readonly(array: Any) -> np.ndarray:
+    """A read-only view of ``array`` (the data is shared, not copied; writing through the view raises)."""
+    view = np.asarray(array).view()
+    view.flags.writeable = False
+    return view
 
 
 @dataclass(frozen=True)
@@ -18,9 +26,13 @@ class PromptBatch:
     Prompt token ids, when known, are stored flat: prompt i is ``token_flat[token_offsets[i]:token_offsets[i+1]]``
     (``token_offsets`` is the cumulative sum of ``prompt_lengths``). ``true_lengths`` (per prompt, the mean true
     response length) is set only by simulators; the ``oracle`` predictor reads it and refuses to run without it.
+
+    A batch is read-only: ``uids`` is a tuple and every array is a read-only view, so a policy that writes to it
+    fails its call (and falls back to its kind's baseline) instead of changing what later policies and
+    schedulers see. Copy an array (``np.array(batch.prompt_lengths)``) to work on it.
     """
 
-    uids: list[str]
+    uids: tuple[str, ...]
     prompt_lengths: np.ndarray
     n_samples: np.ndarray
     token_flat: np.ndarray | None = None
@@ -29,6 +41,11 @@ class PromptBatch:
     _token_offsets: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "uids", tuple(self.uids))
+        for name in ("prompt_lengths", "n_samples", "token_flat", "true_lengths"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, readonly(value))
         p = len(self.uids)
         if self.prompt_lengths.shape != (p,) or self.n_samples.shape != (p,):
             raise ValueError(
@@ -39,7 +56,7 @@ class PromptBatch:
             raise ValueError("PromptBatch.n_samples: every prompt needs at least one sample")
         tok_off = np.zeros(p + 1, dtype=np.int64)
         np.cumsum(self.prompt_lengths, out=tok_off[1:])
-        object.__setattr__(self, "_token_offsets", tok_off)
+        object.__setattr__(self, "_token_offsets", readonly(tok_off))
         if self.token_flat is not None and self.token_flat.shape != (int(tok_off[-1]),):
             raise ValueError(
                 f"PromptBatch.token_flat has {self.token_flat.shape[0]} tokens; "
@@ -49,7 +66,7 @@ class PromptBatch:
             raise ValueError(f"PromptBatch.true_lengths has shape {self.true_lengths.shape} for {p} prompts")
         offsets = np.zeros(p + 1, dtype=np.int64)
         np.cumsum(self.n_samples, out=offsets[1:])
-        object.__setattr__(self, "_sample_offsets", offsets)
+        object.__setattr__(self, "_sample_offsets", readonly(offsets))
 
     @classmethod
     def empty(cls) -> PromptBatch:

@@ -15,9 +15,10 @@ Role = Literal["decode", "prefill", "learner"]
 
 
 class Record(BaseModel):
-    """Base of all records: unknown fields are rejected, assignment is validated."""
+    """Base of all records: unknown fields are rejected and a record is frozen once built (``model_copy(update=...)``
+    makes a changed copy), so a policy cannot change what the planner, the controller or other policies see."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class NoParams(Record):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.batch import PromptBatch, readonly
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.kinds import KIND
@@ -41,13 +41,21 @@ class InvalidPolicyOutput(RlhflessError):
 
 
 # -- output checks, one per kind --------------------------------------------------------------------------
+#: No response is predicted longer than this (tokens): a larger value is a broken predictor, not a forecast.
+MAX_PREDICTED_TOKENS = 10_000_000
+
+
 def check_predictions(pred: Any, batch: PromptBatch) -> np.ndarray:
-    arr = np.asarray(pred, dtype=np.float64)
+    """The predictions as a read-only copy (a policy keeping a reference cannot change them later)."""
+    try:
+        arr = np.array(pred, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidPolicyOutput(f"predicted lengths are not numbers: {exc}") from None
     if arr.shape != (len(batch),):
         raise InvalidPolicyOutput(f"predicted lengths have shape {arr.shape}, expected ({len(batch)},)")
-    if arr.size and not (np.isfinite(arr).all() and arr.min() >= 0):
-        raise InvalidPolicyOutput("predicted lengths must be finite and >= 0")
-    return arr
+    if arr.size and not (np.isfinite(arr).all() and arr.min() >= 0 and arr.max() <= MAX_PREDICTED_TOKENS):
+        raise InvalidPolicyOutput(f"predicted lengths must be finite, >= 0 and <= {MAX_PREDICTED_TOKENS:,} tokens")
+    return readonly(arr)
 
 
 def check_prefill(plan: Any, batch: PromptBatch) -> PrefillPlan:
@@ -70,7 +78,7 @@ def check_assignment(assigned: Any, batch: PromptBatch, num_actors: int) -> np.n
     arr = np.asarray(assigned)
     if arr.size and arr.dtype.kind not in "iu":
         raise InvalidPolicyOutput(f"assignment has dtype {arr.dtype}, expected integers")
-    arr = arr.astype(np.int64, copy=False)
+    arr = arr.astype(np.int64)  # a copy: the policy may reuse its own array
     if arr.shape == (len(batch),):
         per_sample = np.repeat(arr, batch.n_samples)
     elif arr.shape == (batch.total_samples,):
@@ -82,7 +90,7 @@ def check_assignment(assigned: Any, batch: PromptBatch, num_actors: int) -> np.n
         )
     if per_sample.size and (per_sample.min() < 0 or per_sample.max() >= num_actors):
         raise InvalidPolicyOutput(f"assignment names actors outside [0, {num_actors})")
-    return per_sample
+    return readonly(per_sample)
 
 
 def check_placement(
@@ -248,16 +256,16 @@ class StepPlanner:
         elif self.config.policy_refs()["scaler"].name != KIND["scaler"].baseline and any(
             f.startswith("scaler:") for f in fallbacks
         ):
-            chosen = check_choice(self.baseline("scaler").choose(estimates))
+            chosen = check_choice(self.baseline("scaler").choose(tuple(estimates)))
         else:
-            chosen = self.call("scaler", fallbacks, lambda p: p.choose(estimates), check_choice)
+            chosen = self.call("scaler", fallbacks, lambda p: p.choose(tuple(estimates)), check_choice)
         sample_actor = assignments[chosen]
-        loads = np.bincount(sample_actor, weights=pred[batch.sample_prompt_index()], minlength=chosen)
+        loads = readonly(np.bincount(sample_actor, weights=pred[batch.sample_prompt_index()], minlength=chosen))
         gpa = self.gpus_per_actor
         placement = self.call(
             "placer",
             fallbacks,
-            lambda p: p.place(loads, self.cluster, gpa, extra),
+            lambda p: p.place(loads, self.cluster, gpa, tuple(extra)),
             lambda o: check_placement(o, self.cluster, chosen, gpa, extra),
         )
         return StepPlan.model_construct(
@@ -276,7 +284,7 @@ class StepPlanner:
     def observe(self, samples: Sequence[FinishedSample]) -> None:
         """Feed a finished step's samples to the predictor (its length history)."""
         try:
-            self.policies["predictor"].observe(samples)
+            self.policies["predictor"].observe(tuple(samples))
         except Exception as exc:
             log.warning("%s failed to observe %d samples: %s", self.policy_label("predictor"), len(samples), exc)
 

@@ -340,7 +340,7 @@ class StepController:
                     )
                 )
                 prompts.add(self.prompt[sid])
-        finished = {uids[p]: self.finished_lengths[p] for p in prompts if p in self.finished_lengths}
+        finished = {uids[p]: tuple(self.finished_lengths[p]) for p in prompts if p in self.finished_lengths}
         return StepProgress.model_construct(
             step=self.step,
             elapsed_s=self.backend.now(),
