@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Literal
 
@@ -9,7 +10,18 @@ import numpy as np
 from pydantic import Field, PositiveInt
 
 from rlhfless_policies.model_predictor import ModelParams, ModelPredictor
-from rlhfless_sdk import FinishedSample, LengthHistory, NoParams, PromptBatch, Record, RlhflessError, StepProgress
+from rlhfless_sdk import (
+    FinishedSample,
+    HistoryError,
+    LengthHistory,
+    NoParams,
+    PromptBatch,
+    Record,
+    RlhflessError,
+    StepProgress,
+)
+
+log = logging.getLogger("rlhfless.predictors")
 
 
 class EwmaParams(Record):
@@ -23,6 +35,13 @@ class EwmaParams(Record):
         default=None,
         description="SQLite file for the length history (survives restarts, shared by processes); "
         "default: an in-memory SQLite store, private to this run.",
+    )
+    history_timeout_s: float = Field(
+        default=60.0, gt=0.0, description="How long a write waits for another process's lock on the history file."
+    )
+    history_best_effort: bool = Field(
+        default=False,
+        description="A failed history write (locked, read-only) only warns; by default it stops the run.",
     )
 
 
@@ -39,10 +58,9 @@ class EwmaPredictor:
 
     def __init__(self, params: EwmaParams | None = None) -> None:
         self.params = params or EwmaParams()
-        self.store = LengthHistory(self.params.history_path)
+        self.store = LengthHistory(self.params.history_path, timeout_s=self.params.history_timeout_s)
         self._persistent = self.params.history_path is not None
         self._estimate: dict[str, float] = {}
-        self._step = self.store.next_step()
         recent = self.store.last_step_mean()
         self._recent_mean = self.params.default_length if recent is None else recent
 
@@ -80,8 +98,12 @@ class EwmaPredictor:
         groups: dict[str, list[float]] = {}
         for s in samples:
             groups.setdefault(s.uid, []).append(float(s.response_length))
-        self.store.record(self._step, groups)
-        self._step += 1
+        try:
+            self.store.record(groups)
+        except HistoryError as exc:
+            if not self.params.history_best_effort:
+                raise
+            log.warning("%s; this step's lengths are not kept (history_best_effort)", exc)
         for uid, values in self.store.recent(list(groups), self.params.window).items():
             self._estimate[uid] = self.smooth(values)
         self._recent_mean = float(np.mean([s.response_length for s in samples]))

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import sqlite3
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from rlhfless_sdk.api.batch import PromptBatch
-from rlhfless_sdk.api.history import HistoryError, LengthHistory
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import ActorProgress, FinishedSample, SampleProgress, StepProgress
 from rlhfless_sdk.cli.compare import kendall_tau, with_predictor
@@ -25,60 +21,6 @@ from rlhfless_sdk.simulation.workloads import SyntheticWorkload, finished_sample
 
 def sample(uid: str, length: int, k: int = 0) -> FinishedSample:
     return FinishedSample(uid=uid, sample_index=k, prompt_length=10, response_length=length)
-
-
-# -- the SQLite history ------------------------------------------------------------------------------------
-def test_history_survives_a_restart(tmp_path, registry):
-    path = tmp_path / "h.sqlite"
-    first = registry.create("predictor", {"name": "ewma", "params": {"history_path": str(path)}})
-    first.observe([sample("a", 100), sample("a", 300, 1), sample("b", 50)])
-    first.store.close()
-    again = registry.create("predictor", {"name": "ewma", "params": {"history_path": str(path)}})
-    batch = PromptBatch(uids=["a", "b", "new"], prompt_lengths=np.array([1, 1, 1]), n_samples=np.array([2, 1, 1]))
-    assert again.predict(batch).tolist() == [200.0, 50.0, 150.0]  # history, history, cold start: last step mean
-    assert again.store.next_step() == 1
-
-
-WRITER = """
-import sys
-from rlhfless_sdk.api.history import LengthHistory
-path, worker, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-store = LengthHistory(path)
-for step in range(steps):
-    store.record(step, {f"w{worker}-p{i}": [worker * 100 + step + i] for i in range(50)})
-"""
-
-
-def test_history_is_safe_with_several_writer_processes(tmp_path):
-    path = str(tmp_path / "shared.sqlite")
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, path, str(w), "20"]) for w in range(4)]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
-    store = LengthHistory(path)
-    assert len(store) == 4 * 20 * 50  # every row of every writer, none lost
-    assert store.recent(["w3-p7"], window=2) == {"w3-p7": [300 + 18 + 7, 300 + 19 + 7]}
-
-
-def test_corrupt_file_is_a_clear_error(tmp_path):
-    path = tmp_path / "garbage.sqlite"
-    path.write_bytes(b"this is not a database" * 100)
-    with pytest.raises(HistoryError, match=r"garbage\.sqlite.*not a usable rlhfless length history"):
-        LengthHistory(path)
-
-
-def test_foreign_or_incompatible_database_is_a_clear_error(tmp_path):
-    foreign = tmp_path / "other.sqlite"
-    with sqlite3.connect(foreign) as db:
-        db.execute("CREATE TABLE things (x)")
-    with pytest.raises(HistoryError, match="not an rlhfless length history"):
-        LengthHistory(foreign)
-    old = tmp_path / "old.sqlite"
-    LengthHistory(old).close()
-    with sqlite3.connect(old) as db:
-        db.execute("UPDATE meta SET value = '0' WHERE key = 'schema_version'")
-    with pytest.raises(HistoryError, match="schema version 0"):
-        LengthHistory(old)
-    with pytest.raises(HistoryError, match="is a folder"):
-        LengthHistory(tmp_path)
 
 
 # -- model, hybrid, group -----------------------------------------------------------------------------------

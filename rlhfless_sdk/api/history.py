@@ -1,16 +1,20 @@
 """Per-prompt response-length history in an embedded SQLite store.
 
-One row per (prompt uid, step): the mean response length of that prompt's samples in that step and how many
-there were. ``path=None`` keeps the store in memory (a simulation must never see another run's future);
-a file path makes it survive restarts and lets several processes write it at once (WAL journal, immediate
+One row per (prompt uid, observation): the mean response length of that prompt's samples in one observed step
+and how many there were. Each ``record`` call takes the next step number inside its own write transaction, so
+several processes writing the same prompts at once never overwrite each other: every observation is kept, in
+the order it was written. ``path=None`` keeps the store in memory (a simulation must never see another run's
+future); a file path makes it survive restarts and lets several processes share it (WAL journal, immediate
 transactions, a busy timeout). A file that is not a SQLite database, or one written by something else or by
-an incompatible version, is an error that names the file: never a silently empty history.
+an incompatible version, is an error that names the file: never a silently empty history. So is a write that
+fails (a read-only file, a lock held past the timeout).
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from rlhfless_sdk.api.errors import RlhflessError
 APP_ID = "rlhfless-length-history"
 SCHEMA_VERSION = 1
 _CHUNK = 900  # SQLite's default limit on bound parameters is 999
+_POLL_S = 0.05  # a locked database is retried this often, so Ctrl-C is never stuck in SQLite's own wait
 
 
 class HistoryError(RlhflessError):
@@ -30,6 +35,7 @@ class LengthHistory:
 
     def __init__(self, path: str | Path | None = None, *, timeout_s: float = 60.0) -> None:
         self.path = None if path is None else Path(path).expanduser()
+        self.timeout_s = timeout_s
         self._lock = threading.Lock()
         where = ":memory:" if self.path is None else str(self.path)
         if self.path is not None:
@@ -37,8 +43,8 @@ class LengthHistory:
                 raise HistoryError(f"{self.path}: is a folder, expected a length-history file")
             self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._db = sqlite3.connect(where, timeout=timeout_s, isolation_level=None, check_same_thread=False)
-            self._db.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+            self._db = sqlite3.connect(where, timeout=_POLL_S, isolation_level=None, check_same_thread=False)
+            self._db.execute(f"PRAGMA busy_timeout = {int(_POLL_S * 1000)}")
             if self.path is not None:
                 self._db.execute("PRAGMA journal_mode = WAL")
             self._check_or_create()
@@ -49,7 +55,7 @@ class LengthHistory:
         db = self._db
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if not tables:
-            db.execute("BEGIN IMMEDIATE")
+            self._begin()
             try:
                 tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
                 if not tables:  # nobody created it between our look and our lock
@@ -87,14 +93,34 @@ class LengthHistory:
         (last,) = self._db.execute("SELECT MAX(step) FROM lengths").fetchone()
         return 0 if last is None else int(last) + 1
 
-    def record(self, step: int, observations: Mapping[str, Sequence[float]]) -> None:
-        """Store each prompt's response lengths of ``step`` (their mean and count), in one transaction."""
-        rows = [(uid, step, sum(v) / len(v), len(v)) for uid, v in observations.items() if len(v)]
-        with self._lock:
+    def _begin(self) -> None:
+        """Take the write lock, retrying a locked database in short waits until ``timeout_s`` has passed."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
-                self._db.executemany("INSERT OR REPLACE INTO lengths VALUES (?, ?, ?, ?)", rows)
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise sqlite3.OperationalError(
+                        f"database is locked by another process for more than {self.timeout_s:g} s"
+                    ) from None
+                time.sleep(_POLL_S)
+
+    def record(self, observations: Mapping[str, Sequence[float]]) -> int:
+        """Store one observed step: each prompt's response lengths (their mean and count), in one transaction
+        under the next step number, which it returns. Raises HistoryError when the write fails."""
+        with self._lock:
+            try:
+                self._begin()
+                (last,) = self._db.execute("SELECT MAX(step) FROM lengths").fetchone()
+                step = 0 if last is None else int(last) + 1
+                rows = [(uid, step, sum(v) / len(v), len(v)) for uid, v in observations.items() if len(v)]
+                self._db.executemany("INSERT INTO lengths VALUES (?, ?, ?, ?)", rows)
                 self._db.execute("COMMIT")
+                return step
             except sqlite3.DatabaseError as exc:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")

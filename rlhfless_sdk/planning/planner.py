@@ -18,6 +18,7 @@ import numpy as np
 from rlhfless_sdk.api.batch import PromptBatch, readonly
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.history import HistoryError
 from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 from rlhfless_sdk.api.protocols import CostModel
@@ -282,9 +283,12 @@ class StepPlanner:
         )
 
     def observe(self, samples: Sequence[FinishedSample]) -> None:
-        """Feed a finished step's samples to the predictor (its length history)."""
+        """Feed a finished step's samples to the predictor (its length history). A predictor that raises is
+        warned about and skipped, except a failed history write (``HistoryError``), which stops the run."""
         try:
             self.policies["predictor"].observe(tuple(samples))
+        except HistoryError:
+            raise  # observations would be lost: stop, unless the predictor's history is best-effort
         except Exception as exc:
             log.warning("%s failed to observe %d samples: %s", self.policy_label("predictor"), len(samples), exc)
 
