@@ -7,7 +7,6 @@ The SDK never imports this package: the CLI finds these commands through the ``r
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import click
 
 from rlhfless_sdk import hookimpl
+from rlhfless_sdk.cli.args import POSITIVE, dumps
 
 
 @click.command("profile")
@@ -40,7 +40,7 @@ def profile_cmd(model: str | None, out: Path, name: str, hardware: str | None, v
         result["profile"] = str(out)
     out.write_text(yaml.safe_dump(prof.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
     if as_json:
-        click.echo(json.dumps(result, indent=2, default=str))
+        click.echo(dumps(result, indent=2, default=str))
     else:
         click.echo(f"wrote {out}")
         click.echo(prof.derivation)
@@ -69,11 +69,11 @@ def _stdout_to_stderr(active: bool):
     type=click.Path(exists=True, dir_okay=False),
     help="GSM8K JSON lines (question, answer); default: questions generated here.",
 )
-@click.option("--num-prompts", default=12, show_default=True)
-@click.option("--samples", default=4, show_default=True, help="Samples per prompt (GRPO n).")
-@click.option("--epochs", default=3, show_default=True, help="Rollout steps over the same prompts.")
-@click.option("--max-new-tokens", default=256, show_default=True)
-@click.option("--engines", default=2, show_default=True, help="vLLM engines (one CPU core each here).")
+@click.option("--num-prompts", default=12, type=POSITIVE, show_default=True)
+@click.option("--samples", default=4, type=POSITIVE, show_default=True, help="Samples per prompt (GRPO n).")
+@click.option("--epochs", default=3, type=POSITIVE, show_default=True, help="Rollout steps over the same prompts.")
+@click.option("--max-new-tokens", default=256, type=POSITIVE, show_default=True)
+@click.option("--engines", default=2, type=POSITIVE, show_default=True, help="vLLM engines (one CPU core each here).")
 @click.option("--scheduler", "schedulers", multiple=True, default=("openrlhf", "rlhfless"), show_default=True)
 @click.option(
     "--out",

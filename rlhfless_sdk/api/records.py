@@ -15,10 +15,10 @@ Role = Literal["decode", "prefill", "learner"]
 
 
 class Record(BaseModel):
-    """Base of all records: unknown fields are rejected and a record is frozen once built (``model_copy(update=...)``
-    makes a changed copy), so a policy cannot change what the planner, the controller or other policies see."""
+    """Base of all records: unknown fields and non-finite numbers are rejected, and a record is frozen once built
+    (``model_copy(update=...)`` makes a changed copy), so a policy cannot change what others see."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class NoParams(Record):
@@ -158,6 +158,14 @@ class TimePerTokenProfile(Record):
     )
     weight_sync_s: NonNegativeFloat = Field(default=0.0, description="Broadcast of new weights to rollout actors.")
     derivation: str = Field(default="", description="How the numbers were obtained (sources, arithmetic).")
+
+    @model_validator(mode="after")
+    def _decode_takes_time(self) -> TimePerTokenProfile:
+        if self.decode_base_s + self.decode_per_seq_s + self.decode_per_ctx_token_s <= 0:
+            raise ValueError(
+                "decode_base_s, decode_per_seq_s and decode_per_ctx_token_s are all 0: decode takes no time"
+            )
+        return self
 
 
 class PrefillGroup(Record):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -13,10 +12,12 @@ from rlhfless_sdk.api.config import config_json_schema, read_scheduler_config
 from rlhfless_sdk.api.errors import ConfigError, RlhflessError
 from rlhfless_sdk.api.kinds import POLICY_KINDS
 from rlhfless_sdk.api.plugins import get_plugin_manager
+from rlhfless_sdk.cli.args import NON_NEGATIVE, POSITIVE, FiniteFloat, dumps, plot_path
 
 
 class _Group(click.Group):
-    """Turns any RlhflessError into one clear line on stderr and exit status 2, and adds the commands that
+    """Turns any RlhflessError into one clear line on stderr and exit status 2 (Ctrl-C into exit status 130),
+    and adds the commands that
     plugins register (``rlhfless_register_commands``: the OpenRLHF adapter's ``demo`` and ``profile``)."""
 
     def _plugin_commands(self) -> dict[str, click.Command]:
@@ -48,6 +49,9 @@ class _Group(click.Group):
         except RlhflessError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            sys.exit(130)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -79,7 +83,7 @@ def plugins_cmd(as_json: bool) -> None:
     for row in rows:
         row["distribution"] = pm.distribution(row["plugin"])
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(dumps(rows, indent=2))
         return
     if not rows:
         click.echo(f"no policies registered. {reg.autoload_note}".strip())
@@ -121,7 +125,7 @@ def config_validate(files: tuple[Path, ...]) -> None:
 @config_group.command("schema")
 def config_schema() -> None:
     """Print the JSON Schema of a scheduler config file."""
-    click.echo(json.dumps(config_json_schema(), indent=2))
+    click.echo(dumps(config_json_schema(), indent=2))
 
 
 @config_group.command("show")
@@ -143,13 +147,17 @@ def config_show(name: str) -> None:
     show_default=True,
     help="Scheduler name or YAML file; repeat to compare.",
 )
-@click.option("--prompts", default=256, show_default=True, help="Prompts per step (synthetic GSM8K-style).")
-@click.option("--samples", default=8, show_default=True, help="Samples per prompt (GRPO n).")
-@click.option("--gpus", default=16, show_default=True, help="GPUs in the cluster.")
-@click.option("--gpus-per-node", default=8, show_default=True)
+@click.option(
+    "--prompts", default=256, type=POSITIVE, show_default=True, help="Prompts per step (synthetic GSM8K-style)."
+)
+@click.option("--samples", default=8, type=POSITIVE, show_default=True, help="Samples per prompt (GRPO n).")
+@click.option("--gpus", default=16, type=POSITIVE, show_default=True, help="GPUs in the cluster.")
+@click.option("--gpus-per-node", default=8, type=POSITIVE, show_default=True)
 @click.option("--profile", default="qwen2.5-7b-l40s", show_default=True, help="Profile name or YAML file.")
-@click.option("--history", default=1, show_default=True, help="Earlier steps the predictor has seen.")
-@click.option("--seed", default=0, show_default=True)
+@click.option(
+    "--history", default=1, type=NON_NEGATIVE, show_default=True, help="Earlier steps the predictor has seen."
+)
+@click.option("--seed", default=0, type=NON_NEGATIVE, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per scheduler.")
 def plan_cmd(
     schedulers: tuple[str, ...],
@@ -180,7 +188,7 @@ def plan_cmd(
     cost_model = AnalyticCostModel(load_profile(profile))
     results = [summary(p) for p in plan_synthetic(configs, registry, workload, cluster, cost_model, history)]
     if as_json:
-        click.echo(json.dumps({"profile": profile, "gpus": gpus, "schedulers": results}, indent=2))
+        click.echo(dumps({"profile": profile, "gpus": gpus, "schedulers": results}, indent=2))
         return
     click.echo(
         f"{prompts} prompts x {samples} samples, {gpus} GPUs ({gpus_per_node}/node), profile {profile}; "
@@ -208,23 +216,49 @@ def plan_cmd(
 
 @main.command("simulate")
 @click.option("--trace", type=click.Path(exists=True), help="Trace file or folder (CSV or JSONL).")
-@click.option("--prompts", default=256, show_default=True, help="Synthetic workload (no --trace): prompts/step.")
-@click.option("--samples", default=8, show_default=True, help="Synthetic workload: samples per prompt.")
-@click.option("--steps", default=0, help="Steps to replay (default: all of a trace, 5 synthetic).")
-@click.option("--median-length", default=300.0, show_default=True, help="Synthetic: median response length.")
-@click.option("--length-sigma", default=0.6, show_default=True, help="Synthetic: log-normal spread across prompts.")
-@click.option("--sample-sigma", default=0.35, show_default=True, help="Synthetic: spread within a prompt's group.")
-@click.option("--max-length", default=1024, show_default=True, help="Synthetic: response length cap.")
-@click.option("--seed", default=0, show_default=True)
+@click.option(
+    "--prompts", default=256, type=POSITIVE, show_default=True, help="Synthetic workload (no --trace): prompts/step."
+)
+@click.option("--samples", default=8, type=POSITIVE, show_default=True, help="Synthetic workload: samples per prompt.")
+@click.option("--steps", default=0, type=NON_NEGATIVE, help="Steps to replay (default: all of a trace, 5 synthetic).")
+@click.option(
+    "--median-length",
+    default=300.0,
+    type=FiniteFloat(0.0, inclusive=False),
+    show_default=True,
+    help="Synthetic: median response length.",
+)
+@click.option(
+    "--length-sigma",
+    default=0.6,
+    type=FiniteFloat(0.0),
+    show_default=True,
+    help="Synthetic: log-normal spread across prompts.",
+)
+@click.option(
+    "--sample-sigma",
+    default=0.35,
+    type=FiniteFloat(0.0),
+    show_default=True,
+    help="Synthetic: spread within a prompt's group.",
+)
+@click.option("--max-length", default=1024, type=POSITIVE, show_default=True, help="Synthetic: response length cap.")
+@click.option("--seed", default=0, type=NON_NEGATIVE, show_default=True)
 @click.option(
     "--scheduler", "schedulers", multiple=True, help="Name or YAML file; repeat. Default: openrlhf, rlhfless."
 )
 @click.option("--ablation", is_flag=True, help="Run the paper's ablation points and the oracle bound.")
 @click.option("--profile", default="qwen2.5-7b-l40s", show_default=True, help="Profile name or YAML file.")
-@click.option("--gpus", default=16, show_default=True)
-@click.option("--gpus-per-node", default=8, show_default=True)
+@click.option("--gpus", default=16, type=POSITIVE, show_default=True)
+@click.option("--gpus-per-node", default=8, type=POSITIVE, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with a `schedulers` list.")
-@click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write cost against time per step (PNG).")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(path_type=Path),
+    callback=plot_path,
+    help="Write cost against time per step (PNG, PDF, SVG or JPEG).",
+)
 @click.option(
     "--frontier/--no-frontier",
     default=True,
@@ -246,16 +280,22 @@ def simulate_cmd(**kw) -> None:
     show_default=True,
     help="Comma-separated predictor names.",
 )
-@click.option("--prompts", default=256, show_default=True, help="Synthetic workload: prompts per step.")
-@click.option("--samples", default=8, show_default=True, help="Synthetic workload: samples per prompt.")
-@click.option("--steps", default=0, help="Steps to replay (default: all of a trace, 5 synthetic).")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--prompts", default=256, type=POSITIVE, show_default=True, help="Synthetic workload: prompts per step.")
+@click.option("--samples", default=8, type=POSITIVE, show_default=True, help="Synthetic workload: samples per prompt.")
+@click.option("--steps", default=0, type=NON_NEGATIVE, help="Steps to replay (default: all of a trace, 5 synthetic).")
+@click.option("--seed", default=0, type=NON_NEGATIVE, show_default=True)
 @click.option("--scheduler", default="rlhfless", show_default=True, help="Scheduler the predictors are swapped into.")
 @click.option("--profile", default="qwen2.5-7b-l40s", show_default=True)
-@click.option("--gpus", default=16, show_default=True)
+@click.option("--gpus", default=16, type=POSITIVE, show_default=True)
 @click.option("--simulate/--no-simulate", default=True, show_default=True, help="Also simulate each predictor.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with a `predictors` list.")
-@click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write a comparison chart (PNG).")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(path_type=Path),
+    callback=plot_path,
+    help="Write a comparison chart (PNG, PDF, SVG or JPEG).",
+)
 def compare_predictors_cmd(
     trace: str | None,
     predictors: str,
@@ -283,14 +323,15 @@ def compare_predictors_cmd(
     refs = [PolicyRef(name=n.strip()) for n in predictors.split(",") if n.strip()]
     for ref in refs:
         registry.policy("predictor", ref.name)  # fail before any work on an unknown name
-    workload = load_workload(trace, prompts, samples, steps, seed)
+    prof = load_profile(profile)
+    workload = load_workload(trace, prompts, samples, steps, seed, max_tokens=prof.kv_capacity_tokens)
     base = resolve_scheduler(scheduler, registry)
-    sim = Simulator(load_profile(profile), make_cluster(gpus, 8), registry=registry) if simulate else None
+    sim = Simulator(prof, make_cluster(gpus, 8), registry=registry) if simulate else None
     with click.progressbar(length=len(refs), label="predictors", file=sys.stderr, hidden=as_json) as bar:
         rows = compare_predictors(registry, refs, workload, sim, base, on_done=lambda _n: bar.update(1))
     meta = {"workload": workload_summary(workload), "scheduler": base.name, "profile": profile, "gpus": gpus}
     if as_json:
-        click.echo(json.dumps({**meta, "predictors": rows}, indent=2))
+        click.echo(dumps({**meta, "predictors": rows}, indent=2))
     else:
         w = meta["workload"]
         click.echo(
@@ -318,12 +359,14 @@ def bench_group() -> None:
 
 
 @bench_group.command("plan")
-@click.option("--prompts", default=1024, show_default=True, help="Prompts in the batch.")
-@click.option("--samples", default=8, show_default=True, help="Samples per prompt (n).")
-@click.option("--actors", default=16, show_default=True, help="Most decode actors the scaler may choose.")
+@click.option("--prompts", default=1024, type=POSITIVE, show_default=True, help="Prompts in the batch.")
+@click.option("--samples", default=8, type=POSITIVE, show_default=True, help="Samples per prompt (n).")
+@click.option(
+    "--actors", default=16, type=POSITIVE, show_default=True, help="Most decode actors the scaler may choose."
+)
 @click.option("--scheduler", default="rlhfless", show_default=True)
 @click.option("--profile", default="qwen2.5-7b-l40s", show_default=True)
-@click.option("--repeat", default=5, show_default=True, help="Timed plans after one warm-up.")
+@click.option("--repeat", default=5, type=POSITIVE, show_default=True, help="Timed plans after one warm-up.")
 @click.option("--json", "as_json", is_flag=True)
 def bench_plan_cmd(
     prompts: int, samples: int, actors: int, scheduler: str, profile: str, repeat: int, as_json: bool
@@ -333,7 +376,7 @@ def bench_plan_cmd(
 
     res = bench_plan(prompts, samples, actors, scheduler=scheduler, profile=profile, repeat=repeat)
     if as_json:
-        click.echo(json.dumps(res))
+        click.echo(dumps(res))
     else:
         click.echo(
             f"{res['scheduler']}: {prompts} prompts x {samples} samples, up to {actors} actors, "
@@ -344,9 +387,9 @@ def bench_plan_cmd(
 
 @bench_group.command("predict")
 @click.option("--predictor", default="model", show_default=True)
-@click.option("--prompts", default=1024, show_default=True)
-@click.option("--samples", default=8, show_default=True)
-@click.option("--repeat", default=20, show_default=True)
+@click.option("--prompts", default=1024, type=POSITIVE, show_default=True)
+@click.option("--samples", default=8, type=POSITIVE, show_default=True)
+@click.option("--repeat", default=20, type=POSITIVE, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def bench_predict_cmd(predictor: str, prompts: int, samples: int, repeat: int, as_json: bool) -> None:
     """Median milliseconds of one predict() on a batch, after the predictor has observed one step."""
@@ -354,7 +397,7 @@ def bench_predict_cmd(predictor: str, prompts: int, samples: int, repeat: int, a
 
     res = bench_predict(predictor, prompts, samples, repeat=repeat)
     if as_json:
-        click.echo(json.dumps(res))
+        click.echo(dumps(res))
     else:
         click.echo(
             f"{predictor}: predict {prompts} prompts: median {res['median_ms']:.2f} ms "
@@ -363,13 +406,13 @@ def bench_predict_cmd(predictor: str, prompts: int, samples: int, repeat: int, a
 
 
 @bench_group.command("simulate")
-@click.option("--prompts", default=8192, show_default=True)
-@click.option("--samples", default=8, show_default=True)
-@click.option("--gpus", default=160, show_default=True)
-@click.option("--gpus-per-node", default=8, show_default=True)
+@click.option("--prompts", default=8192, type=POSITIVE, show_default=True)
+@click.option("--samples", default=8, type=POSITIVE, show_default=True)
+@click.option("--gpus", default=160, type=POSITIVE, show_default=True)
+@click.option("--gpus-per-node", default=8, type=POSITIVE, show_default=True)
 @click.option("--scheduler", default="rlhfless", show_default=True)
 @click.option("--profile", default="llama-70b-8xh100", show_default=True)
-@click.option("--steps", default=2, show_default=True)
+@click.option("--steps", default=2, type=POSITIVE, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def bench_simulate_cmd(
     prompts: int,
@@ -388,7 +431,7 @@ def bench_simulate_cmd(
         prompts, samples, gpus, scheduler=scheduler, profile=profile, steps=steps, gpus_per_node=gpus_per_node
     )
     if as_json:
-        click.echo(json.dumps(res))
+        click.echo(dumps(res))
     else:
         walls = ", ".join(f"{w:.2f}" for w in res["step_wall_s"])
         click.echo(

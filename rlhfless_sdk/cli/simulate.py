@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,9 +12,10 @@ from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
+from rlhfless_sdk.cli.args import dumps
 from rlhfless_sdk.cli.plan_report import resolve_scheduler
 from rlhfless_sdk.simulation.simulator import SimulationResult, Simulator
-from rlhfless_sdk.simulation.traces import Workload, load_trace, synthetic_workload, workload_summary
+from rlhfless_sdk.simulation.traces import MAX_TOKENS, Workload, load_trace, synthetic_workload, workload_summary
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
 #: The paper's ablation points, then the bound.
@@ -24,6 +24,10 @@ ABLATION = ["ablation-raw", "ablation-dedup", "ablation-assign", "ablation-scale
 
 def make_cluster(gpus: int, gpus_per_node: int) -> Cluster:
     return Cluster.of_gpus(gpus, gpus_per_node)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else (1.0 if a == b else float("nan"))  # nan: shown as null in JSON
 
 
 def compare(results: list[SimulationResult]) -> list[dict[str, Any]]:
@@ -36,9 +40,10 @@ def compare(results: list[SimulationResult]) -> list[dict[str, Any]]:
             {
                 "name": r.scheduler,
                 **tot,
-                "speedup": base["total_time_s"] / tot["total_time_s"] if tot["total_time_s"] else 0.0,
-                "cost_reduction": 1.0 - tot["total_gpu_seconds"] / base["total_gpu_seconds"],
-                "cost_reduction_vs_serverful": 1.0 - tot["total_gpu_seconds"] / base["total_gpu_seconds_serverful"],
+                "speedup": _ratio(base["total_time_s"], tot["total_time_s"]),
+                "cost_reduction": 1.0 - _ratio(tot["total_gpu_seconds"], base["total_gpu_seconds"]),
+                "cost_reduction_vs_serverful": 1.0
+                - _ratio(tot["total_gpu_seconds"], base["total_gpu_seconds_serverful"]),
                 "steps": [
                     {**s.report.model_dump(), **({"frontier": s.frontier} if s.frontier is not None else {})}
                     for s in r.steps
@@ -170,10 +175,13 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def load_workload(trace: str | None, prompts: int, samples: int, steps: int, seed: int, **shape: Any) -> Workload:
-    """A trace, or the embedded synthetic GSM8K-style workload with the given length distribution."""
+def load_workload(
+    trace: str | None, prompts: int, samples: int, steps: int, seed: int, *, max_tokens: int = MAX_TOKENS, **shape: Any
+) -> Workload:
+    """A trace (no sample over ``max_tokens``: give the profile's KV capacity), or the embedded synthetic
+    GSM8K-style workload with the given length distribution."""
     if trace:
-        return load_trace(trace, max_steps=steps or None)
+        return load_trace(trace, max_steps=steps or None, max_tokens=max_tokens)
     synthetic = SyntheticWorkload(
         prompts,
         samples,
@@ -217,8 +225,8 @@ def simulate_main(
         "sample_sigma": sample_sigma,
         "max_length": max_length,
     }
-    workload = load_workload(trace, prompts, samples, steps, seed, **shape)
     prof = load_profile(profile)
+    workload = load_workload(trace, prompts, samples, steps, seed, max_tokens=prof.kv_capacity_tokens, **shape)
     if gpus < prof.gpus_per_actor:
         raise click.ClickException(f"--gpus {gpus} is fewer than one actor of profile {profile} needs")
     sim = Simulator(prof, make_cluster(gpus, gpus_per_node), registry=registry)
@@ -226,7 +234,7 @@ def simulate_main(
     rows = compare(results)
     meta = {"workload": workload_summary(workload), "profile": prof.name, "gpus": gpus}
     if as_json:
-        click.echo(json.dumps({**meta, "schedulers": rows}, indent=2))
+        click.echo(dumps({**meta, "schedulers": rows}, indent=2))
     else:
         w = meta["workload"]
         click.echo(

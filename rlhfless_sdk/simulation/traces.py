@@ -3,7 +3,8 @@
 A trace row is one generated sample: at least ``uid, step, sample_idx, prompt_length, response_length``;
 ``prompt`` (a list of token ids, left padding stripped) enables prefix deduplication. Rows of one step that
 share a uid form one prompt's group, in the order they appear. A malformed row is an error naming the file,
-the line and the field.
+the line and the field: a value that is not a whole number, negative or absurdly large, a sample that appears
+twice (also across the files of a folder), a file that is not UTF-8 text. A UTF-8 byte-order mark is skipped.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 REQUIRED = ("uid", "step", "sample_idx", "prompt_length", "response_length")
 #: Qwen2.5's pad token, used to left-pad ``prompt`` in the verl traces.
 DEFAULT_PAD_ID = 151643
+#: Longest prompt or response a trace may hold (tokens) unless the caller gives a tighter bound.
+MAX_TOKENS = 10_000_000
+_MAX_INDEX = 2**31 - 1  # steps, sample indices and token ids
 
 
 class TraceError(RlhflessError):
@@ -62,15 +66,19 @@ class _Row:
     tokens: list[int] | None
 
 
-def _int(path: Path, line: int, name: str, value: Any, minimum: int = 0) -> int:
+def _int(path: Path, line: int, name: str, value: Any, minimum: int = 0, maximum: int = _MAX_INDEX) -> int:
     try:
+        if isinstance(value, bool):
+            raise ValueError
         out = int(value)
         if isinstance(value, float) and value != out:
             raise ValueError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TraceError(path, line, name, f"expected an integer, got {value!r}") from None
     if out < minimum:
         raise TraceError(path, line, name, f"must be >= {minimum}, got {out}")
+    if out > maximum:
+        raise TraceError(path, line, name, f"{out} is beyond the largest allowed value, {maximum:,}")
     return out
 
 
@@ -82,8 +90,10 @@ def _tokens(path: Path, line: int, value: Any, pad_id: int) -> list[int] | None:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise TraceError(path, line, "prompt", f"expected a list of token ids: {exc.msg}") from None
-    if not isinstance(value, list) or not all(isinstance(t, int) and t >= 0 for t in value):
-        raise TraceError(path, line, "prompt", "expected a list of non-negative integer token ids")
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= _MAX_INDEX for t in value
+    ):
+        raise TraceError(path, line, "prompt", f"expected a list of integer token ids in [0, {_MAX_INDEX}]")
     start = 0
     while start < len(value) and value[start] == pad_id:  # left padding only: a pad id inside stays
         start += 1
@@ -91,31 +101,56 @@ def _tokens(path: Path, line: int, value: Any, pad_id: int) -> list[int] | None:
 
 
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) pairs of a CSV or JSON-lines file."""
+    """(line number, row) pairs of a CSV or JSON-lines file; text that is not UTF-8 is an error naming the line."""
     try:
-        fh = path.open(encoding="utf-8", newline="")
+        with path.open("rb") as raw:
+            magic = raw.read(2)
+        fh = path.open(encoding="utf-8-sig", newline="")  # -sig: a byte-order mark is not part of the header
     except OSError as exc:
         raise TraceError(path, None, None, f"cannot read: {exc.strerror or exc}") from None
-    with fh:
-        if path.suffix in (".jsonl", ".json", ".ndjson"):
-            for line_no, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise TraceError(path, line_no, None, f"not valid JSON: {exc.msg}") from None
-                if not isinstance(row, dict):
-                    raise TraceError(path, line_no, None, "expected a JSON object")
-                yield line_no, row
-        else:
-            csv.field_size_limit(sys.maxsize)
-            reader = csv.DictReader(fh)
-            missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
-            if missing:
-                raise TraceError(path, 1, missing[0], f"missing column(s) {missing}; found {reader.fieldnames}")
+    if magic == b"\x1f\x8b":
+        raise TraceError(path, None, None, "is gzip-compressed; decompress it first (gunzip)")
+    line = 0
+    try:
+        for line, row in _parse(path, fh):
+            yield line, row
+    except UnicodeDecodeError as exc:
+        raise TraceError(
+            path, line + 1, None, f"not UTF-8 text ({exc.reason}); a binary file or another encoding?"
+        ) from None
+    finally:
+        fh.close()
+
+
+def _parse(path: Path, fh: Any) -> Iterator[tuple[int, dict[str, Any]]]:
+    if path.suffix in (".jsonl", ".json", ".ndjson"):
+        for line_no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, RecursionError) as exc:
+                raise TraceError(path, line_no, None, f"not valid JSON: {getattr(exc, 'msg', exc)}") from None
+            if not isinstance(row, dict):
+                raise TraceError(path, line_no, None, "expected a JSON object")
+            yield line_no, row
+    else:
+        csv.field_size_limit(sys.maxsize)
+        reader = csv.DictReader(fh)
+        try:
+            header = reader.fieldnames
+        except csv.Error as exc:
+            raise TraceError(path, 1, None, f"not a CSV header: {exc}") from None
+        if not header:
+            raise TraceError(path, None, None, f"is empty: expected a CSV header with {', '.join(REQUIRED)}")
+        missing = [c for c in REQUIRED if c not in header]
+        if missing:
+            raise TraceError(path, 1, missing[0], f"missing column(s) {missing}; found {header}")
+        try:
             for row in reader:
                 yield reader.line_num, row
+        except csv.Error as exc:
+            raise TraceError(path, reader.line_num, None, f"not valid CSV: {exc}") from None
 
 
 def _files(path: Path) -> list[Path]:
@@ -129,19 +164,40 @@ def _files(path: Path) -> list[Path]:
     return [path]
 
 
-def load_trace(path: str | Path, *, pad_id: int = DEFAULT_PAD_ID, max_steps: int | None = None) -> Workload:
-    """Read a trace file or a folder of them; steps in ascending order, groups by uid within a step."""
+def load_trace(
+    path: str | Path, *, pad_id: int = DEFAULT_PAD_ID, max_steps: int | None = None, max_tokens: int = MAX_TOKENS
+) -> Workload:
+    """Read a trace file or a folder of them; steps in ascending order, groups by uid within a step.
+    ``max_tokens`` bounds a sample's prompt + response (the simulator passes its profile's KV capacity)."""
     path = Path(path)
     by_step: dict[int, dict[str, list[_Row]]] = {}
+    seen: dict[tuple[str, int, int], tuple[Path, int]] = {}
     for file in _files(path):
         for line, row in _records(file):
             for name in REQUIRED:
                 if name not in row or row[name] in (None, ""):
                     raise TraceError(file, line, name, "missing value")
             step = _int(file, line, "step", row["step"])
-            _int(file, line, "sample_idx", row["sample_idx"])
-            plen = _int(file, line, "prompt_length", row["prompt_length"])
-            rlen = _int(file, line, "response_length", row["response_length"])
+            index = _int(file, line, "sample_idx", row["sample_idx"])
+            plen = _int(file, line, "prompt_length", row["prompt_length"], maximum=max_tokens)
+            rlen = _int(file, line, "response_length", row["response_length"], maximum=max_tokens)
+            if plen + rlen > max_tokens:
+                raise TraceError(
+                    file, line, "response_length", f"prompt + response = {plen + rlen:,} tokens, over {max_tokens:,}"
+                )
+            if not isinstance(row["uid"], str | int) or isinstance(row["uid"], bool):
+                raise TraceError(file, line, "uid", f"expected a string, got {row['uid']!r}")
+            key = (str(row["uid"]), step, index)
+            if key in seen:
+                first, first_line = seen[key]
+                raise TraceError(
+                    file,
+                    line,
+                    None,
+                    f"duplicate sample (uid {key[0]!r}, step {step}, sample_idx {index}): "
+                    f"first at {first}, line {first_line}",
+                )
+            seen[key] = (file, line)
             tokens = _tokens(file, line, row.get("prompt"), pad_id)
             if tokens is not None and len(tokens) != plen:
                 raise TraceError(
