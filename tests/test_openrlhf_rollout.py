@@ -46,11 +46,11 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     ray = pytest.importorskip("ray")
-    from transformers import AutoTokenizer
-
     from rlhfless_openrlhf import check_openrlhf_version
     from rlhfless_openrlhf.engines import create_engines, placer_bundles
     from rlhfless_openrlhf.tiny_model import tiny_model
+    from transformers import AutoTokenizer
+
     from rlhfless_sdk import get_plugin_manager
 
     check_openrlhf_version()
@@ -76,6 +76,7 @@ def stack(tmp_path_factory):
 
 def make_generator(stack, scheduler: str, **kw):
     from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
+
     from rlhfless_sdk import get_plugin_manager
     from rlhfless_sdk.api.profiles import load_profile
 
@@ -137,6 +138,7 @@ def test_generator_inside_a_ray_actor_logs_rlhfless_metrics(stack):
     """The generator works inside its own Ray worker (as inside OpenRLHF's PPOTrainer actor), and its metrics
     merge into OpenRLHF's logs dict the way the trainer subclass merges them before logging."""
     from rlhfless_openrlhf.rollout import GeneratorActor
+
     from rlhfless_sdk import get_plugin_manager
     from rlhfless_sdk.api.profiles import load_profile
 

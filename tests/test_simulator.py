@@ -1,4 +1,4 @@
-"""The trace loader, the discrete-event simulator and ``rlhfless simulate``."""
+"""The discrete-event simulator and ``rlhfless simulate`` (traces: tests/test_traces.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from rlhfless_sdk.api.records import Cluster, MigrationDecision, TimePerTokenPro
 from rlhfless_sdk.cli.main import main
 from rlhfless_sdk.cli.simulate import make_cluster
 from rlhfless_sdk.simulation.simulator import Simulator
-from rlhfless_sdk.simulation.traces import TraceError, Workload, WorkloadStep, load_trace, synthetic_workload
+from rlhfless_sdk.simulation.traces import Workload, WorkloadStep, synthetic_workload
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
@@ -30,72 +30,6 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     path = tmp_path / name
     path.write_text(text)
     return path
-
-
-# -- traces ------------------------------------------------------------------------------------------------
-@needs_gpqa
-def test_real_gpqa_trace_loads():
-    w = load_trace(GPQA)
-    assert [s.step for s in w.steps] == list(range(1, 11))
-    assert all(len(s.batch) == 120 and s.batch.has_tokens for s in w.steps)
-    lengths = np.concatenate([s.lengths for s in w.steps])
-    assert (lengths.min(), int(np.median(lengths)), lengths.max()) == (181, 521, 1333)
-    # left padding (151643) stripped: token counts equal prompt_length
-    assert int(w.steps[0].batch.prompt_lengths[0]) == len(w.steps[0].batch.tokens(0)) == 204
-
-
-def test_csv_groups_rows_by_uid_and_strips_left_padding(tmp_path):
-    path = write(
-        tmp_path,
-        "t.csv",
-        CSV_HEAD
-        + '"a",1,0,"[9, 9, 1, 2]",,2,10\n'
-        + '"a",1,1,"[9, 9, 1, 2]",,2,30\n'
-        + '"b",1,2,"[9, 1, 9]",,2,5\n'
-        + '"a",2,0,"[1, 2]",,2,7\n',
-    )
-    w = load_trace(path, pad_id=9)
-    s1 = w.steps[0]
-    assert list(s1.batch.uids) == ["a", "b"] and s1.batch.n_samples.tolist() == [2, 1]
-    assert s1.lengths.tolist() == [10, 30, 5]
-    assert s1.batch.tokens(1).tolist() == [1, 9]  # a pad id inside the prompt stays
-    assert s1.batch.true_lengths.tolist() == [20.0, 5.0]
-    assert [s.step for s in w.steps] == [1, 2]
-
-
-def test_jsonl_trace(tmp_path):
-    rows = [
-        {"uid": "x", "step": 0, "sample_idx": 0, "prompt_length": 3, "response_length": 12},
-        {"uid": "x", "step": 0, "sample_idx": 1, "prompt_length": 3, "response_length": 14},
-    ]
-    w = load_trace(write(tmp_path, "t.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n"))
-    assert w.steps[0].batch.n_samples.tolist() == [2] and not w.steps[0].batch.has_tokens
-
-
-@pytest.mark.parametrize(
-    ("name", "text", "where"),
-    [
-        ("a.csv", "uid,step,sample_idx,prompt_length\nx,1,0,3\n", "line 1, field 'response_length'"),
-        ("b.csv", CSV_HEAD + "x,1,0,,,3,many\n", "line 2, field 'response_length'"),
-        ("c.csv", CSV_HEAD + "x,1,0,,,3,5\nx,one,1,,,3,5\n", "line 3, field 'step'"),
-        ("d.csv", CSV_HEAD + 'x,1,0,"[1, 2",,2,5\n', "line 2, field 'prompt'"),
-        ("e.csv", CSV_HEAD + 'x,1,0,"[1, 2, 3]",,2,5\n', "line 2, field 'prompt'"),
-        ("f.csv", CSV_HEAD + "x,1,0,,,-3,5\n", "line 2, field 'prompt_length'"),
-        ("g.jsonl", '{"uid": "x", "step": 1}\n', "line 1, field 'sample_idx'"),
-        ("h.jsonl", '{"uid": "x", "step": 1,\n', "line 1"),
-        ("i.csv", CSV_HEAD, "holds no rows"),
-    ],
-)
-def test_malformed_trace_names_file_line_and_field(tmp_path, name, text, where):
-    path = write(tmp_path, name, text)
-    with pytest.raises(TraceError) as err:
-        load_trace(path)
-    assert str(path) in str(err.value) and where in str(err.value)
-
-
-def test_missing_trace(tmp_path):
-    with pytest.raises(TraceError, match="no such file"):
-        load_trace(tmp_path / "nope.csv")
 
 
 # -- the simulator -----------------------------------------------------------------------------------------
