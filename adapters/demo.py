@@ -196,6 +196,7 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
     from rlhfless_openrlhf.engines import create_engines
     from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
     from rlhfless_openrlhf.rollout import rollout_args
+
     from rlhfless_sdk import get_plugin_manager
     from rlhfless_sdk.api.profiles import load_profile
 

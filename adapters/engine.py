@@ -26,9 +26,8 @@ from typing import Any
 
 import ray
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
-from vllm.inputs import TokensPrompt
-
 from rlhfless_openrlhf.messages import Continuation, CutSample, EngineStats
+from vllm.inputs import TokensPrompt
 
 _SAMPLE_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("rlhfless_sample_key", default=None)
 

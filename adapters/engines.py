@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-
 from rlhfless_openrlhf.engine import RlhflessRolloutActor
+
 from rlhfless_sdk.api.records import Actor, Cluster, Node
 
 

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import ray
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
+from rlhfless_openrlhf.messages import CutSample, EngineStats
 from vllm import SamplingParams
 
-from rlhfless_openrlhf.messages import CutSample, EngineStats
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.plugins import Registry, get_plugin_manager

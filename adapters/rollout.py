@@ -11,7 +11,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import ray
-
 from rlhfless_openrlhf.messages import RolloutStepResult
 
 
@@ -43,9 +42,9 @@ class GeneratorActor:
         report_path: str | None = None,
         logprobs: bool = True,
     ) -> None:
+        from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
         from transformers import AutoTokenizer
 
-        from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
         from rlhfless_sdk.api.config import SchedulerConfig
         from rlhfless_sdk.api.records import TimePerTokenProfile
 

@@ -69,7 +69,6 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
 def install(settings: dict[str, Any]) -> None:
     """Hook RLHFless into OpenRLHF's launcher for this process (and, through args, its Ray actors)."""
     import openrlhf.trainer.ppo_trainer as ppo_trainer_module  # needs OpenRLHF's GPU dependencies
-
     from rlhfless_openrlhf.trainer import RlhflessPPOTrainer
 
     install_rollout_hooks(settings)
@@ -80,7 +79,6 @@ def install_rollout_hooks(settings: dict[str, Any]) -> None:
     """The hooks that need only OpenRLHF's rollout side: the args and the engine builder."""
     import openrlhf.trainer.ray as ray_pkg
     import openrlhf.utils.config as config_module
-
     from rlhfless_openrlhf.engines import create_vllm_engines_with_rlhfless
 
     original = getattr(config_module.hierarchize, "__wrapped__", config_module.hierarchize)
@@ -99,6 +97,7 @@ def install_rollout_hooks(settings: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from rlhfless_openrlhf.internals import check_internals
+
     from rlhfless_sdk.api.errors import RlhflessError
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -11,8 +11,8 @@ from typing import Any
 
 import ray
 from openrlhf.trainer.ppo_trainer import PPOTrainer
-
 from rlhfless_openrlhf.generator import RlhflessSamplesGenerator, merge_metrics
+
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.records import TimePerTokenProfile
 

@@ -38,6 +38,7 @@ from rlhfless_policies.scalers import (
     FixedParams,
     FixedScaler,
 )
+
 from rlhfless_sdk import NoParams, PolicySpec, SchedulerConfig, hookimpl
 from rlhfless_sdk.api.config import parse_scheduler_config
 from rlhfless_sdk.api.kinds import KIND

@@ -8,8 +8,8 @@ from typing import Literal
 
 import numpy as np
 from pydantic import Field, PositiveInt
-
 from rlhfless_policies.model_predictor import ModelParams, ModelPredictor
+
 from rlhfless_sdk import (
     FinishedSample,
     HistoryError,
