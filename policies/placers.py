@@ -10,19 +10,30 @@ from rlhfless_sdk import Actor, ActorPlacement, Cluster, NoParams, RlhflessError
 
 
 class _Allocator:
-    """Hands out GPUs node by node; an actor's GPUs always come from one node."""
+    """Hands out GPUs node by node; an actor's GPUs always come from one node. Free GPUs only shrink, so the
+    first node that can still fit a k-GPU actor only moves forward: each take is O(1) amortised."""
 
     def __init__(self, cluster: Cluster) -> None:
         self.order = [n.name for n in cluster.nodes]
         self.free = {n.name: list(range(n.num_gpus)) for n in cluster.nodes}
+        self.cursor: dict[int, int] = {}  # GPUs per actor -> first node index that may still fit one
+
+    def _grab(self, actor: Actor, node: str) -> ActorPlacement:
+        k = actor.num_gpus
+        gpus, self.free[node] = self.free[node][:k], self.free[node][k:]
+        return ActorPlacement(actor=actor, node=node, gpu_indices=gpus)
 
     def take(self, actor: Actor, prefer: str | None = None) -> ActorPlacement:
-        nodes = ([prefer] if prefer else []) + [n for n in self.order if n != prefer]
-        for node in nodes:
-            if len(self.free[node]) >= actor.num_gpus:
-                gpus, self.free[node] = self.free[node][: actor.num_gpus], self.free[node][actor.num_gpus :]
-                return ActorPlacement(actor=actor, node=node, gpu_indices=gpus)
-        raise RlhflessError(f"no node has {actor.num_gpus} free GPU(s) left for {actor.role} actor {actor.actor_id}")
+        k = actor.num_gpus
+        if prefer is not None and len(self.free[prefer]) >= k:
+            return self._grab(actor, prefer)
+        i = self.cursor.get(k, 0)
+        while i < len(self.order) and len(self.free[self.order[i]]) < k:
+            i += 1
+        self.cursor[k] = i
+        if i == len(self.order):
+            raise RlhflessError(f"no node has {k} free GPU(s) left for {actor.role} actor {actor.actor_id}")
+        return self._grab(actor, self.order[i])
 
 
 class PackPlacer:

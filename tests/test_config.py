@@ -138,3 +138,23 @@ def test_show_round_trips(tmp_path, registry):
     path = tmp_path / "again.yaml"
     path.write_text(res.output)
     assert read_scheduler_config(path, registry) == registry.scheduler("rlhfless")
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    text = GOOD.replace("lambda: 0.7", "lambda: 2").replace("tau: 0.7", "tau: soon") + "min_actors: many\n"
+    res = validate(tmp_path, text)
+    assert res.exit_code == 1 and "3 problem(s)" in res.output
+    for where in ("migrator.params.tau (line 5)", "scaler.params.lambda (line 8)", "min_actors (line 10)"):
+        assert where in res.output
+
+
+def test_a_boolean_is_not_a_number(tmp_path):
+    res = validate(tmp_path, GOOD.replace("lambda: 0.7", "lambda: true"))
+    assert res.exit_code == 1 and "scaler.params.lambda (line 8)" in res.output and "got true" in res.output
+    res = validate(tmp_path, GOOD + "min_actors: false\n")
+    assert res.exit_code == 1 and "min_actors (line 10)" in res.output
+
+
+def test_a_key_given_twice_is_an_error(tmp_path):
+    res = validate(tmp_path, GOOD + "placer: pack\n")
+    assert res.exit_code == 1 and "placer (line 10): given twice (first on line 9)" in res.output

@@ -28,6 +28,7 @@ _spec = importlib.util.spec_from_file_location("rlhfless_test_strategies", Path(
 S = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(S)
 PROFILE = load_profile("qwen2.5-7b-l40s")
+REG_ALL = PluginManager().registry
 
 
 class ReverseParams(Record):
@@ -366,3 +367,90 @@ def test_a_migrator_and_an_observer_that_write_change_nothing_for_later_schedule
     after = sim.run(reg.scheduler("openrlhf"), w).reports
     skip = {"planner_ms"}
     assert [r.model_dump(exclude=skip) for r in after] == [r.model_dump(exclude=skip) for r in alone]
+
+
+# -- failures during a step, slow policies, broken plugins ----------------------------------------------------
+class BoomMigrator:
+    def __init__(self, params):
+        pass
+
+    def decide(self, progress):
+        raise RuntimeError("migrator exploded")
+
+
+class SlowAssigner:
+    def __init__(self, params):
+        pass
+
+    def assign(self, batch, predicted, num_actors):
+        import time
+
+        time.sleep(0.05)
+        return np.arange(len(batch)) % num_actors
+
+
+class StepPlugin:
+    @hookimpl
+    def rlhfless_register_migrators(self, register):
+        register(PolicySpec(name="boom", factory=BoomMigrator))
+
+    @hookimpl
+    def rlhfless_register_assigners(self, register):
+        register(PolicySpec(name="slow", factory=SlowAssigner))
+
+
+def _simulate(reg, config):
+    from rlhfless_sdk.cli.simulate import make_cluster
+    from rlhfless_sdk.simulation.simulator import Simulator
+    from rlhfless_sdk.simulation.traces import synthetic_workload
+    from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+
+    sim = Simulator(PROFILE, make_cluster(8, 8), registry=reg)
+    return sim.run(config, synthetic_workload(SyntheticWorkload(16, 4, seed=1), 2)).reports
+
+
+def test_a_migrator_that_raises_is_named_in_the_steps_fallbacks(caplog):
+    pm = PluginManager()
+    pm.register(StepPlugin(), name="step-plugin")
+    reg = pm.registry
+    reports = _simulate(reg, reg.scheduler("rlhfless").derive(name="boom-test", migrator="boom"))
+    assert all(r.fallbacks == ["migrator:boom"] for r in reports)
+    assert "migrator 'boom' (plugin 'step-plugin') failed" in caplog.text
+
+
+def test_a_slow_policy_is_named_once_per_step_with_its_time(caplog, monkeypatch):
+    import rlhfless_sdk.planning.planner as planner_module
+
+    monkeypatch.setattr(planner_module, "SLOW_POLICY_S", 0.1)  # the 10 s assigner of the report, made short
+    pm = PluginManager()
+    pm.register(StepPlugin(), name="step-plugin")
+    reg = pm.registry
+    _simulate(reg, reg.scheduler("rlhfless").derive(name="slow-test", assigner="slow", migrator="none"))
+    slow = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
+    assert len(slow) == 2  # one per step, although the assigner runs once per candidate actor count
+    assert all("assigner 'slow' (plugin 'step-plugin') took" in m and "call(s)" in m for m in slow)
+    assert "in step 0" in slow[0] and "in step 1" in slow[1]
+
+
+def test_a_broken_installed_plugin_says_how_to_run_without_it(bare_pm):
+    class Broken:
+        @hookimpl
+        def rlhfless_register_assigners(self, register):
+            raise ImportError("needs a package that is not installed")
+
+    bare_pm.register(Broken(), name="broken")
+    with pytest.raises(PluginError, match="to run without it, set RLHFLESS_PLUGINS"):
+        _ = bare_pm.registry
+
+
+def test_planning_at_100000_gpus_places_every_actor():
+    """The placers are linear in actors (they were O(actors x nodes): 94 s at this size)."""
+    from rlhfless_sdk.api.records import Actor, Cluster
+    from rlhfless_sdk.planning.planner import check_placement
+
+    cluster = Cluster.of_gpus(100_000, 8)
+    extra = (Actor(actor_id=0, role="learner", num_gpus=8),)
+    n = (100_000 - 8) // 2
+    for name in ("pack", "locality-aware"):
+        placement = REG_ALL.create("placer", name).place(np.arange(n, dtype=float), cluster, 2, extra)
+        check_placement(placement, cluster, n, 2, extra)

@@ -20,7 +20,7 @@ from rlhfless_sdk.api.records import Record
 class ConfigChecker(Protocol):
     """What validates a config's policy names and params (the plugin registry)."""
 
-    def check_config(self, config: SchedulerConfig) -> list[ConfigProblem]: ...
+    def check_refs(self, refs: dict[str, PolicyRef]) -> list[ConfigProblem]: ...
 
 
 class PolicyRef(Record):
@@ -136,7 +136,28 @@ def parse_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
         col = f", column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(source, [ConfigProblem("", f"YAML syntax error{col}: {problem}", line)]) from None
+    dup = _duplicate_keys(root)
+    if dup:
+        raise ConfigError(source, dup)
     return data, root
+
+
+def _duplicate_keys(node: yaml.Node | None) -> list[ConfigProblem]:
+    """A key given twice in one mapping (YAML keeps the last silently): one problem per repeat, with its line."""
+    out: list[ConfigProblem] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                line = key.start_mark.line + 1
+                if key.value in seen:
+                    out.append(ConfigProblem(key.value, f"given twice (first on line {seen[key.value]})", line))
+                seen.setdefault(key.value, line)
+            out += _duplicate_keys(value)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            out += _duplicate_keys(item)
+    return out
 
 
 def read_scheduler_config(path: str | Path, registry: ConfigChecker | None = None) -> SchedulerConfig:
@@ -154,17 +175,25 @@ def parse_scheduler_config(text: str, source: str, registry: ConfigChecker | Non
     if not isinstance(data, dict):
         got = "an empty file" if data is None else type(data).__name__
         raise ConfigError(source, [ConfigProblem("", f"expected a mapping of fields, got {got}", 1)])
+    problems: list[ConfigProblem] = []
+    config = None
     try:
         config = SchedulerConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(source, problems_from_validation(exc, root=root)) from None
-    if registry is not None:
-        problems = registry.check_config(config)
-        if problems:
-            for i, p in enumerate(problems):
-                loc = tuple(int(x) if x.isdigit() else x for x in p.path.split("."))
-                problems[i] = ConfigProblem(p.path, p.message, _line_of(root, loc))
-            raise ConfigError(source, problems)
+        problems += problems_from_validation(exc, root=root)
+    if registry is not None:  # every policy that parsed is checked too, so one run lists every problem
+        refs = {}
+        for kind in POLICY_KINDS:
+            try:
+                refs[kind] = config.policy(kind) if config is not None else PolicyRef.model_validate(data[kind])
+            except (KeyError, ValidationError):
+                continue
+        for p in registry.check_refs(refs):
+            loc = tuple(int(x) if x.isdigit() else x for x in p.path.split("."))
+            problems.append(ConfigProblem(p.path, p.message, _line_of(root, loc)))
+    if problems:
+        raise ConfigError(source, sorted(problems, key=lambda p: (p.line or 0, p.path)))
+    assert config is not None
     return config
 
 

@@ -42,6 +42,16 @@ ENV_TRACE = "RLHFLESS_TRACE_HOOKS"
 log = logging.getLogger("rlhfless.plugins")
 
 
+def _skip_hint(plugin: str | None) -> str:
+    """How to run without a broken installed plugin (none for the built-in one)."""
+    if plugin in DEFAULT_PLUGINS:
+        return ""
+    return (
+        f"; to run without it, set {ENV_PLUGINS} to the installed plugins you want (empty: none) "
+        f"or {ENV_DISABLE_AUTOLOAD}=1, or uninstall it"
+    )
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
@@ -92,8 +102,12 @@ class Registry:
 
     def check_config(self, config: SchedulerConfig) -> list[ConfigProblem]:
         """Problems with ``config``'s policy names and parameters; empty when it can run."""
+        return self.check_refs(config.policy_refs())
+
+    def check_refs(self, refs: dict[str, PolicyRef]) -> list[ConfigProblem]:
+        """Problems with these policies' names and parameters (by kind), every one of them."""
         problems: list[ConfigProblem] = []
-        for kind, ref in config.policy_refs().items():
+        for kind, ref in refs.items():
             try:
                 self.validate_params(kind, ref)
             except UnknownPolicyError as exc:
@@ -181,7 +195,8 @@ class PluginManager:
                 plugin = ep.load()
             except Exception as exc:
                 raise PluginError(
-                    f"plugin {ep.name!r} (entry point {ep.value!r} of distribution {dist!r}) failed to import: {exc!r}"
+                    f"plugin {ep.name!r} (entry point {ep.value!r} of distribution {dist!r}) failed to import: "
+                    f"{exc!r}{_skip_hint(ep.name)}"
                 ) from exc
             self.register(plugin, name=ep.name)
             self._dists[ep.name] = f"{dist} {ep.dist.version}" if ep.dist is not None else dist
@@ -198,7 +213,7 @@ class PluginManager:
         except pluggy.PluginValidationError as exc:
             if self._pm.is_registered(plugin):
                 self._pm.unregister(plugin)
-            raise PluginError(f"plugin {name or plugin!r} is invalid: {exc}") from exc
+            raise PluginError(f"plugin {name or plugin!r} is invalid: {exc}{_skip_hint(name)}") from exc
         except ValueError as exc:  # pluggy: name already registered
             raise PluginError(str(exc)) from exc
         self._registry = None
@@ -235,7 +250,9 @@ class PluginManager:
             except (PluginError, UnknownPolicyError):
                 raise
             except Exception as exc:
-                raise PluginError(f"plugin {impl.plugin_name!r} raised in {hook_name}: {exc!r}") from exc
+                raise PluginError(
+                    f"plugin {impl.plugin_name!r} raised in {hook_name}: {exc!r}{_skip_hint(impl.plugin_name)}"
+                ) from exc
 
     def _build_registry(self) -> Registry:
         reg = Registry()

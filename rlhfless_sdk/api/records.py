@@ -6,12 +6,31 @@ error naming the field, never a silently ignored value.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 Role = Literal["decode", "prefill", "learner"]
+
+
+def _numeric(annotation: Any) -> bool:
+    """int or float (possibly constrained or optional), and not a bool."""
+    if annotation in (int, float):
+        return True
+    args = typing.get_args(annotation)
+    return bool(args) and bool not in args and any(_numeric(a) for a in args if a is not type(None))
 
 
 class Record(BaseModel):
@@ -19,6 +38,16 @@ class Record(BaseModel):
     (``model_copy(update=...)`` makes a changed copy), so a policy cannot change what others see."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """``lambda: true`` is a mistake, not 1.0: a YAML boolean is refused where a number is expected."""
+        if isinstance(value, bool) and info.field_name is not None:
+            field = cls.model_fields.get(info.field_name)
+            if field is not None and _numeric(field.annotation):
+                raise ValueError(f"expected a number, got {str(value).lower()}")
+        return value
 
 
 class NoParams(Record):

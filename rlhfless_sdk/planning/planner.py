@@ -37,6 +37,11 @@ from rlhfless_sdk.api.records import (
 log = logging.getLogger("rlhfless.planner")
 
 
+#: A policy whose calls take this long in one step (seconds) gets a warning naming it.
+SLOW_POLICY_S = 1.0
+_PLAN_KINDS = ("predictor", "prefill_planner", "assigner", "scaler", "placer")
+
+
 class InvalidPolicyOutput(RlhflessError):
     """A policy returned something its protocol forbids."""
 
@@ -137,6 +142,8 @@ class StepPlanner:
         self.gpus_per_actor = gpus_per_actor
         self.learner_gpus = learner_gpus
         self.policies: dict[str, Any] = {k: self.registry.create(k, ref) for k, ref in config.policy_refs().items()}
+        self.spent: dict[str, tuple[int, float]] = {}  # kind -> (calls, seconds) in the current step
+        self.slow_policy_s = SLOW_POLICY_S
         self._baselines: dict[str, Any] = {}
         self.migration = MigrationController(self)
 
@@ -150,11 +157,33 @@ class StepPlanner:
             self._baselines[kind] = self.registry.create(kind, KIND[kind].baseline)
         return self._baselines[kind]
 
+    def timed(self, kind: str, fn: Callable[[Any], Any], policy: Any) -> Any:
+        """``fn(policy)``, adding its wall time to this step's account of the kind (see ``warn_slow``)."""
+        t0 = time.perf_counter()
+        try:
+            return fn(policy)
+        finally:
+            calls, total = self.spent.get(kind, (0, 0.0))
+            self.spent[kind] = (calls + 1, total + time.perf_counter() - t0)
+
+    def warn_slow(self, step: int, kinds: Sequence[str]) -> None:
+        """One warning per policy of ``kinds`` whose calls took ``slow_policy_s`` or more this step; resets them."""
+        for kind in kinds:
+            calls, total = self.spent.pop(kind, (0, 0.0))
+            if total >= self.slow_policy_s:
+                log.warning(
+                    "%s took %.1f s in step %d (%d call(s)); the step waits for it",
+                    self.policy_label(kind),
+                    total,
+                    step,
+                    calls,
+                )
+
     def call(self, kind: str, fallbacks: list[str], fn: Callable[[Any], Any], check: Callable[[Any], Any]) -> Any:
         """``check(fn(policy))``, or the same with the kind's baseline if the policy raises or fails the check."""
         policy = self.policies[kind]
         try:
-            return check(fn(policy))
+            return check(self.timed(kind, fn, policy))
         except Exception as exc:
             if self.config.policy_refs()[kind].name == KIND[kind].baseline:
                 raise
@@ -208,6 +237,8 @@ class StepPlanner:
         """
         t0 = time.perf_counter()
         fallbacks: list[str] = []
+        for kind in _PLAN_KINDS:
+            self.spent.pop(kind, None)
         pred = self.predict(batch, fallbacks) if predicted is None else check_predictions(predicted, batch)
         cap = self.config.prefill_capacity_tokens
         if prefill is None:
@@ -269,6 +300,7 @@ class StepPlanner:
             lambda p: p.place(loads, self.cluster, gpa, tuple(extra)),
             lambda o: check_placement(o, self.cluster, chosen, gpa, extra),
         )
+        self.warn_slow(step, _PLAN_KINDS)
         return StepPlan.model_construct(
             step=step,
             scheduler=self.config.name,
@@ -286,7 +318,7 @@ class StepPlanner:
         """Feed a finished step's samples to the predictor (its length history). A predictor that raises is
         warned about and skipped, except a failed history write (``HistoryError``), which stops the run."""
         try:
-            self.policies["predictor"].observe(tuple(samples))
+            self.timed("predictor", lambda p: p.observe(tuple(samples)), self.policies["predictor"])
         except HistoryError:
             raise  # observations would be lost: stop, unless the predictor's history is best-effort
         except Exception as exc:
@@ -327,7 +359,7 @@ class MigrationController:
         if refine is None:
             return progress
         try:
-            out = refine(progress)
+            out = self.planner.timed("predictor", lambda _p: refine(progress), None)
             if not isinstance(out, StepProgress) or len(out.unfinished) != len(progress.unfinished):
                 raise InvalidPolicyOutput("refine must return a StepProgress with the same unfinished samples")
             return out
@@ -337,10 +369,15 @@ class MigrationController:
             )
             return progress
 
-    def decide(self, progress: StepProgress) -> list[MigrationDecision]:
+    def decide(self, progress: StepProgress, fallbacks: list[str] | None = None) -> list[MigrationDecision]:
+        """The migrator's checked decisions; a failure falls back to ``none`` and is noted in ``fallbacks``
+        (the step's list, which its report shows)."""
         progress = self.refine(progress)
         decisions = self.planner.call(
-            "migrator", self.fallbacks, lambda p: p.decide(progress), lambda o: self.check(o, progress)
+            "migrator",
+            self.fallbacks if fallbacks is None else fallbacks,
+            lambda p: p.decide(progress),
+            lambda o: self.check(o, progress),
         )
         self.decisions += len(decisions)
         return decisions

@@ -192,6 +192,7 @@ class StepController:
         self.unfinished = n
         self.migrations = 0
         self.redispatched = 0
+        self.fallbacks: list[str] = list(plan.fallbacks)  # the plan's, and any of the policies run during the step
 
     # -- the step --------------------------------------------------------------------------------------------
     def run(self, *, observe: bool = True) -> StepOutcome:
@@ -215,6 +216,7 @@ class StepController:
         samples = self._samples()
         if observe:
             self.planner.observe(samples)
+        self.planner.warn_slow(self.step, ("migrator", "predictor"))
         usage = self.backend.usage()
         return StepOutcome(self._report(usage), samples, self.outputs, self.pieces, usage)
 
@@ -354,7 +356,7 @@ class StepController:
         status = self.backend.progress()
         if not status:
             return
-        for d in self.planner.migration.decide(self.snapshot(status)):
+        for d in self.planner.migration.decide(self.snapshot(status), self.fallbacks):
             sid = self.sample_id(d.uid, d.sample_index)
             if self.state[sid] == _DONE or self.engine[sid] != d.from_actor:
                 continue
@@ -421,5 +423,5 @@ class StepController:
             actor_busy_s=[e.busy_s for e in u.engines],
             prediction_mae=mae,
             planner_ms=self.plan.planner_ms,
-            fallbacks=self.plan.fallbacks,
+            fallbacks=self.fallbacks,
         )

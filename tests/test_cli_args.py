@@ -1,0 +1,79 @@
+"""Command-line arguments: every bad value is refused before any work starts, JSON output is strict JSON, and
+Ctrl-C exits with 130."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from rlhfless_sdk.cli.args import dumps
+from rlhfless_sdk.cli.main import main
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["plan", "--gpus", "-1"], "'--gpus': -1 is not in the range x>=1"),
+        (["plan", "--gpus", "0"], "'--gpus': 0 is not in the range x>=1"),
+        (["plan", "--history", "-2"], "'--history': -2 is not in the range x>=0"),
+        (["plan", "--samples", "0"], "'--samples': 0 is not in the range x>=1"),
+        (["simulate", "--steps", "-1"], "'--steps': -1 is not in the range x>=0"),
+        (["simulate", "--max-length", "0"], "'--max-length': 0 is not in the range x>=1"),
+        (["simulate", "--median-length", "-300"], "'--median-length': '-300' must be > 0"),
+        (["simulate", "--median-length", "nan"], "'--median-length': 'nan' is not a finite number"),
+        (["simulate", "--length-sigma", "inf"], "'--length-sigma': 'inf' is not a finite number"),
+        (["simulate", "--gpus-per-node", "0"], "'--gpus-per-node': 0 is not in the range x>=1"),
+        (["simulate", "--prompts", "0"], "'--prompts': 0 is not in the range x>=1"),
+        (["simulate", "--samples", "0"], "'--samples': 0 is not in the range x>=1"),
+        (["simulate", "--seed", "-1"], "'--seed': -1 is not in the range x>=0"),
+        (["simulate", "--plot", "/no/such/dir/x.png"], "folder /no/such/dir does not exist"),
+        (["simulate", "--plot", "x.xyz"], "unknown plot format"),
+        (["compare-predictors", "--plot", "chart"], "unknown plot format"),
+        (["compare-predictors", "--gpus", "0"], "'--gpus': 0 is not in the range x>=1"),
+        (["bench", "plan", "--repeat", "0"], "'--repeat': 0 is not in the range x>=1"),
+        (["bench", "simulate", "--steps", "0"], "'--steps': 0 is not in the range x>=1"),
+        (["demo", "--epochs", "0"], "'--epochs': 0 is not in the range x>=1"),
+        (["demo", "--max-new-tokens", "-5"], "'--max-new-tokens': -5 is not in the range x>=1"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_work(args, message):
+    res = run(*args)  # a usage error: click checks every parameter before the command's body runs
+    assert res.exit_code == 2 and message in res.output, res.output
+    assert "Usage:" in res.output and "Traceback" not in res.output
+
+
+def test_json_output_is_strict_json():
+    assert json.loads(dumps({"a": [1.0, math.nan, {"b": math.inf}], "c": -math.inf})) == {
+        "a": [1.0, None, {"b": None}],
+        "c": None,
+    }
+    res = run("simulate", "--prompts", "16", "--samples", "2", "--steps", "1", "--json")
+    assert res.exit_code == 0
+
+    def refuse(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    json.loads(res.output, parse_constant=refuse)
+
+
+def test_ctrl_c_exits_130_promptly():
+    # a long simulation; SIGINT once it is under way
+    cmd = [sys.executable, "-m", "rlhfless_sdk", "simulate", "--prompts", "4096", "--samples", "8", "--steps", "50"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "80"})
+    time.sleep(4)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()[-500:]
+    assert b"interrupted" in err and b"Traceback" not in err
