@@ -113,19 +113,22 @@ def gsm8k_style_questions(count: int, seed: int = 0) -> list[dict[str, str]]:
 def load_questions(path: str | Path, count: int) -> list[dict[str, str]]:
     """The first ``count`` items of a GSM8K JSON-lines file (``question`` and ``answer`` fields)."""
     items = []
-    with Path(path).open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                items.append({"question": str(row["question"]), "answer": str(row["answer"])})
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(
-                    f"{path}, line {line_no}: expected a JSON object with question and answer ({exc})"
-                ) from None
-            if len(items) == count:
-                break
+    try:
+        text = Path(path).read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason}); expected GSM8K JSON lines") from None
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            items.append({"question": str(row["question"]), "answer": str(row["answer"])})
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f"{path}, line {line_no}: expected a JSON object with question and answer ({exc})"
+            ) from None
+        if len(items) == count:
+            break
     if not items:
         raise ValueError(f"{path}: no questions")
     return items

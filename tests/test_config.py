@@ -158,3 +158,26 @@ def test_a_boolean_is_not_a_number(tmp_path):
 def test_a_key_given_twice_is_an_error(tmp_path):
     res = validate(tmp_path, GOOD + "placer: pack\n")
     assert res.exit_code == 1 and "placer (line 10): given twice (first on line 9)" in res.output
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (bytes(range(256)), "not UTF-8 text"),
+        (GOOD.replace("mine", "caf\u00e9").encode("latin-1"), "(line 1): not UTF-8 text"),
+        (__import__("gzip").compress(GOOD.encode()), "is gzip-compressed"),
+    ],
+)
+def test_undecodable_config_or_profile_is_one_clear_error(tmp_path, data, message):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(data)
+    for args in (["config", "validate", str(path)], ["plan", "--profile", str(path)]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code in (1, 2) and str(path) in res.output and message in res.output, res.output
+        assert ("Traceback" not in res.output and res.exception is None) or isinstance(res.exception, SystemExit)
+
+
+def test_a_byte_order_mark_is_fine(tmp_path):
+    path = tmp_path / "bom.yaml"
+    path.write_bytes("\ufeff".encode() + GOOD.encode())
+    assert read_scheduler_config(path).name == "mine"

@@ -162,12 +162,23 @@ def _duplicate_keys(node: yaml.Node | None) -> list[ConfigProblem]:
 
 def read_scheduler_config(path: str | Path, registry: ConfigChecker | None = None) -> SchedulerConfig:
     """Read and fully validate a scheduler config file (structure, and against ``registry`` when given)."""
+    return parse_scheduler_config(read_yaml_text(path), str(path), registry)
+
+
+def read_yaml_text(path: str | Path) -> str:
+    """A YAML file's text; unreadable, binary or non-UTF-8 files are a ConfigError naming the file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(str(path), [ConfigProblem("", f"cannot read file: {exc.strerror or exc}")]) from None
-    return parse_scheduler_config(text, str(path), registry)
+    if data[:2] == b"\x1f\x8b":
+        raise ConfigError(str(path), [ConfigProblem("", "is gzip-compressed, not YAML text")])
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(str(path), [ConfigProblem("", f"not UTF-8 text ({exc.reason})", line)]) from None
 
 
 def parse_scheduler_config(text: str, source: str, registry: ConfigChecker | None = None) -> SchedulerConfig:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from rlhfless_sdk.api.config import parse_yaml, problems_from_validation
+from rlhfless_sdk.api.config import parse_yaml, problems_from_validation, read_yaml_text
 from rlhfless_sdk.api.errors import ConfigError, ConfigProblem, UnknownPolicyError
 from rlhfless_sdk.api.records import TimePerTokenProfile
 
@@ -39,10 +39,7 @@ def load_profile(name_or_path: str | Path) -> TimePerTokenProfile:
     """A shipped profile by name (see ``profile_names()``), or a profile YAML file by path."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
-        try:
-            return parse_profile(path.read_text(encoding="utf-8"), str(path))
-        except OSError as exc:
-            raise ConfigError(str(path), [ConfigProblem("", f"cannot read file: {exc.strerror or exc}")]) from None
+        return parse_profile(read_yaml_text(path), str(path))
     shipped = _shipped()
     if str(name_or_path) not in shipped:
         raise UnknownPolicyError("profile", str(name_or_path), sorted(shipped))
