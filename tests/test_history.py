@@ -144,3 +144,21 @@ def test_a_failed_history_write_stops_the_run_unless_best_effort(tmp_path):
     assert res.exit_code == 0, res.output
     holder.execute("ROLLBACK")
     assert len(LengthHistory(path)) == 0  # nothing was written, and the best-effort run said so in its log
+
+
+def test_ctrl_c_while_waiting_for_a_locked_history_exits_130_promptly(tmp_path):
+    import os
+    import signal
+
+    path = tmp_path / "h.sqlite"
+    LengthHistory(path).close()
+    holder = locked(path)  # held for the whole test: the run would wait 60 s for it
+    cfg = _config(tmp_path, path, history_timeout_s=60)
+    cmd = [sys.executable, "-m", "rlhfless_sdk", "simulate", "--prompts", "8", "--steps", "2", "--scheduler", cfg]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ})
+    time.sleep(5)  # start-up, then the first step's history write waits on the lock
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=20)  # not the 60 s lock timeout
+    holder.execute("ROLLBACK")
+    assert proc.returncode == 130, err.decode()[-400:]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from rlhfless_sdk import (
@@ -351,7 +352,9 @@ def test_a_policy_that_writes_to_its_inputs_falls_back_and_changes_nothing(vanda
         assert (a is None and b is None) or np.array_equal(a, b)
 
 
-def test_a_migrator_and_an_observer_that_write_change_nothing_for_later_schedulers(vandal_registry):
+@settings(max_examples=15)
+@given(prompts=st.integers(2, 24), n=st.integers(1, 4), seed=st.integers(0, 1000))
+def test_a_migrator_and_an_observer_that_write_change_nothing_for_later_schedulers(vandal_registry, prompts, n, seed):
     from rlhfless_sdk.api.profiles import load_profile
     from rlhfless_sdk.cli.simulate import make_cluster
     from rlhfless_sdk.simulation.simulator import Simulator
@@ -359,7 +362,7 @@ def test_a_migrator_and_an_observer_that_write_change_nothing_for_later_schedule
     from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
     reg = vandal_registry
-    w = synthetic_workload(SyntheticWorkload(32, 4, seed=5), 2)
+    w = synthetic_workload(SyntheticWorkload(prompts, n, seed=seed), 2)
     sim = Simulator(load_profile("qwen2.5-7b-l40s"), make_cluster(8, 8), registry=reg)
     alone = sim.run(reg.scheduler("openrlhf"), w).reports
     vandal = reg.scheduler("rlhfless").derive(name="vandal", migrator="vandal", predictor="vandal")
