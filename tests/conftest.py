@@ -39,3 +39,16 @@ def bare_pm() -> PluginManager:
 def registry():
     """The registry of the default and installed plugins."""
     return PluginManager().registry
+
+
+@pytest.fixture(scope="session")
+def registry_with():
+    """``registry_with(name=plugin, ...)``: the registry of the default and installed plugins plus throwaway ones."""
+
+    def make(**plugins):
+        pm = PluginManager()
+        for name, plugin in plugins.items():
+            pm.register(plugin, name=name)
+        return pm.registry
+
+    return make

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlhfless_sdk import MigrationDecision, PluginManager, PolicySpec, Record, hookimpl
+from rlhfless_sdk import MigrationDecision, PolicySpec, Record, hookimpl
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
@@ -182,10 +182,8 @@ class MoverPlugin:
 
 
 @pytest.fixture(scope="module")
-def reg():
-    pm = PluginManager()
-    pm.register(MoverPlugin(), name="mover")
-    return pm.registry
+def reg(registry_with):
+    return registry_with(mover=MoverPlugin())
 
 
 def batch_of(n_samples):
@@ -258,7 +256,7 @@ def test_engine_lost_mid_step_is_redispatched_with_groups_together(reg):
     assert all(s.actor_id == 0 for s in out.samples)
 
 
-def test_a_continuation_whose_engine_dies_resumes_from_the_cut(reg):
+def test_a_continuation_whose_engine_dies_resumes_from_the_cut(registry_with):
     class CutOnce:
         def __init__(self, params):
             self.done = False
@@ -275,10 +273,10 @@ def test_a_continuation_whose_engine_dies_resumes_from_the_cut(reg):
         def rlhfless_register_migrators(self, register):
             register(PolicySpec(name="cut-once", factory=CutOnce))
 
-    pm = PluginManager()
-    pm.register(Plugin(), name="cut-once")
     targets = [40, 3, 3]  # p0 on engine 0, p1 on engine 1, p2 on engine 2
-    out, backend, batch = run_step(pm.registry, [1, 1, 1], targets, 3, migrator="cut-once", kill={10: [1]})
+    out, backend, batch = run_step(
+        registry_with(cut_once=Plugin()), [1, 1, 1], targets, 3, migrator="cut-once", kill={10: [1]}
+    )
     assert_accounted(out, batch, targets)
     resumes = [x for x in backend.log if x[0] == "resume"]
     assert [x[2] for x in resumes] == [1, 0] or [x[2] for x in resumes] == [1, 2]

@@ -195,17 +195,15 @@ class MoveFirst:
         return [MigrationDecision.move(s, to)]
 
 
-def test_migrated_sample_is_well_formed(stack):
-    from rlhfless_sdk import PluginManager, PolicySpec, hookimpl
+def test_migrated_sample_is_well_formed(stack, registry_with):
+    from rlhfless_sdk import PolicySpec, hookimpl
 
     class Plugin:
         @hookimpl
         def rlhfless_register_migrators(self, register):
             register(PolicySpec(name="move-first", factory=MoveFirst))
 
-    pm = PluginManager()
-    pm.register(Plugin(), name="move-first-plugin")
-    reg = pm.registry
+    reg = registry_with(**{"move-first-plugin": Plugin()})
     base = reg.scheduler("openrlhf")
     config = base.derive(name="migrate-test", migrator="move-first")
     gen = make_generator(stack, config, registry=reg, num_prompts=4, check_interval_s=0.2)
@@ -221,8 +219,8 @@ def test_migrated_sample_is_well_formed(stack):
     )
 
 
-def test_a_policy_that_raises_falls_back_for_the_step(stack):
-    from rlhfless_sdk import PluginManager, PolicySpec, hookimpl
+def test_a_policy_that_raises_falls_back_for_the_step(stack, registry_with):
+    from rlhfless_sdk import PolicySpec, hookimpl
 
     class Boom:
         def __init__(self, params):
@@ -236,9 +234,7 @@ def test_a_policy_that_raises_falls_back_for_the_step(stack):
         def rlhfless_register_assigners(self, register):
             register(PolicySpec(name="boom", factory=Boom))
 
-    pm = PluginManager()
-    pm.register(Plugin(), name="boom-plugin")
-    reg = pm.registry
+    reg = registry_with(**{"boom-plugin": Plugin()})
     base = reg.scheduler("rlhfless")
     config = base.derive(name="boom-test", assigner="boom")
     gen = make_generator(stack, config, registry=reg, num_prompts=4)

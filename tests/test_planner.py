@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from rlhfless_sdk import PluginManager, PolicySpec, hookimpl
+from rlhfless_sdk import PolicySpec, hookimpl
 from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import ActorPlacement, ActorProgress, Cluster, SampleProgress, StepProgress
@@ -127,10 +127,8 @@ class FaultyPlugin:
 
 
 @pytest.fixture(scope="module")
-def faulty_registry():
-    pm = PluginManager()
-    pm.register(FaultyPlugin(), name="faulty-plugin")
-    return pm.registry
+def faulty_registry(registry_with):
+    return registry_with(**{"faulty-plugin": FaultyPlugin()})
 
 
 def make_planner(registry, **policies):

@@ -286,36 +286,20 @@ class Vandal:
 
 
 class VandalPlugin:
-    @hookimpl
-    def rlhfless_register_predictors(self, register):
-        register(PolicySpec(name="vandal", factory=Vandal))
+    """Registers ``vandal`` for every policy kind (one hook per row of the kind table)."""
 
-    @hookimpl
-    def rlhfless_register_prefill_planners(self, register):
-        register(PolicySpec(name="vandal", factory=Vandal))
 
-    @hookimpl
-    def rlhfless_register_assigners(self, register):
-        register(PolicySpec(name="vandal", factory=Vandal))
-
-    @hookimpl
-    def rlhfless_register_migrators(self, register):
-        register(PolicySpec(name="vandal", factory=Vandal))
-
-    @hookimpl
-    def rlhfless_register_scalers(self, register):
-        register(PolicySpec(name="vandal", factory=Vandal))
-
-    @hookimpl
-    def rlhfless_register_placers(self, register):
-        register(PolicySpec(name="vandal", factory=Vandal))
+for _kind in KINDS:
+    setattr(
+        VandalPlugin,
+        _kind.hook,
+        hookimpl(lambda self, register: register(PolicySpec(name="vandal", factory=Vandal))),
+    )
 
 
 @pytest.fixture(scope="module")
-def vandal_registry():
-    pm = PluginManager()
-    pm.register(VandalPlugin(), name="vandal-plugin")
-    return pm.registry
+def vandal_registry(registry_with):
+    return registry_with(**{"vandal-plugin": VandalPlugin()})
 
 
 def _columns(batch):
@@ -412,22 +396,18 @@ def _simulate(reg, config):
     return sim.run(config, synthetic_workload(SyntheticWorkload(16, 4, seed=1), 2)).reports
 
 
-def test_a_migrator_that_raises_is_named_in_the_steps_fallbacks(caplog):
-    pm = PluginManager()
-    pm.register(StepPlugin(), name="step-plugin")
-    reg = pm.registry
+def test_a_migrator_that_raises_is_named_in_the_steps_fallbacks(caplog, registry_with):
+    reg = registry_with(**{"step-plugin": StepPlugin()})
     reports = _simulate(reg, reg.scheduler("rlhfless").derive(name="boom-test", migrator="boom"))
     assert all(r.fallbacks == ["migrator:boom"] for r in reports)
     assert "migrator 'boom' (plugin 'step-plugin') failed" in caplog.text
 
 
-def test_a_slow_policy_is_named_once_per_step_with_its_time(caplog, monkeypatch):
+def test_a_slow_policy_is_named_once_per_step_with_its_time(caplog, monkeypatch, registry_with):
     import rlhfless_sdk.planning.planner as planner_module
 
     monkeypatch.setattr(planner_module, "SLOW_POLICY_S", 0.1)  # the 10 s assigner of the report, made short
-    pm = PluginManager()
-    pm.register(StepPlugin(), name="step-plugin")
-    reg = pm.registry
+    reg = registry_with(**{"step-plugin": StepPlugin()})
     _simulate(reg, reg.scheduler("rlhfless").derive(name="slow-test", assigner="slow", migrator="none"))
     slow = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
     assert len(slow) == 2  # one per step, although the assigner runs once per candidate actor count

@@ -53,6 +53,17 @@ def plot_path(ctx: click.Context, param: click.Parameter, value: Path | None) ->
     return value
 
 
+def plot_option(what: str) -> Any:
+    """The ``--plot FILE`` option, checked up front by ``plot_path``."""
+    return click.option(
+        "--plot",
+        "plot_path",
+        type=click.Path(path_type=Path),
+        callback=plot_path,
+        help=f"Write {what} (PNG, PDF, SVG or JPEG).",
+    )
+
+
 def finite(obj: Any) -> Any:
     """``obj`` with every nan or infinity replaced by None (JSON has no such numbers)."""
     if isinstance(obj, float):

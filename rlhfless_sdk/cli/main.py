@@ -12,7 +12,7 @@ from rlhfless_sdk.api.config import config_json_schema, read_scheduler_config
 from rlhfless_sdk.api.errors import ConfigError, RlhflessError
 from rlhfless_sdk.api.kinds import POLICY_KINDS
 from rlhfless_sdk.api.plugins import get_plugin_manager
-from rlhfless_sdk.cli.args import NON_NEGATIVE, POSITIVE, FiniteFloat, dumps, plot_path
+from rlhfless_sdk.cli.args import NON_NEGATIVE, POSITIVE, FiniteFloat, dumps, plot_option
 
 
 class _Group(click.Group):
@@ -252,13 +252,7 @@ def plan_cmd(
 @click.option("--gpus", default=16, type=POSITIVE, show_default=True)
 @click.option("--gpus-per-node", default=8, type=POSITIVE, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with a `schedulers` list.")
-@click.option(
-    "--plot",
-    "plot_path",
-    type=click.Path(path_type=Path),
-    callback=plot_path,
-    help="Write cost against time per step (PNG, PDF, SVG or JPEG).",
-)
+@plot_option("cost against time per step")
 @click.option(
     "--frontier/--no-frontier",
     default=True,
@@ -289,13 +283,7 @@ def simulate_cmd(**kw) -> None:
 @click.option("--gpus", default=16, type=POSITIVE, show_default=True)
 @click.option("--simulate/--no-simulate", default=True, show_default=True, help="Also simulate each predictor.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with a `predictors` list.")
-@click.option(
-    "--plot",
-    "plot_path",
-    type=click.Path(path_type=Path),
-    callback=plot_path,
-    help="Write a comparison chart (PNG, PDF, SVG or JPEG).",
-)
+@plot_option("a comparison chart")
 def compare_predictors_cmd(
     trace: str | None,
     predictors: str,
