@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from rlhfless_sdk import hookimpl
+from rlhfless_sdk import get_plugin_manager, hookimpl
 from rlhfless_sdk.cli.args import POSITIVE, dumps
 
 
@@ -95,11 +95,20 @@ def demo_cmd(
     """A real rollout comparison on this machine: OpenRLHF's engines on vLLM (CPU), SmolLM2-135M-Instruct,
     each scheduler for several epochs over the same GSM8K-style prompts."""
     try:
-        from rlhfless_openrlhf.demo import DemoSettings, run_demo
+        from rlhfless_openrlhf.demo import DemoSettings, load_questions, run_demo
     except ImportError as exc:
         raise click.ClickException(
             f"the demo needs the adapter's install (see the README's first command): {exc}"
         ) from exc
+    # everything the run needs is checked before the model loads and the engines start
+    registry = get_plugin_manager().registry
+    for name in schedulers:
+        registry.scheduler(name)  # an unknown name: one line, exit 2
+    if prompts_file is not None:
+        try:
+            load_questions(prompts_file, num_prompts)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--prompts'") from None
     settings = DemoSettings(
         prompts_file=prompts_file,
         num_prompts=num_prompts,

@@ -54,6 +54,15 @@ def test_bad_arguments_are_refused_before_any_work(args, message):
     assert "Usage:" in res.output and "Traceback" not in res.output
 
 
+def test_the_demo_checks_its_prompts_and_schedulers_before_loading_anything(tmp_path):
+    bad = tmp_path / "q.jsonl"
+    bad.write_text("not json\n")
+    res = run("demo", "--prompts", str(bad))
+    assert res.exit_code == 2 and "q.jsonl, line 1: expected a JSON object with question and answer" in res.output
+    res = run("demo", "--scheduler", "nosuch")
+    assert res.exit_code == 2 and "no scheduler named 'nosuch'" in res.output
+
+
 def test_json_output_is_strict_json():
     assert json.loads(dumps({"a": [1.0, math.nan, {"b": math.inf}], "c": -math.inf})) == {
         "a": [1.0, None, {"b": None}],
