@@ -80,3 +80,19 @@ def test_no_import_circle():
 def test_the_sdk_never_names_the_adapter():
     hits = [str(p) for p in SDK.rglob("*.py") if "rlhfless_openrlhf" in p.read_text(encoding="utf-8")]
     assert hits == []
+
+
+def test_the_sdk_and_its_cli_import_nothing_heavy():
+    """Importing the SDK, building the registry (which loads the adapter's command plugin) and the CLI pulls in
+    no torch, Ray, vLLM or OpenRLHF: they load only when a command that needs them runs."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, rlhfless_sdk, rlhfless_sdk.cli.main as m\n"
+        "from rlhfless_sdk import get_plugin_manager\n"
+        "assert 'demo' in get_plugin_manager().registry.commands\n"
+        "print(sorted({n.split('.')[0] for n in sys.modules} & {'torch', 'ray', 'vllm', 'openrlhf', 'transformers'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
