@@ -94,6 +94,24 @@ class RoundRobinAssigner:
         return np.arange(len(batch), dtype=np.int64) % num_actors
 
 
+class StaticChunksAssigner:
+    """verl's synchronous rollout: the batch's samples (each prompt repeated n times, interleaved, so a group's
+    samples are adjacent) are split into equal contiguous chunks, one per engine, whatever their lengths.
+
+    Per sample: sample j of S goes to engine ``j * N // S``, so chunk sizes differ by at most one and a group
+    may straddle two engines at a chunk boundary (the controller regroups its samples afterwards).
+    """
+
+    description = "verl (synchronous): the samples in equal contiguous chunks, one per engine"
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def assign(self, batch: PromptBatch, predicted: np.ndarray, num_actors: int) -> np.ndarray:
+        s = batch.total_samples
+        return np.arange(s, dtype=np.int64) * num_actors // max(s, 1)
+
+
 class BalancedAssigner:
     """Beyond the paper: longest-processing-time-first on predicted work (n * length).
 

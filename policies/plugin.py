@@ -14,6 +14,7 @@ from rlhfless_policies.assigners import (
     RoundRobinAssigner,
     SortedAssigner,
     SortedParams,
+    StaticChunksAssigner,
 )
 from rlhfless_policies.migrators import GlobalMigrator, GlobalParams, NoMigrator, TauMigrator, TauParams
 from rlhfless_policies.model_predictor import ModelParams, ModelPredictor
@@ -62,6 +63,7 @@ POLICIES: dict[str, list[tuple]] = {
         ("least-pending", LeastPendingAssigner, NoParams),
         ("round-robin", RoundRobinAssigner, NoParams),
         ("balanced", BalancedAssigner, NoParams),
+        ("chunks", StaticChunksAssigner, NoParams),
     ],
     "migrator": [
         ("tau", TauMigrator, TauParams),

@@ -91,7 +91,7 @@ def test_unknown_policy_name(tmp_path):
     res = validate(tmp_path, GOOD.replace("assigner: sorted", "assigner: sortd"))
     assert res.exit_code == 1
     assert "assigner.name (line 4)" in res.output
-    assert "valid: balanced, least-pending, round-robin, sorted" in res.output
+    assert "valid: balanced, chunks, least-pending, round-robin, sorted" in res.output
 
 
 def test_lambda_outside_unit_interval(tmp_path):

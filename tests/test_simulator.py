@@ -162,7 +162,7 @@ def test_predictor_learns_across_steps(registry):
     assert all(r.prediction_mae < mae[1] for r in oracle)
 
 
-@pytest.mark.parametrize("name", ["openrlhf", "rlhfless", "ablation-dedup", "ablation-assign", "oracle"])
+@pytest.mark.parametrize("name", ["openrlhf", "verl", "rlhfless", "ablation-dedup", "ablation-assign", "oracle"])
 def test_every_sample_finishes_once(registry, name):
     w = synthetic_workload(SyntheticWorkload(48, 4, seed=1), 2)
     sim = Simulator(load_profile("qwen2.5-3b-h100"), make_cluster(8, 4), registry=registry)
