@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 from pydantic import ConfigDict, Field, PositiveInt
@@ -28,13 +29,22 @@ class CostAwareParams(Record):
 
     lam: float = Field(default=0.7, ge=0.0, le=1.0, alias="lambda", description="Weight of time against cost.")
     max_candidates: PositiveInt = Field(default=32, description="Counts tried; a geometric grid beyond this.")
+    normalise: Literal["min-max", "relative"] = Field(
+        default="min-max",
+        description="min-max over the candidates (the paper), or relative to the best candidate's time and cost.",
+    )
 
 
 class CostAwareScaler:
     """The paper's scaler: N' = argmin_N lambda * T~(N) + (1 - lambda) * C~(N).
 
-    T~ and C~ are the cost model's step time and GPU-seconds, min-max normalised over the candidates; ties go
-    to the faster candidate, then the smaller N.
+    ``min-max`` (the paper): T~ and C~ are the cost model's step time and GPU-seconds, min-max normalised over
+    the candidates; ties go to the faster candidate, then the smaller N. The pick then depends on the worst
+    candidates: adding one that is slower and dearer than another (dominated) can widen a span and move the
+    pick, and so does the candidate range (N = 1 usually sets the time span).
+    ``relative``: T~ = T / min T and C~ = C / min C, each as a multiple of the best candidate's; ties go to the
+    faster, then the cheaper, then the smaller N. Only the best values matter, so adding or removing a dominated
+    candidate never changes the pick.
     """
 
     description = "argmin of lambda*time + (1-lambda)*cost, min-max normalised (RLHFless)"
@@ -48,11 +58,18 @@ class CostAwareScaler:
     def scores(self, estimates: Sequence[CandidateEstimate]) -> np.ndarray:
         t = np.array([e.time_s for e in estimates], dtype=np.float64)
         c = np.array([e.gpu_seconds for e in estimates], dtype=np.float64)
+        if self.params.normalise == "relative":
+            eps = 1e-6  # seconds / GPU-seconds: keeps a zero estimate finite, the same for every candidate set
+            return self.params.lam * (t + eps) / (t.min() + eps) + (1.0 - self.params.lam) * (c + eps) / (c.min() + eps)
         return self.params.lam * minmax(t) + (1.0 - self.params.lam) * minmax(c)
 
     def choose(self, estimates: Sequence[CandidateEstimate]) -> int:
         s = self.scores(estimates)
-        best = min(range(len(estimates)), key=lambda i: (s[i], estimates[i].time_s, estimates[i].num_actors))
+        if self.params.normalise == "relative":
+            e = estimates
+            best = min(range(len(e)), key=lambda i: (s[i], e[i].time_s, e[i].gpu_seconds, e[i].num_actors))
+        else:
+            best = min(range(len(estimates)), key=lambda i: (s[i], estimates[i].time_s, estimates[i].num_actors))
         return estimates[best].num_actors
 
 

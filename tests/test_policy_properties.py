@@ -289,6 +289,40 @@ def test_cost_aware_choice_is_the_argmin(est, lam):
     assert chosen == est[expected].num_actors
 
 
+def _dominated(est, data):
+    """A candidate slower and dearer than (or as slow and as dear as, but not equal to) one of ``est``."""
+    base = data.draw(st.sampled_from(est))
+    dt, dc = data.draw(st.floats(0, 1e3)), data.draw(st.floats(0, 1e4))
+    if dt == 0 and dc == 0:
+        dc = 1.0
+    n = max(e.num_actors for e in est) + data.draw(st.integers(1, 5))
+    return CandidateEstimate(num_actors=n, time_s=base.time_s + dt, gpu_seconds=base.gpu_seconds + dc)
+
+
+@given(est=estimates, lam=st.floats(0, 1), data=st.data())
+def test_relative_normalisation_ignores_dominated_candidates(est, lam, data):
+    scaler = REG.create("scaler", {"name": "cost-aware", "params": {"lambda": lam, "normalise": "relative"}})
+    before = scaler.choose(est)
+    extra = _dominated(est, data)
+    assert scaler.choose([*est, extra]) == before  # added
+    at = data.draw(st.integers(0, len(est)))
+    assert scaler.choose([*est[:at], extra, *est[at:]]) == before  # wherever it sits
+
+
+def test_min_max_normalisation_can_be_moved_by_a_dominated_candidate():
+    """Why ``relative`` exists: the paper's min-max form changes its pick when a dominated candidate widens the
+    time span (the same happens when the candidate range changes)."""
+    est = [
+        CandidateEstimate(num_actors=2, time_s=100.0, gpu_seconds=200.0),
+        CandidateEstimate(num_actors=4, time_s=60.0, gpu_seconds=240.0),
+    ]
+    paper = REG.create("scaler", {"name": "cost-aware", "params": {"lambda": 0.5}})
+    slow = CandidateEstimate(num_actors=1, time_s=400.0, gpu_seconds=400.0)  # dominated by both
+    assert paper.choose(est) != paper.choose([*est, slow])
+    relative = REG.create("scaler", {"name": "cost-aware", "params": {"lambda": 0.5, "normalise": "relative"}})
+    assert relative.choose(est) == relative.choose([*est, slow])
+
+
 @pytest.mark.parametrize("name", REG.names("scaler"))
 @given(lo=st.integers(1, 50), span=st.integers(0, 2000))
 def test_scaler_candidates_within_range(name, lo, span):
