@@ -234,8 +234,7 @@ class RayBackend:
             generation_s=time.time() - self.t_start,
             engines=engines,
             gpus=len(self.handles),  # serverful: every engine OpenRLHF holds, for the whole step
-            gpus_per_engine=1,
-            cold_start_s=self.gen.profile.cold_start_s,
+            gpus_per_engine=1,  # OpenRLHF's engines stay up between steps: warm, no start-up to bill
             prefill_tokens_saved=sum(int(s.cached_tokens) for s in stats.values()),
         )
 
@@ -266,6 +265,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.planner = StepPlanner(
             config, cluster=self.cluster, cost_model=AnalyticCostModel(profile), registry=registry, learner_gpus=0
         )
+        self.planner.warm_actors = len(vllm_engines)  # OpenRLHF started them before the first step
         self.profile = profile
         self.report_path = None if report_path is None else Path(report_path)
         self.check_interval_s = check_interval_s

@@ -8,12 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlhfless_sdk import PluginManager, PolicySpec, Record, hookimpl
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster, MigrationDecision, TimePerTokenProfile
 from rlhfless_sdk.cli.main import main
+from rlhfless_sdk.cli.plan_report import resolve_scheduler
 from rlhfless_sdk.cli.simulate import make_cluster
 from rlhfless_sdk.simulation.simulator import Simulator
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep, synthetic_workload
@@ -103,7 +106,9 @@ def test_billing_serverless_and_serverful(registry):
     assert r.gpu_seconds_serverful == pytest.approx(4 * r.time_s)
     busy = sorted(r.actor_busy_s)
     assert r.gpu_seconds == pytest.approx(sum(busy) + 4 * 2.0)  # each actor until its last token, plus cold start
-    assert r.idle_fraction == pytest.approx(1 - sum(busy) / (4 * r.generation_s))
+    assert r.cold_starts == 4
+    assert r.generation_s == pytest.approx(2.0 + max(busy))  # the start-up is in the time too
+    assert r.idle_fraction == pytest.approx(1 - sum(busy) / (4 * (r.generation_s)))
     assert r.imbalance == pytest.approx(max(busy) / np.mean(busy))
 
 
@@ -294,3 +299,32 @@ def test_simulate_reports_the_time_cost_frontier():
         main, ["simulate", "--prompts", "8", "--samples", "2", "--steps", "1", "--json", "--no-frontier"]
     )
     assert "frontier" not in json.loads(res.output)["schedulers"][1]["steps"][0]
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    name=st.sampled_from(["openrlhf", "verl", "rlhfless", "rlhfless-slo", "ablation-dedup"]),
+    prompts=st.integers(2, 24),
+    n=st.integers(1, 4),
+    seed=st.integers(0, 10_000),
+    cold=st.floats(0.5, 20.0),
+)
+def test_start_up_is_charged_to_time_and_cost_and_serverless_never_exceeds_serverful(
+    registry_with, name, prompts, n, seed, cold
+):
+    """One start-up model for every scheduler: a cold engine starts ``cold_start_s`` late (time) and is billed
+    for it (cost); an engine that worked in the previous step is warm. Serverless <= serverful on every step."""
+    registry = registry_with()
+    prof = load_profile("qwen2.5-7b-l40s").model_copy(update={"cold_start_s": cold})
+    sim = Simulator(prof, Cluster.uniform(1, 4), registry=registry)
+    config = resolve_scheduler(name, registry)
+    work = synthetic_workload(SyntheticWorkload(prompts, n, seed=seed, median_length=60, max_length=200), 3)
+    res = sim.run(config, work)
+    for i, r in enumerate(res.reports):
+        assert r.gpu_seconds <= r.gpu_seconds_serverful * (1 + 1e-9)
+        if i == 0:
+            assert r.cold_starts >= 1 and r.generation_s >= cold  # every engine starts in the first step
+    first, later = res.reports[0], res.reports[1:]
+    if name in ("openrlhf", "verl"):  # a fixed fleet: warm after the first step
+        assert all(r.cold_starts == 0 for r in later)
+        assert first.cold_starts == sum(b > 0 for b in first.actor_busy_s)

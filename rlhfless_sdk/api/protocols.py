@@ -119,4 +119,5 @@ class CostModel(Protocol):
         num_actors: int,
         prefill: PrefillPlan,
         migrates: bool = False,
+        warm_actors: int = 0,
     ) -> CandidateEstimate: ...

@@ -7,8 +7,9 @@ Per decode actor, with its samples' predicted lengths ``L`` and prompt lengths `
 - prefill time   = prefill_per_new_token_s * (prompt tokens not covered by a deduplicated shared prefix)
 
 Step time is the slowest actor plus the prefill actor's pass over the distinct shared prefixes
-(``PrefillPlan.prefill_actor_tokens``) and one cold start; GPU-seconds
-bill each actor while it has work (serverless), plus its cold start. Everything is vectorised over samples.
+(``PrefillPlan.prefill_actor_tokens``), plus one start-up when any actor is cold (actors ``0..warm_actors-1``
+ran the previous step and are warm); GPU-seconds bill each actor while it has work (serverless), plus the
+start-up of each cold one. Everything is vectorised over samples.
 """
 
 from __future__ import annotations
@@ -90,9 +91,11 @@ class AnalyticCostModel:
         num_actors: int,
         prefill: PrefillPlan,
         migrates: bool = False,
+        warm_actors: int = 0,
     ) -> CandidateEstimate:
         """``migrates``: the scheduler cuts and migrates laggards, so the slowest actor sheds its tail down to
-        the mean busy time, but no sample ends sooner than its own decode steps take."""
+        the mean busy time, but no sample ends sooner than its own decode steps take. ``warm_actors``: actors
+        ``0..warm_actors-1`` (and the prefill actor, when any is warm) need no start-up."""
         prof = self.profile
         busy = self.actor_busy_s(batch, predicted, sample_actor, num_actors, prefill)
         used = int(np.count_nonzero(busy))
@@ -102,8 +105,11 @@ class AnalyticCostModel:
         if migrates and used:
             longest = float(np.max(predicted, initial=0.0)) * prof.decode_base_s
             decode = min(decode, max(float(busy[busy > 0].mean()), longest))
-        time_s = prof.cold_start_s + prefill_actor_s + decode
-        gpu_seconds = prof.gpus_per_actor * (float(busy.sum()) + used * prof.cold_start_s)
+        cold = int(np.count_nonzero(busy[warm_actors:]))
+        prefill_cold = prof.cold_start_s if prefill_actor_s and not warm_actors else 0.0
+        start_up = prof.cold_start_s if cold or prefill_cold else 0.0
+        time_s = start_up + prefill_actor_s + decode
+        gpu_seconds = prof.gpus_per_actor * (float(busy.sum()) + cold * prof.cold_start_s)
         if prefill_actor_s:
-            gpu_seconds += prefill_actor_s + prof.cold_start_s
+            gpu_seconds += prefill_actor_s + prefill_cold
         return CandidateEstimate(num_actors=num_actors, time_s=time_s, gpu_seconds=gpu_seconds)

@@ -146,6 +146,8 @@ class StepPlanner:
         self.slow_policy_s = SLOW_POLICY_S
         self._baselines: dict[str, Any] = {}
         self.migration = MigrationController(self)
+        #: Decode actors 0..warm_actors-1 are running already (no start-up); the backend keeps this current.
+        self.warm_actors = 0
 
     # -- helpers ---------------------------------------------------------------------------------------
     def policy_label(self, kind: str) -> str:
@@ -275,7 +277,9 @@ class StepPlanner:
                 lambda o, n=n: check_assignment(o, batch, n),
             )
             assignments[n] = sample_actor
-            flags = {"migrates": True} if migrates else {}  # a cost model without the keyword still works
+            flags: dict[str, Any] = {"migrates": True} if migrates else {}  # a cost model without them still works
+            if self.warm_actors:
+                flags["warm_actors"] = self.warm_actors
             estimates.append(self.cost_model.estimate(batch, pred, sample_actor, n, prefill, **flags))
 
         def check_choice(c: Any) -> int:

@@ -84,6 +84,7 @@ class EngineUsage:
     busy_s: float  # seconds with at least one sample running
     first_s: float | None  # first work this step (serverless billing starts); None: the engine did no work
     last_s: float  # last token
+    cold_start_s: float = 0.0  # the engine was started for this step (0: warm from the previous step)
 
 
 @dataclass
@@ -94,8 +95,7 @@ class StepUsage:
     engines: list[EngineUsage]  # by engine id
     gpus: int  # GPUs billed for the whole step when serverful
     gpus_per_engine: int = 1
-    cold_start_s: float = 0.0  # charged per used engine (and the prefill actor), serverless
-    prefill_s: float = 0.0  # the prefill actor's busy time (simulator's dedup prefill)
+    prefill_s: float = 0.0  # the prefill actor's billed time, its start-up included (simulator's dedup prefill)
     prefill_tokens_saved: int = 0
     prepare_s: float = 0.0  # scoring, learning and the weight sync, on every GPU after generation
     learn_s: float = 0.0
@@ -397,14 +397,17 @@ class StepController:
         generation = u.generation_s
         used = [e for e in u.engines if e.first_s is not None]
         time_s = generation + u.prepare_s + u.learn_s + u.sync_s
-        decode_gpu_s = sum((e.last_s - e.first_s + u.cold_start_s) * gpa for e in used)  # type: ignore[operator]
-        prefill_gpu_s = u.prefill_s + u.cold_start_s if u.prefill_s else 0.0
-        serverless = decode_gpu_s + prefill_gpu_s + g * (u.prepare_s + u.learn_s + u.sync_s)
+        # An engine is billed from its first work to its last token, plus its start-up when it was cold; the
+        # backend delays a cold engine's first work by that start-up, so the start-up is in the step's time too.
+        decode_gpu_s = sum((e.last_s - e.first_s + e.cold_start_s) * gpa for e in used)  # type: ignore[operator]
+        serverless = decode_gpu_s + u.prefill_s + g * (u.prepare_s + u.learn_s + u.sync_s)
         busy = np.array([e.busy_s for e in used]) if used else np.zeros(1)
         decode_gpus = max(len(used), 1) * gpa
         idle = 1.0 - float(busy.sum()) * gpa / (decode_gpus * generation) if generation > 0 else 0.0
         pred = np.asarray(self.predicted)
         mae = float(np.abs(pred - np.asarray(self.length)).mean()) if len(pred) else 0.0
+        chosen = next((c for c in self.plan.candidates if c.num_actors == self.plan.num_actors), None)
+        estimate = chosen.time_s if chosen is not None else None
         return StepReport(
             step=self.step,
             scheduler=self.planner.config.name,
@@ -422,6 +425,9 @@ class StepController:
             samples=len(self.state),
             actor_busy_s=[e.busy_s for e in u.engines],
             prediction_mae=mae,
+            estimated_generation_s=estimate,
+            estimate_error=estimate / generation - 1.0 if estimate is not None and generation > 0 else None,
+            cold_starts=sum(1 for e in used if e.cold_start_s > 0),
             planner_ms=self.plan.planner_ms,
             fallbacks=self.fallbacks,
         )

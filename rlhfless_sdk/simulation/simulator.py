@@ -9,7 +9,11 @@ out); at regular checkpoints the step controller may cut samples and move them, 
 prompt + generated tokens (mode ``tokens``) or a KV transfer over the link between the two actors' nodes
 (mode ``kv``); then scoring, learning and the weight sync take the time the profile gives. The finished
 samples go back to the predictor, and a ``StepReport`` bills the step both serverless (each actor from its
-start to its last token, plus a cold start) and serverful (every GPU for the whole step).
+first work to its last token) and serverful (every GPU for the whole step).
+
+Start-up is charged once, to time and to GPU-seconds alike: an actor that did work in the previous step is
+warm; a cold one (every actor in the first step, a new one when the scaler grows the fleet) starts
+``cold_start_s`` late and is billed for those seconds. So billing serverless never exceeds billing serverful.
 
 Between events a decode actor's batch is constant, so k decode steps cost
 ``k * (a + b*B + c*ctx) + c*B*k*(k-1)/2`` (context grows by B a step): the simulation jumps from event to event.
@@ -237,8 +241,11 @@ class SimulatedBackend:
         max_tokens: int | None = None,
         checks_per_step: int = 40,
         migrates: bool = False,
+        warm: frozenset[int] = frozenset(),
+        warm_prefill: bool = False,
     ) -> None:
         self.profile, self.cluster, self.ws, self.plan = profile, cluster, ws, plan
+        self.warm, self.warm_prefill = warm, warm_prefill
         self.s = s = _Samples(ws, plan)
         self.max_num_seqs = profile.max_num_seqs
         self.max_tokens = max_tokens or int(max(s.target, default=1)) or 1
@@ -246,6 +253,9 @@ class SimulatedBackend:
         n = plan.num_actors
         self.node_of = {(p.actor.role, p.actor.actor_id): p.node for p in plan.placement}
         start = self._prefill(n)
+        cold = np.array([0.0 if a in warm else profile.cold_start_s for a in range(n)])
+        start = np.maximum(start, cold)  # a cold actor boots while the prefill actor works
+        self.cold = cold
         self.actors = [_Actor(a, profile, self.node_of.get(("decode", a), ""), float(start[a])) for a in range(n)]
         chosen = next((e for e in plan.candidates if e.num_actors == n), None)
         self.interval = max((chosen.time_s if chosen else 1.0) / checks_per_step, 1e-3)
@@ -268,7 +278,7 @@ class SimulatedBackend:
         done = np.zeros(len(prefix), dtype=bool)
         # groups share template blocks: the prefill actor's real work is the prefix tree, D tokens in all
         scale = plan.prefill.prefill_actor_tokens / max(float(prefix.sum()), 1.0)
-        clock = prof.prefill_base_s
+        clock = prof.prefill_base_s + (0.0 if self.warm_prefill else prof.cold_start_s)
         for a in np.argsort(-load, kind="stable").tolist():
             groups = np.unique(group[sample_actor == a])
             if groups.size == 0:
@@ -351,10 +361,12 @@ class SimulatedBackend:
         tokens = float(sum(s.prompt_len) + sum(s.target))
         return StepUsage(
             generation_s=max([a.last_token for a in used] + [self.prefill_s, 0.0]),
-            engines=[EngineUsage(a.busy, a.first if a.used else None, a.last_token) for a in self.actors],
+            engines=[
+                EngineUsage(a.busy, a.first if a.used else None, a.last_token, float(self.cold[a.aid]))
+                for a in self.actors
+            ],
             gpus=g,
             gpus_per_engine=prof.gpus_per_actor,
-            cold_start_s=prof.cold_start_s,
             prefill_s=self.prefill_s,
             prefill_tokens_saved=self.plan.prefill.tokens_saved,
             prepare_s=tokens * prof.prepare_gpu_s_per_token / g,
@@ -416,6 +428,8 @@ class Simulator:
         self.max_tokens = max_tokens
         self.checks_per_step = checks_per_step
         self.cost_model = AnalyticCostModel(profile)
+        self.warm: frozenset[int] = frozenset()  # actors that worked in the previous step
+        self.warm_prefill = False
 
     def planner(self, config: SchedulerConfig) -> StepPlanner:
         # Colocated learner (as verl and OpenRLHF's --colocate_all run): it takes no GPU during generation and
@@ -437,6 +451,7 @@ class Simulator:
         frontier: bool = False,
     ) -> SimulationResult:
         planner = self.planner(config)
+        self.warm, self.warm_prefill = frozenset(), False
         steps = []
         for ws in workload.steps:
             sim = self.step(planner, ws, frontier=frontier)
@@ -446,10 +461,14 @@ class Simulator:
         return SimulationResult(config.name, steps)
 
     def step(self, planner: StepPlanner, ws: WorkloadStep, frontier: bool = False) -> SimulatedStep:
+        """One step; the actors that worked in it stay warm for the next (``self.warm``)."""
+        planner.warm_actors = len(self.warm)
         plan = planner.plan(ws.batch, step=ws.step)
         outcome = self.execute(planner, ws, plan, observe=True)
         chosen = next((e for e in plan.candidates if e.num_actors == plan.num_actors), None)
         front = self.frontier(planner, ws, plan, outcome.report) if frontier else None
+        self.warm = frozenset(a for a, e in enumerate(outcome.usage.engines) if e.first_s is not None)
+        self.warm_prefill = self.warm_prefill or outcome.usage.prefill_s > 0
         return SimulatedStep(outcome.report, plan, chosen, outcome.usage.extra["preemptions"], front, outcome)
 
     def execute(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, *, observe: bool = False) -> StepOutcome:
@@ -462,6 +481,8 @@ class Simulator:
             max_tokens=self.max_tokens,
             checks_per_step=self.checks_per_step,
             migrates=planner.config.migrates(),
+            warm=self.warm,
+            warm_prefill=self.warm_prefill,
         )
         return StepController(planner, backend, ws.batch, plan, step=ws.step).run(observe=observe)
 
