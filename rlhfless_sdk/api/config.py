@@ -7,7 +7,7 @@ then each policy name and its parameters against the plugin registry (the policy
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import yaml
 from pydantic import Field, PositiveInt, ValidationError, create_model, model_validator
@@ -47,6 +47,33 @@ def _policy_field(kind: PolicyKind) -> tuple[Any, Any]:
     return PolicyRef, Field(description=doc)
 
 
+class PipelineConfig(Record):
+    """How generation and learning share the cluster and the clock.
+
+    ``sync`` (OpenRLHF's default loop, verl): every GPU generates, then every GPU learns. ``async`` (OpenRLHF's
+    ``--train.async_enable``): ``rollout_gpus`` GPUs only generate, the rest only learn, and the next batch is
+    generated while the current one trains, at most ``queue_size`` batches ahead (so tokens are up to
+    ``queue_size`` weight updates old). Without ``partial_rollout`` a weight broadcast waits for the batch being
+    generated to finish (OpenRLHF's vLLM lock); with it (``--train.partial_rollout_enable``) the engines pause for
+    the broadcast and go on with the new weights, so one sample can hold tokens of two policies.
+    """
+
+    mode: Literal["sync", "async"] = "sync"
+    queue_size: PositiveInt = Field(default=1, description="async: batches generated ahead of training.")
+    partial_rollout: bool = Field(default=False, description="async: keep generating through a weight update.")
+    rollout_gpus: PositiveInt | None = Field(
+        default=None,
+        description="async: GPUs that generate (the rest learn); default: the split that balances the two, "
+        "chosen on the first step.",
+    )
+
+    @model_validator(mode="after")
+    def _async_only(self) -> PipelineConfig:
+        if self.mode == "sync" and (self.partial_rollout or self.rollout_gpus is not None or self.queue_size != 1):
+            raise ValueError("queue_size, partial_rollout and rollout_gpus apply to mode: async only")
+        return self
+
+
 # One field per policy kind, in the kind table's order, after ``name`` and ``description``.
 _WithPolicies = create_model("_WithPolicies", __base__=_Named, **{k.name: _policy_field(k) for k in KINDS})
 
@@ -60,6 +87,9 @@ class SchedulerConfig(_WithPolicies):  # type: ignore[misc,valid-type]
     )
     prefill_capacity_tokens: PositiveInt = Field(
         default=65536, description="Tokens the prefill actor can hold in one deduplicated batch."
+    )
+    pipeline: PipelineConfig = Field(
+        default_factory=PipelineConfig, description="Synchronous steps, or generation overlapping learning."
     )
 
     @model_validator(mode="after")

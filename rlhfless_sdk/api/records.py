@@ -155,6 +155,10 @@ class ActorPlacement(Record):
         return self
 
 
+#: Learning algorithms whose learner costs differ: with a critic and reward model, or critic-free.
+ALGOS = ("ppo", "grpo")
+
+
 class TimePerTokenProfile(Record):
     """How long a model takes on one actor's hardware; the cost model's input.
 
@@ -185,8 +189,29 @@ class TimePerTokenProfile(Record):
     learn_gpu_s_per_token: NonNegativeFloat = Field(
         default=0.0, description="Policy (and critic) update: GPU-seconds per token (prompt + response)."
     )
+    grpo_prepare_gpu_s_per_token: NonNegativeFloat | None = Field(
+        default=None,
+        description="GRPO / REINFORCE-style scoring (reference forward, rule reward); default: a third of PPO's.",
+    )
+    grpo_learn_gpu_s_per_token: NonNegativeFloat | None = Field(
+        default=None, description="GRPO / REINFORCE-style update (actor only, no critic); default: half of PPO's."
+    )
     weight_sync_s: NonNegativeFloat = Field(default=0.0, description="Broadcast of new weights to rollout actors.")
     derivation: str = Field(default="", description="How the numbers were obtained (sources, arithmetic).")
+
+    def learner_rates(self, algo: str) -> tuple[float, float]:
+        """(scoring, learning) GPU-seconds per token for ``algo``: ``ppo`` (critic and reward model) or ``grpo``
+        (any critic-free algorithm: GRPO, RLOO, REINFORCE++; reference forward only, actor update only)."""
+        if algo == "ppo":
+            return self.prepare_gpu_s_per_token, self.learn_gpu_s_per_token
+        if algo == "grpo":
+            prepare = self.grpo_prepare_gpu_s_per_token
+            learn = self.grpo_learn_gpu_s_per_token
+            return (
+                self.prepare_gpu_s_per_token / 3.0 if prepare is None else prepare,
+                self.learn_gpu_s_per_token / 2.0 if learn is None else learn,
+            )
+        raise ValueError(f"unknown algorithm {algo!r}: expected one of {', '.join(ALGOS)}")
 
     @model_validator(mode="after")
     def _decode_takes_time(self) -> TimePerTokenProfile:
@@ -369,6 +394,7 @@ class StepReport(Record):
     migrations: NonNegativeInt = 0
     num_actors: PositiveInt
     samples: NonNegativeInt = 0
+    response_tokens: NonNegativeInt = 0
     actor_busy_s: list[NonNegativeFloat] = Field(default_factory=list)
     prediction_mae: NonNegativeFloat | None = None
     estimated_generation_s: NonNegativeFloat | None = Field(

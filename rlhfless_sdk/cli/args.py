@@ -78,3 +78,78 @@ def finite(obj: Any) -> Any:
 def dumps(obj: Any, **kw: Any) -> str:
     """Strict JSON (``allow_nan=False``): a non-finite number becomes null."""
     return json.dumps(finite(obj), allow_nan=False, **kw)
+
+
+def model_options(*, algo: bool = True) -> Any:
+    """``--kv-tokens N`` (per-engine KV capacity, overriding the profile's: e.g. a colocated vLLM at
+    ``gpu_memory_utilization`` 0.5) and, where learning is simulated, ``--algo``."""
+
+    def wrap(fn: Any) -> Any:
+        fn = click.option(
+            "--kv-tokens",
+            type=POSITIVE,
+            default=None,
+            help="KV-cache capacity of one engine, in tokens (default: the profile's, a dedicated engine's).",
+        )(fn)
+        if algo:
+            fn = click.option(
+                "--algo",
+                type=click.Choice(["auto", "ppo", "grpo"]),
+                default="auto",
+                show_default=True,
+                help="Learner costs: ppo (critic, reward model) or grpo (critic-free); auto: grpo when prompts "
+                "have several samples.",
+            )(fn)
+        return fn
+
+    return wrap
+
+
+def run_profile(profile: str, kv_tokens: int | None = None) -> Any:
+    """The named (or YAML) profile, with ``--kv-tokens`` applied."""
+    from rlhfless_sdk.api.profiles import load_profile
+
+    prof = load_profile(profile)
+    if kv_tokens is not None:
+        prof = prof.model_copy(update={"kv_capacity_tokens": kv_tokens, "name": f"{prof.name}@kv{kv_tokens}"})
+    return prof
+
+
+def synthetic_shape_options(fn: Any) -> Any:
+    """The synthetic workload's length distribution (used when no ``--trace`` is given)."""
+    options = [
+        click.option(
+            "--median-length",
+            default=300.0,
+            type=FiniteFloat(0.0, inclusive=False),
+            show_default=True,
+            help="Synthetic: median response length.",
+        ),
+        click.option(
+            "--length-sigma",
+            default=0.6,
+            type=FiniteFloat(0.0),
+            show_default=True,
+            help="Synthetic: log-normal spread across prompts.",
+        ),
+        click.option(
+            "--sample-sigma",
+            default=0.35,
+            type=FiniteFloat(0.0),
+            show_default=True,
+            help="Synthetic: spread within a prompt's group.",
+        ),
+        click.option(
+            "--max-length", default=1024, type=POSITIVE, show_default=True, help="Synthetic: response length cap."
+        ),
+        click.option(
+            "--runaway",
+            default=0.0,
+            type=click.FloatRange(0.0, 1.0),
+            show_default=True,
+            help="Synthetic: share of samples that never stop and hit --max-length (repetition loops).",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn

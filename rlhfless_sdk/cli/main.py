@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -12,7 +13,15 @@ from rlhfless_sdk.api.config import config_json_schema, read_scheduler_config
 from rlhfless_sdk.api.errors import ConfigError, RlhflessError
 from rlhfless_sdk.api.kinds import POLICY_KINDS
 from rlhfless_sdk.api.plugins import get_plugin_manager
-from rlhfless_sdk.cli.args import NON_NEGATIVE, POSITIVE, FiniteFloat, dumps, plot_option
+from rlhfless_sdk.cli.args import (
+    NON_NEGATIVE,
+    POSITIVE,
+    dumps,
+    model_options,
+    plot_option,
+    run_profile,
+    synthetic_shape_options,
+)
 
 
 class _Group(click.Group):
@@ -158,6 +167,7 @@ def config_show(name: str) -> None:
     "--history", default=1, type=NON_NEGATIVE, show_default=True, help="Earlier steps the predictor has seen."
 )
 @click.option("--seed", default=0, type=NON_NEGATIVE, show_default=True)
+@model_options(algo=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per scheduler.")
 def plan_cmd(
     schedulers: tuple[str, ...],
@@ -168,6 +178,7 @@ def plan_cmd(
     profile: str,
     history: int,
     seed: int,
+    kv_tokens: int | None,
     as_json: bool,
 ) -> None:
     """Plan one step of an embedded synthetic workload with each scheduler and compare the plans.
@@ -175,7 +186,6 @@ def plan_cmd(
     "planned" is what each scheduler expected from its own predictions; "at true lengths" is the cost model
     applied to the plan with the samples' true lengths (an estimate; the simulator measures the step).
     """
-    from rlhfless_sdk.api.profiles import load_profile
     from rlhfless_sdk.api.records import Cluster
     from rlhfless_sdk.cli.plan_report import plan_synthetic, resolve_scheduler, summary
     from rlhfless_sdk.planning.costmodel import AnalyticCostModel
@@ -185,7 +195,7 @@ def plan_cmd(
     configs = [resolve_scheduler(s, registry) for s in schedulers]
     cluster = Cluster.of_gpus(gpus, gpus_per_node)
     workload = SyntheticWorkload(prompts, samples, seed=seed)
-    cost_model = AnalyticCostModel(load_profile(profile))
+    cost_model = AnalyticCostModel(run_profile(profile, kv_tokens))
     results = [summary(p) for p in plan_synthetic(configs, registry, workload, cluster, cost_model, history)]
     if as_json:
         click.echo(dumps({"profile": profile, "gpus": gpus, "schedulers": results}, indent=2))
@@ -221,28 +231,7 @@ def plan_cmd(
 )
 @click.option("--samples", default=8, type=POSITIVE, show_default=True, help="Synthetic workload: samples per prompt.")
 @click.option("--steps", default=0, type=NON_NEGATIVE, help="Steps to replay (default: all of a trace, 5 synthetic).")
-@click.option(
-    "--median-length",
-    default=300.0,
-    type=FiniteFloat(0.0, inclusive=False),
-    show_default=True,
-    help="Synthetic: median response length.",
-)
-@click.option(
-    "--length-sigma",
-    default=0.6,
-    type=FiniteFloat(0.0),
-    show_default=True,
-    help="Synthetic: log-normal spread across prompts.",
-)
-@click.option(
-    "--sample-sigma",
-    default=0.35,
-    type=FiniteFloat(0.0),
-    show_default=True,
-    help="Synthetic: spread within a prompt's group.",
-)
-@click.option("--max-length", default=1024, type=POSITIVE, show_default=True, help="Synthetic: response length cap.")
+@synthetic_shape_options
 @click.option("--seed", default=0, type=NON_NEGATIVE, show_default=True)
 @click.option(
     "--scheduler", "schedulers", multiple=True, help="Name or YAML file; repeat. Default: openrlhf, rlhfless."
@@ -251,6 +240,14 @@ def plan_cmd(
 @click.option("--profile", default="qwen2.5-7b-l40s", show_default=True, help="Profile name or YAML file.")
 @click.option("--gpus", default=16, type=POSITIVE, show_default=True)
 @click.option("--gpus-per-node", default=8, type=POSITIVE, show_default=True)
+@model_options()
+@click.option(
+    "--rollout-gpus",
+    type=POSITIVE,
+    default=None,
+    help="Async schedulers (openrlhf-async...): GPUs that only generate; default: the split that balances "
+    "generation and learning on the first step.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with a `schedulers` list.")
 @plot_option("cost against time per step")
 @click.option(
@@ -282,6 +279,8 @@ def simulate_cmd(**kw) -> None:
 @click.option("--profile", default="qwen2.5-7b-l40s", show_default=True)
 @click.option("--gpus", default=16, type=POSITIVE, show_default=True)
 @click.option("--simulate/--no-simulate", default=True, show_default=True, help="Also simulate each predictor.")
+@synthetic_shape_options
+@model_options()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with a `predictors` list.")
 @plot_option("a comparison chart")
 def compare_predictors_cmd(
@@ -295,12 +294,14 @@ def compare_predictors_cmd(
     profile: str,
     gpus: int,
     simulate: bool,
+    kv_tokens: int | None,
+    algo: str,
     as_json: bool,
     plot_path: Path | None,
+    **shape: Any,
 ) -> None:
     """Replay a workload in step order and score each length predictor (MAE, Acc@50/100, Kendall tau)."""
     from rlhfless_sdk.api.config import PolicyRef
-    from rlhfless_sdk.api.profiles import load_profile
     from rlhfless_sdk.cli.compare import compare_predictors
     from rlhfless_sdk.cli.plan_report import resolve_scheduler
     from rlhfless_sdk.cli.simulate import load_workload, make_cluster
@@ -311,10 +312,11 @@ def compare_predictors_cmd(
     refs = [PolicyRef(name=n.strip()) for n in predictors.split(",") if n.strip()]
     for ref in refs:
         registry.policy("predictor", ref.name)  # fail before any work on an unknown name
-    prof = load_profile(profile)
-    workload = load_workload(trace, prompts, samples, steps, seed, max_tokens=prof.kv_capacity_tokens)
+    prof = run_profile(profile, kv_tokens)
+    workload = load_workload(trace, prompts, samples, steps, seed, max_tokens=prof.kv_capacity_tokens, **shape)
     base = resolve_scheduler(scheduler, registry)
-    sim = Simulator(prof, make_cluster(gpus, 8), registry=registry) if simulate else None
+    run_algo = None if algo == "auto" else algo
+    sim = Simulator(prof, make_cluster(gpus, 8), registry=registry, algo=run_algo) if simulate else None
     with click.progressbar(length=len(refs), label="predictors", file=sys.stderr, hidden=as_json) as bar:
         rows = compare_predictors(registry, refs, workload, sim, base, on_done=lambda _n: bar.update(1))
     meta = {"workload": workload_summary(workload), "scheduler": base.name, "profile": profile, "gpus": gpus}

@@ -10,9 +10,8 @@ import click
 
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.plugins import Registry
-from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
-from rlhfless_sdk.cli.args import dumps
+from rlhfless_sdk.cli.args import dumps, run_profile
 from rlhfless_sdk.cli.plan_report import resolve_scheduler
 from rlhfless_sdk.simulation.simulator import SimulationResult, Simulator
 from rlhfless_sdk.simulation.traces import MAX_TOKENS, Workload, load_trace, synthetic_workload, workload_summary
@@ -28,6 +27,10 @@ def make_cluster(gpus: int, gpus_per_node: int) -> Cluster:
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b else (1.0 if a == b else float("nan"))  # nan: shown as null in JSON
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.0%}"
 
 
 def compare(results: list[SimulationResult]) -> list[dict[str, Any]]:
@@ -70,11 +73,15 @@ def run_simulation(
 
 def print_tables(rows: list[dict[str, Any]]) -> None:
     base_steps = rows[0]["steps"]
+    click.echo(
+        "per step: 'est err' compares the cost model's generation time, estimated before the step, with the "
+        "simulated one; 'stale': share of tokens from weights older than those trained"
+    )
     for row in rows:
         click.secho(f"\n{row['name']}", bold=True)
         click.echo(
             f"{'step':>5}{'N':>4}{'time s':>9}{'gen s':>8}{'GPU-s':>9}{'srvful':>9}{'speedup':>9}{'cost':>7}"
-            f"{'idle':>6}{'migr':>6}{'prefill saved':>15}{'MAE':>6}"
+            f"{'idle':>6}{'migr':>6}{'prefill saved':>15}{'MAE':>6}{'est err':>8}{'stale':>7}"
         )
         for st, b in zip(row["steps"], base_steps, strict=True):
             click.echo(
@@ -82,6 +89,7 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
                 f"{st['gpu_seconds']:>9.0f}{st['gpu_seconds_serverful']:>9.0f}{b['time_s'] / st['time_s']:>8.2f}x"
                 f"{st['gpu_seconds'] / b['gpu_seconds'] - 1:>+7.0%}{st['idle_fraction']:>6.2f}{st['migrations']:>6}"
                 f"{st['prefill_tokens_saved']:>15}{st['prediction_mae'] or 0:>6.0f}"
+                f"{_pct(st['estimate_error']):>8}{st['stale_token_fraction']:>7.0%}"
             )
             if len(st.get("frontier") or []) > 1:  # N: simulated time s / GPU-s, * = chosen
                 points = "  ".join(
@@ -97,14 +105,17 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
     )
     click.echo(
         f"{'scheduler':<18}{'time s':>9}{'GPU-s':>9}{'srvful':>9}{'speedup':>9}{'cost':>7}{'vs srvful':>10}"
-        f"{'idle':>6}{'migr':>6}"
+        f"{'idle':>6}{'migr':>6}{'stale':>7}{'age':>5}"
     )
     for row in rows:
         click.echo(
             f"{row['name']:<18}{row['total_time_s']:>9.1f}{row['total_gpu_seconds']:>9.0f}"
             f"{row['total_gpu_seconds_serverful']:>9.0f}{row['speedup']:>8.2f}x{-row['cost_reduction']:>+7.0%}"
             f"{-row['cost_reduction_vs_serverful']:>+10.0%}{row['mean_idle_fraction']:>6.2f}{row['migrations']:>6}"
+            f"{row['stale_token_fraction']:>7.0%}{row['max_token_age_steps']:>5}"
         )
+        if row.get("rollout_gpus"):
+            click.echo(f"{'':<18}(async: {row['rollout_gpus']} GPUs generate, the rest learn)")
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -190,6 +201,7 @@ def load_workload(
         prompt_sigma=shape.get("length_sigma", 0.6),
         sample_sigma=shape.get("sample_sigma", 0.35),
         max_length=shape.get("max_length", 1024),
+        runaway=shape.get("runaway", 0.0),
     )
     return synthetic_workload(synthetic, steps or 5)
 
@@ -206,11 +218,15 @@ def simulate_main(
     length_sigma: float = 0.6,
     sample_sigma: float = 0.35,
     max_length: int = 1024,
+    runaway: float = 0.0,
     schedulers: tuple[str, ...] = (),
     ablation: bool = False,
     profile: str = "qwen2.5-7b-l40s",
     gpus: int = 16,
     gpus_per_node: int = 8,
+    kv_tokens: int | None = None,
+    algo: str = "auto",
+    rollout_gpus: int | None = None,
     as_json: bool = False,
     plot_path: Path | None = None,
     frontier: bool = True,
@@ -219,20 +235,35 @@ def simulate_main(
     if ablation and schedulers:
         names = list(schedulers) + [n for n in ABLATION if n not in schedulers]
     configs = [resolve_scheduler(n, registry) for n in names]
+    if rollout_gpus is not None:
+        configs = [
+            c.derive(pipeline={**c.pipeline.model_dump(), "rollout_gpus": rollout_gpus})
+            if c.pipeline.mode == "async"
+            else c
+            for c in configs
+        ]
     shape = {
         "median_length": median_length,
         "length_sigma": length_sigma,
         "sample_sigma": sample_sigma,
         "max_length": max_length,
+        "runaway": runaway,
     }
-    prof = load_profile(profile)
+    prof = run_profile(profile, kv_tokens)
     workload = load_workload(trace, prompts, samples, steps, seed, max_tokens=prof.kv_capacity_tokens, **shape)
     if gpus < prof.gpus_per_actor:
         raise click.ClickException(f"--gpus {gpus} is fewer than one actor of profile {profile} needs")
-    sim = Simulator(prof, make_cluster(gpus, gpus_per_node), registry=registry)
+    run_algo = workload.algo if algo == "auto" else algo
+    sim = Simulator(prof, make_cluster(gpus, gpus_per_node), registry=registry, algo=run_algo)
     results = run_simulation(configs, workload, sim, progress=not as_json, frontier=frontier)
     rows = compare(results)
-    meta = {"workload": workload_summary(workload), "profile": prof.name, "gpus": gpus}
+    meta = {
+        "workload": workload_summary(workload),
+        "profile": prof.name,
+        "kv_capacity_tokens": prof.kv_capacity_tokens,
+        "algo": run_algo,
+        "gpus": gpus,
+    }
     if as_json:
         click.echo(dumps({**meta, "schedulers": rows}, indent=2))
     else:
@@ -240,7 +271,8 @@ def simulate_main(
         click.echo(
             f"workload {w['name']}: {w['steps']} steps x {w['prompts_per_step']} prompts, {w['samples']} samples, "
             f"response length {w['response_length']['min']}-{w['response_length']['max']} "
-            f"(median {w['response_length']['median']:.0f}); profile {prof.name}; {gpus} GPUs"
+            f"(median {w['response_length']['median']:.0f}); profile {prof.name} ({prof.kv_capacity_tokens:,} KV "
+            f"tokens per engine); {run_algo} learner; {gpus} GPUs"
         )
         print_tables(rows)
     if plot_path is not None:

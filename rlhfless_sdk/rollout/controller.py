@@ -423,6 +423,7 @@ class StepController:
             migrations=self.migrations,
             num_actors=self.plan.num_actors,
             samples=len(self.state),
+            response_tokens=sum(self.length),
             actor_busy_s=[e.busy_s for e in u.engines],
             prediction_mae=mae,
             estimated_generation_s=estimate,

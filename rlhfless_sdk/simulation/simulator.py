@@ -31,8 +31,16 @@ from typing import Any
 import numpy as np
 
 from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.plugins import Registry
-from rlhfless_sdk.api.records import CandidateEstimate, Cluster, StepPlan, StepReport, TimePerTokenProfile
+from rlhfless_sdk.api.records import (
+    CandidateEstimate,
+    Cluster,
+    PrefillPlan,
+    StepPlan,
+    StepReport,
+    TimePerTokenProfile,
+)
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel, shared_prefix_per_prompt
 from rlhfless_sdk.planning.planner import StepPlanner
 from rlhfless_sdk.rollout.controller import (
@@ -44,6 +52,7 @@ from rlhfless_sdk.rollout.controller import (
     StepOutcome,
     StepUsage,
 )
+from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
 
 _QUEUED, _RUNNING, _DONE = 0, 1, 2
@@ -243,9 +252,14 @@ class SimulatedBackend:
         migrates: bool = False,
         warm: frozenset[int] = frozenset(),
         warm_prefill: bool = False,
+        algo: str = "ppo",
+        pauses: Sequence[tuple[float, float]] = (),
     ) -> None:
         self.profile, self.cluster, self.ws, self.plan = profile, cluster, ws, plan
         self.warm, self.warm_prefill = warm, warm_prefill
+        self.rates = profile.learner_rates(algo)
+        self.pauses = deque(sorted(pauses))  # (at, seconds): every engine stops for a weight broadcast
+        self.tokens_before_pauses: list[int] = []  # tokens generated when each pause began
         self.s = s = _Samples(ws, plan)
         self.max_num_seqs = profile.max_num_seqs
         self.max_tokens = max_tokens or int(max(s.target, default=1)) or 1
@@ -306,9 +320,24 @@ class SimulatedBackend:
             s.actor[sid] = e
             self.actors[e].waiting.append(sid)
 
+    def _pause_until(self, limit: float) -> None:
+        """Apply every weight-broadcast pause that begins before ``limit``: engines with work stop for it."""
+        while self.pauses and self.pauses[0][0] <= limit:
+            at, seconds = self.pauses.popleft()
+            for actor in self.actors:
+                actor.run_until(self.s, at)
+            if all(a.idle() for a in self.actors) and all(st == _DONE for st in self.s.state):
+                self.pauses.clear()  # the batch finished before the broadcast
+                return
+            self.tokens_before_pauses.append(sum(a.generated for a in self.actors))
+            for actor in self.actors:
+                if not actor.idle():
+                    actor.t = max(actor.t, at) + seconds
+
     def poll(self) -> Poll:
         if self.migrates:
             now = self.tau
+            self._pause_until(now)
             for actor in self.actors:
                 actor.run_until(self.s, now)
             self.checks += 1
@@ -317,6 +346,7 @@ class SimulatedBackend:
             self.tau = now + self.interval
         else:
             now = math.inf
+            self._pause_until(now)
             for actor in self.actors:
                 actor.run_until(self.s, now)
         self._now = now
@@ -369,8 +399,8 @@ class SimulatedBackend:
             gpus_per_engine=prof.gpus_per_actor,
             prefill_s=self.prefill_s,
             prefill_tokens_saved=self.plan.prefill.tokens_saved,
-            prepare_s=tokens * prof.prepare_gpu_s_per_token / g,
-            learn_s=tokens * prof.learn_gpu_s_per_token / g,
+            prepare_s=tokens * self.rates[0] / g,
+            learn_s=tokens * self.rates[1] / g,
             sync_s=prof.weight_sync_s,
             extra={"preemptions": sum(a.preemptions for a in self.actors)},
         )
@@ -392,6 +422,7 @@ class SimulatedStep:
 class SimulationResult:
     scheduler: str
     steps: list[SimulatedStep]
+    rollout_gpus: int | None = None  # async mode: GPUs that only generate
 
     @property
     def reports(self) -> list[StepReport]:
@@ -407,6 +438,10 @@ class SimulationResult:
             "migrations": sum(x.migrations for x in r),
             "prefill_tokens_saved": sum(x.prefill_tokens_saved for x in r),
             "mean_idle_fraction": float(np.mean([x.idle_fraction for x in r])) if r else 0.0,
+            "stale_token_fraction": sum(x.stale_token_fraction * x.response_tokens for x in r)
+            / max(sum(x.response_tokens for x in r), 1),
+            "max_token_age_steps": max((x.max_token_age_steps for x in r), default=0),
+            "rollout_gpus": self.rollout_gpus,
         }
 
 
@@ -421,8 +456,11 @@ class Simulator:
         registry: Registry,
         max_tokens: int | None = None,
         checks_per_step: int = 40,
+        algo: str | None = None,
     ) -> None:
+        """``algo``: the learner's rates (``ppo`` or ``grpo``); default: what each workload implies."""
         self.profile = profile
+        self.algo = algo
         self.cluster = cluster
         self.registry = registry
         self.max_tokens = max_tokens
@@ -430,6 +468,7 @@ class Simulator:
         self.cost_model = AnalyticCostModel(profile)
         self.warm: frozenset[int] = frozenset()  # actors that worked in the previous step
         self.warm_prefill = False
+        self.run_algo = algo or "ppo"
 
     def planner(self, config: SchedulerConfig) -> StepPlanner:
         # Colocated learner (as verl and OpenRLHF's --colocate_all run): it takes no GPU during generation and
@@ -450,8 +489,11 @@ class Simulator:
         on_step: Callable[[StepReport], Any] | None = None,
         frontier: bool = False,
     ) -> SimulationResult:
-        planner = self.planner(config)
         self.warm, self.warm_prefill = frozenset(), False
+        self.run_algo = self.algo or workload.algo
+        if config.pipeline.mode == "async":
+            return self.run_async(config, workload, on_step)
+        planner = self.planner(config)
         steps = []
         for ws in workload.steps:
             sim = self.step(planner, ws, frontier=frontier)
@@ -459,6 +501,115 @@ class Simulator:
             if on_step is not None:
                 on_step(sim.report)
         return SimulationResult(config.name, steps)
+
+    # -- OpenRLHF's async mode ------------------------------------------------------------------------------
+    def rollout_gpus(self, config: SchedulerConfig, workload: Workload) -> int:
+        """The GPUs that generate in async mode: the config's, or the split of the cluster that best balances
+        generation of the first step (true lengths, an even spread over the engines) against its learning."""
+        g, gpa = self.cluster.total_gpus, self.profile.gpus_per_actor
+        fixed = config.pipeline.rollout_gpus
+        if fixed is not None:
+            if fixed % gpa or not gpa <= fixed <= g - 1:
+                raise RlhflessError(
+                    f"scheduler {config.name!r}: rollout_gpus={fixed} must be a multiple of {gpa} (GPUs per "
+                    f"engine) and leave at least one of the {g} GPUs to learn"
+                )
+            return fixed
+        if g - 1 < gpa or not workload.steps:
+            raise RlhflessError(f"async mode needs more than {gpa} GPU(s) (one engine and a learner); got {g}")
+        ws = workload.steps[0]
+        batch = ws.batch
+        tokens = float(batch.prompt_lengths @ batch.n_samples + ws.lengths.sum())
+        rate = sum(self.profile.learner_rates(self.run_algo))
+        best: tuple[float, int] | None = None
+        for r in range(gpa, g, gpa):
+            n = r // gpa
+            spread = np.arange(batch.total_samples) % n
+            gen = self.cost_model.estimate(batch, ws.lengths, spread, n, PrefillPlan()).time_s
+            learn = tokens * rate / (g - r)
+            key = (max(gen, learn), r)
+            best = key if best is None or key < best else best
+        assert best is not None
+        return best[1]
+
+    def run_async(
+        self, config: SchedulerConfig, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
+    ) -> SimulationResult:
+        """OpenRLHF's async loop (``rlhfless_sdk.simulation.pipeline``): ``rollout_gpus`` GPUs generate with
+        the scheduler's policies while the others learn; each step's report spans the time between two weight
+        broadcasts and gives how stale its tokens were."""
+        pipe = config.pipeline
+        g, prof = self.cluster.total_gpus, self.profile
+        r = self.rollout_gpus(config, workload)
+        gen_cluster = Cluster.of_gpus(r, min(r, self.cluster.nodes[0].num_gpus if self.cluster.nodes else r))
+        learners = g - r
+        planner = StepPlanner(
+            config,
+            cluster=gen_cluster,
+            cost_model=self.cost_model,
+            registry=self.registry,
+            gpus_per_actor=prof.gpus_per_actor,
+            learner_gpus=0,
+        )
+        prep_rate, learn_rate = prof.learner_rates(self.run_algo)
+        token_counts = [float(ws.batch.prompt_lengths @ ws.batch.n_samples + ws.lengths.sum()) for ws in workload.steps]
+        train_s = [t * (prep_rate + learn_rate) / learners for t in token_counts]
+        done: dict[int, tuple[StepPlan, StepOutcome, list[int]]] = {}
+
+        def generate(k: int, start: float, pauses: list[tuple[float, float]]) -> float:
+            ws = workload.steps[k]
+            planner.warm_actors = len(self.warm)
+            plan = planner.plan(ws.batch, step=ws.step)
+            relative = [(max(a - start, 0.0), b - max(a, start)) for a, b in pauses if b > start]
+            backend = SimulatedBackend(
+                prof,
+                gen_cluster,
+                ws,
+                plan,
+                max_tokens=self.max_tokens,
+                checks_per_step=self.checks_per_step,
+                migrates=config.migrates(),
+                warm=self.warm,
+                warm_prefill=self.warm_prefill,
+                algo=self.run_algo,
+                pauses=relative,
+            )
+            outcome = StepController(planner, backend, ws.batch, plan, step=ws.step).run(observe=True)
+            self.warm = frozenset(a for a, e in enumerate(outcome.usage.engines) if e.first_s is not None)
+            self.warm_prefill = self.warm_prefill or outcome.usage.prefill_s > 0
+            done[k] = (plan, outcome, backend.tokens_before_pauses)
+            return start + outcome.usage.generation_s
+
+        timeline = partial_pipeline if pipe.partial_rollout else locked_pipeline
+        times = timeline(len(workload.steps), generate, train_s, prof.weight_sync_s, pipe.queue_size)
+        steps = []
+        for k, (ws, b) in enumerate(zip(workload.steps, times, strict=True)):
+            plan, outcome, before = done[k]
+            rep, u = outcome.report, outcome.usage
+            total = int(ws.lengths.sum())
+            stale, oldest = token_ages(k, b.version, before, total)
+            step_s = b.sync_end - (times[k - 1].sync_end if k else 0.0)
+            gpa = u.gpus_per_engine
+            decode = sum((e.last_s - e.first_s + e.cold_start_s) * gpa for e in u.engines if e.first_s is not None)
+            prepare_s = token_counts[k] * prep_rate / learners
+            learn_s = token_counts[k] * learn_rate / learners
+            report = rep.model_copy(
+                update={
+                    "time_s": step_s,
+                    "prepare_s": prepare_s,
+                    "learn_s": learn_s,
+                    "gpu_seconds": decode + u.prefill_s + learners * (prepare_s + learn_s) + g * prof.weight_sync_s,
+                    "gpu_seconds_serverful": g * step_s,
+                    "stale_token_fraction": stale / total if total else 0.0,
+                    "max_token_age_steps": oldest,
+                }
+            )
+            chosen = next((e for e in plan.candidates if e.num_actors == plan.num_actors), None)
+            sim = SimulatedStep(report, plan, chosen, u.extra["preemptions"], None, outcome)
+            steps.append(sim)
+            if on_step is not None:
+                on_step(report)
+        return SimulationResult(config.name, steps, rollout_gpus=r)
 
     def step(self, planner: StepPlanner, ws: WorkloadStep, frontier: bool = False) -> SimulatedStep:
         """One step; the actors that worked in it stay warm for the next (``self.warm``)."""
@@ -483,6 +634,7 @@ class Simulator:
             migrates=planner.config.migrates(),
             warm=self.warm,
             warm_prefill=self.warm_prefill,
+            algo=self.run_algo,
         )
         return StepController(planner, backend, ws.batch, plan, step=ws.step).run(observe=observe)
 

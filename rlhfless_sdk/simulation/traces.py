@@ -54,6 +54,12 @@ class Workload:
     steps: list[WorkloadStep] = field(default_factory=list)
 
     @property
+    def algo(self) -> str:
+        """The learner this workload implies: ``grpo`` (critic-free) when prompts have several samples each,
+        else ``ppo``."""
+        return "grpo" if any(int(s.batch.n_samples.max(initial=1)) > 1 for s in self.steps) else "ppo"
+
+    @property
     def total_samples(self) -> int:
         return sum(s.batch.total_samples for s in self.steps)
 

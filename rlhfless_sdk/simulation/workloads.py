@@ -16,8 +16,9 @@ class SyntheticWorkload:
 
     Each prompt has a mean response length drawn around ``median_length`` (spread ``prompt_sigma``); at each
     training ``step`` that mean drifts (spread ``step_sigma``) and each sample varies around it (spread
-    ``sample_sigma``); lengths are clipped to [1, max_length]. The prompts depend on ``seed`` only, so every
-    step replays the same prompts (epochs) with new lengths.
+    ``sample_sigma``); lengths are clipped to [1, max_length]. A ``runaway`` share of samples never stops and
+    hits ``max_length`` (repetition loops; drawn from a stream of its own, so the other lengths do not change).
+    The prompts depend on ``seed`` only, so every step replays the same prompts (epochs) with new lengths.
     """
 
     num_prompts: int
@@ -33,6 +34,7 @@ class SyntheticWorkload:
     seed: int = 0
     step: int = 0
     step_sigma: float = 0.15
+    runaway: float = 0.0
 
     def batch(self) -> tuple[PromptBatch, np.ndarray]:
         """The prompts (with token ids and true per-prompt mean lengths) and every sample's true length."""
@@ -51,6 +53,9 @@ class SyntheticWorkload:
         noise = step_rng.lognormal(0.0, self.sample_sigma, size=p * self.n_samples)
         per_sample = np.repeat(mean, self.n_samples) * noise
         per_sample = np.clip(np.rint(per_sample), 1, self.max_length).astype(np.int64)
+        if self.runaway > 0:
+            loops = np.random.default_rng([self.seed, self.step, 1]).random(per_sample.size) < self.runaway
+            per_sample[loops] = self.max_length
         true_mean = per_sample.reshape(p, self.n_samples).mean(axis=1) if p else np.zeros(0)
         batch = PromptBatch(
             uids=[f"p{i}" for i in range(p)],
