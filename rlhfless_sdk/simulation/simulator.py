@@ -21,11 +21,10 @@ Between events a decode actor's batch is constant, so k decode steps cost
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,7 +40,8 @@ from rlhfless_sdk.api.records import (
     StepReport,
     TimePerTokenProfile,
 )
-from rlhfless_sdk.planning.costmodel import AnalyticCostModel, shared_prefix_per_prompt
+from rlhfless_sdk.planning.costmodel import AnalyticCostModel
+from rlhfless_sdk.planning.engine import DONE, RUNNING, EngineModel, EngineSamples
 from rlhfless_sdk.planning.planner import StepPlanner
 from rlhfless_sdk.rollout.controller import (
     EngineStatus,
@@ -54,180 +54,6 @@ from rlhfless_sdk.rollout.controller import (
 )
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
-
-_QUEUED, _RUNNING, _DONE = 0, 1, 2
-
-
-class _Samples:
-    """Per-sample state of one step, as parallel lists (fast scalar access in the event loop)."""
-
-    def __init__(self, step: WorkloadStep, plan: StepPlan) -> None:
-        batch = step.batch
-        prompt_of = batch.sample_prompt_index()
-        self.prompt = prompt_of.tolist()
-        self.index_in_group = (np.arange(batch.total_samples) - batch.sample_offsets[prompt_of]).tolist()
-        self.prompt_len = batch.prompt_lengths[prompt_of].tolist()
-        self.shared = shared_prefix_per_prompt(batch, plan.prefill)[prompt_of].tolist()
-        self.target = step.lengths.tolist()
-        pred = np.asarray(plan.predicted_lengths, dtype=np.float64)
-        self.predicted = pred[prompt_of].tolist() if len(pred) else []
-        n = batch.total_samples
-        self.state = [_QUEUED] * n
-        self.generated = [0] * n  # tokens generated before the current admission
-        self.admit_step = [0] * n
-        self.actor = list(plan.assignment)
-        self.ready_at = [0.0] * n
-        self.prefilled = [False] * n  # first admission prefills only the part not shared via the prefill actor
-        self.kv_cached = [False] * n  # migrated with its KV: admission needs no recompute
-        self.finish_time = [0.0] * n
-        self.cut_from = [0] * n  # the actor a migrated sample was cut from
-        self.events: list[int] = []  # samples finished since the last poll, in order
-
-
-@dataclass
-class _Actor:
-    """One decode actor's continuous-batching engine."""
-
-    aid: int
-    prof: TimePerTokenProfile
-    node: str
-    start: float
-    t: float = 0.0
-    S: int = 0  # decode steps so far
-    B: int = 0  # running sequences
-    ctx: int = 0  # KV tokens held by running sequences
-    busy: float = 0.0
-    generated: int = 0  # tokens generated on this actor
-    planned: float = 0.0
-    last_token: float = 0.0
-    first: float = 0.0  # when it first admitted work: serverless billing starts here
-    used: bool = False
-    waiting: deque[int] = field(default_factory=deque)
-    heap: list[tuple[int, int]] = field(default_factory=list)  # (finish step, sample)
-    stack: list[int] = field(default_factory=list)  # running samples, newest last (preemption order)
-    preemptions: int = 0
-    blocked: bool = False  # after a preemption, admit nothing until a running sequence finishes
-
-    def __post_init__(self) -> None:
-        self.t = self.start
-
-    def gen_now(self, s: _Samples, sid: int) -> int:
-        return s.generated[sid] + (self.S - s.admit_step[sid])
-
-    def _admit(self, s: _Samples) -> None:
-        p = self.prof
-        new_tok = cached_tok = 0
-        admitted = 0
-        if self.blocked and self.B > 0:
-            return
-        self.blocked = False
-        while self.waiting and p.max_num_seqs > self.B:
-            sid = self.waiting[0]
-            if s.ready_at[sid] > self.t:
-                if self.B == 0 and admitted == 0:
-                    self.t = s.ready_at[sid]  # idle until the migrated sample's KV arrives
-                else:
-                    break
-            need = s.prompt_len[sid] + s.generated[sid]
-            if self.B > 0 and self.ctx + need > p.kv_capacity_tokens:
-                break
-            self.waiting.popleft()
-            if s.kv_cached[sid]:
-                cached_tok += need
-                s.kv_cached[sid] = False
-            elif not s.prefilled[sid]:
-                new_tok += need - s.shared[sid]
-                cached_tok += s.shared[sid]
-            else:  # preempted or migrated by tokens: recompute prompt + generated
-                new_tok += need
-            s.prefilled[sid] = True
-            s.state[sid] = _RUNNING
-            s.admit_step[sid] = self.S
-            s.actor[sid] = self.aid
-            heapq.heappush(self.heap, (self.S + max(s.target[sid] - s.generated[sid], 0), sid))
-            self.stack.append(sid)
-            self.B += 1
-            self.ctx += need
-            admitted += 1
-        if admitted:
-            if not self.used:
-                self.first = self.t
-            dt = p.prefill_base_s + p.prefill_per_new_token_s * new_tok + p.prefill_per_cached_token_s * cached_tok
-            self.t += dt
-            self.busy += dt
-            self.used = True
-
-    def _valid(self, s: _Samples, finish: int, sid: int) -> bool:
-        return (
-            s.state[sid] == _RUNNING
-            and s.actor[sid] == self.aid
-            and finish == s.admit_step[sid] + max(s.target[sid] - s.generated[sid], 0)
-        )
-
-    def _remove_running(self, s: _Samples, sid: int) -> int:
-        """Take a running sample off this actor (preemption or migration); returns its generated tokens."""
-        g = self.gen_now(s, sid)
-        s.generated[sid] = g
-        s.state[sid] = _QUEUED
-        self.B -= 1
-        self.ctx -= s.prompt_len[sid] + g
-        self.stack.remove(sid)
-        return g
-
-    def idle(self) -> bool:
-        return self.B == 0 and not self.waiting
-
-    def run_until(self, s: _Samples, limit: float) -> None:
-        """Advance this actor's engine until its clock reaches ``limit`` or it runs out of work."""
-        p = self.prof
-        while self.t < limit:
-            self._admit(s)
-            if self.B == 0:
-                return
-            while self.heap and not self._valid(s, *self.heap[0]):
-                heapq.heappop(self.heap)
-            k = self.heap[0][0] - self.S
-            if k > 0 and self.B > 1 and self.ctx + self.B * k > p.kv_capacity_tokens:
-                k = (p.kv_capacity_tokens - self.ctx) // self.B
-                if k <= 0:  # KV full: preempt the newest sequence; it is recomputed once a sequence finishes
-                    sid = self.stack[-1]
-                    self._remove_running(s, sid)
-                    self.waiting.appendleft(sid)
-                    self.preemptions += 1
-                    self.blocked = True
-                    continue
-            A = p.decode_base_s + p.decode_per_seq_s * self.B + p.decode_per_ctx_token_s * self.ctx
-            C = p.decode_per_ctx_token_s * self.B
-            dt = k * A + C * k * (k - 1) / 2.0
-            if self.t + dt > limit:  # partial advance: the most whole steps that fit before the limit
-                room = limit - self.t
-                if C > 0:
-                    h = A - C / 2.0
-                    k = int((-h + math.sqrt(h * h + 2.0 * C * room)) / C)
-                else:
-                    k = int(room / A) if A > 0 else k
-                k = max(0, min(k, self.heap[0][0] - self.S - 1))
-                if k == 0:
-                    return
-                dt = k * A + C * k * (k - 1) / 2.0
-            self.t += dt
-            self.busy += dt
-            self.S += k
-            self.ctx += self.B * k
-            self.generated += self.B * k
-            while self.heap and self.heap[0][0] <= self.S:
-                finish, sid = heapq.heappop(self.heap)
-                if not self._valid(s, finish, sid):
-                    continue
-                s.state[sid] = _DONE
-                s.generated[sid] = s.target[sid]
-                s.finish_time[sid] = self.t
-                s.events.append(sid)
-                self.B -= 1
-                self.ctx -= s.prompt_len[sid] + s.target[sid]
-                self.stack.remove(sid)
-                self.last_token = self.t
-                self.blocked = False
 
 
 class SimulatedBackend:
@@ -260,7 +86,7 @@ class SimulatedBackend:
         self.rates = profile.learner_rates(algo)
         self.pauses = deque(sorted(pauses))  # (at, seconds): every engine stops for a weight broadcast
         self.tokens_before_pauses: list[int] = []  # tokens generated when each pause began
-        self.s = s = _Samples(ws, plan)
+        self.s = s = EngineSamples.of_batch(ws.batch, ws.lengths, plan.predicted_lengths, plan.assignment, plan.prefill)
         self.max_num_seqs = profile.max_num_seqs
         self.max_tokens = max_tokens or int(max(s.target, default=1)) or 1
         self.migrates = migrates
@@ -270,7 +96,7 @@ class SimulatedBackend:
         cold = np.array([0.0 if a in warm else profile.cold_start_s for a in range(n)])
         start = np.maximum(start, cold)  # a cold actor boots while the prefill actor works
         self.cold = cold
-        self.actors = [_Actor(a, profile, self.node_of.get(("decode", a), ""), float(start[a])) for a in range(n)]
+        self.actors = [EngineModel(a, profile, self.node_of.get(("decode", a), ""), float(start[a])) for a in range(n)]
         chosen = next((e for e in plan.candidates if e.num_actors == n), None)
         self.interval = max((chosen.time_s if chosen else 1.0) / checks_per_step, 1e-3)
         self.checks_per_step = checks_per_step
@@ -326,7 +152,7 @@ class SimulatedBackend:
             at, seconds = self.pauses.popleft()
             for actor in self.actors:
                 actor.run_until(self.s, at)
-            if all(a.idle() for a in self.actors) and all(st == _DONE for st in self.s.state):
+            if all(a.idle() for a in self.actors) and all(st == DONE for st in self.s.state):
                 self.pauses.clear()  # the batch finished before the broadcast
                 return
             self.tokens_before_pauses.append(sum(a.generated for a in self.actors))
@@ -361,7 +187,7 @@ class SimulatedBackend:
 
     def cut(self, engine: int, sample: int) -> int | None:
         s = self.s
-        if s.state[sample] != _RUNNING or s.actor[sample] != engine:
+        if s.state[sample] != RUNNING or s.actor[sample] != engine:
             return None
         s.cut_from[sample] = engine
         return self.actors[engine]._remove_running(s, sample)
