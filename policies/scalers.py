@@ -81,6 +81,12 @@ class DeadlineParams(Record):
         default=None, gt=0.0, description="An explicit step-time deadline in seconds (overrides slack)."
     )
     max_candidates: PositiveInt = Field(default=64, description="Counts tried; a geometric grid beyond this.")
+    max_uncertainty: float = Field(
+        default=0.05,
+        ge=0.0,
+        description="When the planner's recent estimates were off by more than this (median relative error), "
+        "the slack is not trusted: the most actors are chosen.",
+    )
 
 
 class DeadlineScaler:
@@ -89,12 +95,16 @@ class DeadlineScaler:
     The deadline is ``(1 + slack)`` times the fastest candidate's predicted time, or ``deadline_s``. Among the
     candidates that meet it, the one with the fewest predicted GPU-seconds wins (ties: faster, then fewer
     actors). If none meets an explicit deadline, the fastest candidate is chosen. The planner's cost model
-    accounts for deduplicated prefill and, when the scheduler migrates, for cut-and-migrate.
+    accounts for deduplicated prefill and, when the scheduler migrates, for cut-and-migrate; with a check model
+    (the simulator's) every candidate is estimated per sample. When the planner's recent estimates were off by
+    more than ``max_uncertainty`` (median relative error), a slack of 1% means nothing: the most actors (the
+    fleet a fixed scaler would run) are chosen until the estimates are good again.
     """
 
     description = "cheapest actor count within a slack of the fastest predicted time (beyond the paper)"
 
     wants_migration_estimates = True  # the planner's estimates count on cut-and-migrate when it is on
+    wants_checked_estimates = True  # per-sample estimates: a deadline within 1% needs them
 
     def __init__(self, params: DeadlineParams | None = None) -> None:
         self.params = params or DeadlineParams()
@@ -108,6 +118,9 @@ class DeadlineScaler:
         return (1.0 + self.params.slack) * min(e.time_s for e in estimates)
 
     def choose(self, estimates: Sequence[CandidateEstimate]) -> int:
+        if self.params.deadline_s is None and max(e.uncertainty for e in estimates) > self.params.max_uncertainty:
+            # the estimates were recently off by more than the slack can absorb: run the whole fleet, as today
+            return max(e.num_actors for e in estimates)
         limit = self.limit(estimates)
         feasible = [e for e in estimates if e.time_s <= limit * (1 + 1e-12)]
         if not feasible:

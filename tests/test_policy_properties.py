@@ -408,6 +408,18 @@ def test_deadline_picks_the_cheapest_feasible(est, slack):
     assert chosen.gpu_seconds == min(e.gpu_seconds for e in feasible)
 
 
+@given(est=estimates, slack=st.floats(0, 0.5), u=st.floats(0, 2), limit=st.floats(0, 0.5))
+def test_deadline_runs_the_fleet_when_the_estimates_were_off(est, slack, u, limit):
+    """Estimates recently off by more than ``max_uncertainty``: the most actors, whatever the estimates say."""
+    scaler = REG.create("scaler", {"name": "deadline", "params": {"slack": slack, "max_uncertainty": limit}})
+    est = tuple(e.model_copy(update={"uncertainty": u}) for e in est)
+    chosen = scaler.choose(est)
+    if u > limit:
+        assert chosen == max(e.num_actors for e in est)
+    else:
+        assert chosen == REG.create("scaler", {"name": "deadline", "params": {"slack": slack}}).choose(est)
+
+
 @given(est=estimates, deadline=st.floats(0.001, 2e4))
 def test_deadline_with_an_explicit_deadline(est, deadline):
     scaler = REG.create("scaler", {"name": "deadline", "params": {"deadline_s": deadline}})

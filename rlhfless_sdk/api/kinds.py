@@ -75,6 +75,10 @@ KINDS: tuple[PolicyKind, ...] = (
         summary="Register actor scalers (``ActorScaler``) that choose the step's decode-actor count.",
         capabilities=(
             ("wants_migration_estimates", "when true and the scheduler migrates, estimates count on migration"),
+            (
+                "wants_checked_estimates",
+                "when true, every candidate is estimated by the planner's per-sample check model (if it has one)",
+            ),
         ),
     ),
     PolicyKind(

@@ -276,6 +276,11 @@ class CandidateEstimate(Record):
     num_actors: PositiveInt
     time_s: NonNegativeFloat
     gpu_seconds: NonNegativeFloat
+    uncertainty: NonNegativeFloat = Field(
+        default=0.0,
+        description="Median relative error of the planner's checked estimates over its last steps (1 before the "
+        "first step; 0 without a check model).",
+    )
 
 
 class StepPlan(Record):
@@ -289,6 +294,10 @@ class StepPlan(Record):
     prefill: PrefillPlan = Field(default_factory=PrefillPlan)
     placement: list[ActorPlacement] = Field(default_factory=list)
     candidates: list[CandidateEstimate] = Field(default_factory=list)
+    estimate: CandidateEstimate | None = Field(
+        default=None,
+        description="The chosen plan's estimate by the planner's check model (per-sample), when it has one.",
+    )
     fallbacks: list[str] = Field(default_factory=list, description="Policies replaced by their baseline this step.")
     planner_ms: NonNegativeFloat = 0.0
 

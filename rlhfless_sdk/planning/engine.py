@@ -12,12 +12,12 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from rlhfless_sdk.api.batch import PromptBatch
-from rlhfless_sdk.api.records import PrefillPlan, TimePerTokenProfile
+from rlhfless_sdk.api.records import CandidateEstimate, PrefillPlan, TimePerTokenProfile
 from rlhfless_sdk.planning.costmodel import shared_prefix_per_prompt
 
 QUEUED, RUNNING, DONE = 0, 1, 2
@@ -221,3 +221,118 @@ class EngineModel:
                 self.stack.remove(sid)
                 self.last_token = self.t
                 self.blocked = False
+
+
+@dataclass(frozen=True)
+class LengthSpread:
+    """What the planner learned about true lengths against its predictions (from the previous step).
+
+    ``cap``: the longest response seen (the run's length cap, if samples hit it); ``capped``: the share of
+    samples that hit it (runaway samples that never stop, when more than one did). ``scale``: the factor on
+    the predictions that, with that share of runaways, gives the step's true total (a biased predictor's
+    correction); ``sigma``: the spread of log(true / scaled prediction) over the samples below the cap, which
+    covers both a group's own spread and the prediction error.
+    """
+
+    scale: float = 1.0
+    sigma: float = 0.0
+    cap: int = 0
+    capped: float = 0.0
+
+    @classmethod
+    def observe(cls, true: np.ndarray, predicted: np.ndarray, previous: LengthSpread | None = None) -> LengthSpread:
+        true = np.asarray(true, dtype=np.float64)
+        predicted = np.asarray(predicted, dtype=np.float64)
+        cap = max(int(true.max(initial=0)), previous.cap if previous else 0)
+        at_cap = true >= cap
+        capped = float(at_cap.mean()) if at_cap.sum() > 1 else 0.0
+        ok = (predicted > 0) & (true > 0) & ~(at_cap if capped else np.zeros_like(at_cap))
+        if ok.sum() < 2:
+            return replace(previous or cls(), cap=cap, capped=capped)
+        # the scale that makes the expected total match the step's: runaways at the cap, the rest scaled
+        rest = true.sum() - capped * true.size * cap
+        scale = float(np.clip(rest / max((1.0 - capped) * predicted[predicted > 0].sum(), 1e-9), 0.05, 20.0))
+        sigma = float(np.clip(np.log(true[ok] / (scale * predicted[ok])).std(), 0.0, 3.0))
+        return cls(scale, sigma, cap, capped)
+
+    def factors(self, count: int, seed: int = 0) -> np.ndarray:
+        """``count`` independent length factors with mean 1 (lognormal with spread ``sigma``); a ``capped`` share
+        of them, at random, is infinite (those samples run to the cap).
+        Independent draws, not quantiles: how unevenly the long samples fall on the engines is part of what a
+        step's slowest engine costs."""
+        rng = np.random.default_rng(seed)
+        f = rng.lognormal(-(self.sigma**2) / 2.0, self.sigma, size=count) if self.sigma > 0 else np.ones(count)
+        if self.capped > 0:
+            f[rng.random(count) < self.capped] = np.inf
+        return f
+
+
+class EngineCostModel:
+    """A per-sample cost model: every decode actor's engine run on the clock (``EngineModel``) with lengths made
+    from the predictions and a ``LengthSpread`` (each sample's prediction times a lognormal factor with the
+    learned spread, a learned share of runaway samples at the cap). Resampling the previous step's own
+    residuals instead was tried: less accurate on the long-reasoning workloads of docs/results.md.
+
+    So a group's longest sample, the quadratic KV reads, KV pressure, preemption and admission waves are all
+    counted, at the price of an event simulation per candidate (milliseconds for a few thousand samples).
+    """
+
+    def __init__(self, profile: TimePerTokenProfile) -> None:
+        self.profile = profile
+
+    def lengths(self, batch: PromptBatch, predicted: np.ndarray, spread: LengthSpread, draw: int = 0) -> np.ndarray:
+        """Per-sample lengths (prompt order) for an estimate; draw ``draw`` is the same for every candidate."""
+        pred = np.asarray(predicted, dtype=np.float64)
+        if pred.shape[0] == len(batch):  # one prediction per prompt: each of its samples
+            pred = pred[batch.sample_prompt_index()]
+        out = pred * spread.scale * spread.factors(pred.shape[0], seed=draw)
+        cap = max(spread.cap or int(self.profile.kv_capacity_tokens), 1)
+        return np.clip(np.rint(np.minimum(out, cap)), 1, cap).astype(np.int64)
+
+    def _decode(
+        self, batch: PromptBatch, lengths: np.ndarray, actor: np.ndarray, num_actors: int, prefill: PrefillPlan
+    ) -> tuple[float, float, list[int], float]:
+        """(slowest engine's last token, billed engine-seconds, engines used, mean busy) for one draw."""
+        s = EngineSamples.of_batch(batch, lengths, [], actor.tolist(), prefill)
+        engines = [EngineModel(a, self.profile, "", 0.0) for a in range(num_actors)]
+        for sid, a in enumerate(actor.tolist()):
+            engines[a].waiting.append(sid)
+        for e in engines:
+            e.run_until(s, math.inf)
+        used = [e for e in engines if e.used]
+        last = max((e.last_token for e in used), default=0.0)
+        busy = float(np.mean([e.busy for e in used])) if used else 0.0
+        return last, sum(e.last_token - e.first for e in used), [e.aid for e in used], busy
+
+    def estimate(
+        self,
+        batch: PromptBatch,
+        predicted: np.ndarray,
+        sample_actor: np.ndarray,
+        num_actors: int,
+        prefill: PrefillPlan,
+        migrates: bool = False,
+        warm_actors: int = 0,
+        spread: LengthSpread | None = None,
+    ) -> CandidateEstimate:
+        """One length draw (the same for every candidate, so candidates compare on equal terms). Taking the
+        slowest of several draws per candidate was tried: it made a deadline scaler pick fewer engines, not more."""
+        prof = self.profile
+        actor = np.asarray(sample_actor, dtype=np.int64)
+        if actor.shape[0] == len(batch) != batch.total_samples:
+            actor = np.repeat(actor, batch.n_samples)
+        lengths = self.lengths(batch, predicted, spread or LengthSpread())
+        decode, billed, used, busy = self._decode(batch, lengths, actor, num_actors, prefill)
+        if migrates and used:  # cut-and-migrate sheds the slowest engine's tail down to the mean busy time
+            decode = min(decode, max(busy, float(lengths.max(initial=0)) * prof.decode_base_s))
+        shared = float(prefill.prefill_actor_tokens) if prefill.prompt_group else 0.0
+        prefill_actor_s = prof.prefill_per_new_token_s * shared if shared else 0.0
+        cold = sum(1 for a in used if a >= warm_actors)
+        prefill_cold = prof.cold_start_s if prefill_actor_s and not warm_actors else 0.0
+        start_up = prof.cold_start_s if cold or prefill_cold else 0.0
+        gpu_seconds = prof.gpus_per_actor * (billed + cold * prof.cold_start_s)
+        if prefill_actor_s:
+            gpu_seconds += prefill_actor_s + prefill_cold
+        return CandidateEstimate(
+            num_actors=num_actors, time_s=start_up + prefill_actor_s + decode, gpu_seconds=gpu_seconds
+        )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ from rlhfless_sdk.api.records import (
     StepPlan,
     StepProgress,
 )
+from rlhfless_sdk.planning.engine import EngineCostModel, LengthSpread
 
 log = logging.getLogger("rlhfless.planner")
 
@@ -134,8 +136,15 @@ class StepPlanner:
         registry: Registry | None = None,
         gpus_per_actor: int = 1,
         learner_gpus: int = 1,
+        check_model: EngineCostModel | None = None,
     ) -> None:
+        """``check_model``: a per-sample cost model (``EngineCostModel``) that estimates the chosen plan for the
+        report, and every candidate for a scaler that ``wants_checked_estimates``, from the predictions and the
+        length spread learned from the previous step (``self.spread``)."""
         self.config = config
+        self.check_model = check_model
+        self.spread: LengthSpread | None = None
+        self.estimate_errors: deque[float] = deque(maxlen=5)  # |relative error| of the last steps' estimates
         self.cluster = cluster
         self.cost_model = cost_model
         self.registry = registry or get_plugin_manager().registry
@@ -281,6 +290,16 @@ class StepPlanner:
             if self.warm_actors:
                 flags["warm_actors"] = self.warm_actors
             estimates.append(self.cost_model.estimate(batch, pred, sample_actor, n, prefill, **flags))
+        checked = self.check_model is not None and getattr(self.policies["scaler"], "wants_checked_estimates", False)
+        if checked:  # the scaler compares candidates within 1%: all of them per sample, not some of each kind
+            # no step measured yet: nothing is known about the estimates' error, so count it as 100%
+            u = float(np.median(self.estimate_errors)) if self.estimate_errors else 1.0
+            estimates = [
+                self.check(batch, pred, assignments[e.num_actors], e.num_actors, prefill).model_copy(
+                    update={"uncertainty": u}
+                )
+                for e in estimates
+            ]
 
         def check_choice(c: Any) -> int:
             if int(c) not in assignments:
@@ -305,6 +324,10 @@ class StepPlanner:
             lambda o: check_placement(o, self.cluster, chosen, gpa, extra),
         )
         self.warn_slow(step, _PLAN_KINDS)
+        estimate = None
+        if self.check_model is not None:
+            estimate = next(e for e in estimates if e.num_actors == chosen) if checked else None
+            estimate = estimate or self.check(batch, pred, sample_actor, chosen, prefill)
         return StepPlan.model_construct(
             step=step,
             scheduler=self.config.name,
@@ -314,13 +337,46 @@ class StepPlanner:
             prefill=prefill,
             placement=placement,
             candidates=estimates,
+            estimate=estimate,
             fallbacks=fallbacks,
             planner_ms=(time.perf_counter() - t0) * 1000.0,
         )
 
+    def check(
+        self,
+        batch: PromptBatch,
+        pred: np.ndarray,
+        sample_actor: np.ndarray,
+        n: int,
+        prefill: PrefillPlan,
+    ) -> CandidateEstimate:
+        """The check model's estimate of one candidate plan (the same length draw for every candidate)."""
+        assert self.check_model is not None
+        migrates = self.config.migrates() and getattr(self.policies["scaler"], "wants_migration_estimates", False)
+        return self.check_model.estimate(
+            batch,
+            pred,
+            sample_actor,
+            n,
+            prefill,
+            migrates=migrates,
+            warm_actors=self.warm_actors,
+            spread=self.spread,
+        )
+
+    def note_error(self, estimate_error: float | None) -> None:
+        """How far the chosen plan's estimate was from the step's real (or simulated) generation time."""
+        if estimate_error is not None:
+            self.estimate_errors.append(abs(estimate_error))
+
     def observe(self, samples: Sequence[FinishedSample]) -> None:
-        """Feed a finished step's samples to the predictor (its length history). A predictor that raises is
-        warned about and skipped, except a failed history write (``HistoryError``), which stops the run."""
+        """Feed a finished step's samples to the predictor (its length history) and learn how true lengths
+        spread around the predictions (``self.spread``). A predictor that raises is warned about and skipped,
+        except a failed history write (``HistoryError``), which stops the run."""
+        pairs = [(s.response_length, s.predicted_length) for s in samples if s.predicted_length is not None]
+        if pairs:
+            true, pred = np.array(pairs, dtype=np.float64).T
+            self.spread = LengthSpread.observe(true, pred, self.spread)
         try:
             self.timed("predictor", lambda p: p.observe(tuple(samples)), self.policies["predictor"])
         except HistoryError:

@@ -218,7 +218,10 @@ class StepController:
             self.planner.observe(samples)
         self.planner.warn_slow(self.step, ("migrator", "predictor"))
         usage = self.backend.usage()
-        return StepOutcome(self._report(usage), samples, self.outputs, self.pieces, usage)
+        report = self._report(usage)
+        if observe:
+            self.planner.note_error(report.estimate_error)
+        return StepOutcome(report, samples, self.outputs, self.pieces, usage)
 
     def sample_id(self, uid: str, sample_index: int) -> int:
         i = self.prompt_index.get(uid)
@@ -406,7 +409,9 @@ class StepController:
         idle = 1.0 - float(busy.sum()) * gpa / (decode_gpus * generation) if generation > 0 else 0.0
         pred = np.asarray(self.predicted)
         mae = float(np.abs(pred - np.asarray(self.length)).mean()) if len(pred) else 0.0
-        chosen = next((c for c in self.plan.candidates if c.num_actors == self.plan.num_actors), None)
+        chosen = self.plan.estimate or next(
+            (c for c in self.plan.candidates if c.num_actors == self.plan.num_actors), None
+        )
         estimate = chosen.time_s if chosen is not None else None
         return StepReport(
             step=self.step,

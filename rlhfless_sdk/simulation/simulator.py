@@ -41,7 +41,7 @@ from rlhfless_sdk.api.records import (
     TimePerTokenProfile,
 )
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
-from rlhfless_sdk.planning.engine import DONE, RUNNING, EngineModel, EngineSamples
+from rlhfless_sdk.planning.engine import DONE, RUNNING, EngineCostModel, EngineModel, EngineSamples
 from rlhfless_sdk.planning.planner import StepPlanner
 from rlhfless_sdk.rollout.controller import (
     EngineStatus,
@@ -258,6 +258,8 @@ class SimulationResult:
         r = self.reports
         return {
             "total_time_s": sum(x.time_s for x in r),
+            # a long run's pace: the first step carries the engines' start-up (and an async pipeline's fill)
+            "mean_step_time_after_first_s": float(np.mean([x.time_s for x in r[1:]])) if len(r) > 1 else 0.0,
             "total_generation_s": sum(x.generation_s for x in r),
             "total_gpu_seconds": sum(x.gpu_seconds for x in r),
             "total_gpu_seconds_serverful": sum(x.gpu_seconds_serverful for x in r),
@@ -292,6 +294,7 @@ class Simulator:
         self.max_tokens = max_tokens
         self.checks_per_step = checks_per_step
         self.cost_model = AnalyticCostModel(profile)
+        self.check_model = EngineCostModel(profile)
         self.warm: frozenset[int] = frozenset()  # actors that worked in the previous step
         self.warm_prefill = False
         self.run_algo = algo or "ppo"
@@ -306,6 +309,7 @@ class Simulator:
             registry=self.registry,
             gpus_per_actor=self.profile.gpus_per_actor,
             learner_gpus=0,
+            check_model=self.check_model,
         )
 
     def run(
@@ -376,6 +380,7 @@ class Simulator:
             registry=self.registry,
             gpus_per_actor=prof.gpus_per_actor,
             learner_gpus=0,
+            check_model=self.check_model,
         )
         prep_rate, learn_rate = prof.learner_rates(self.run_algo)
         token_counts = [float(ws.batch.prompt_lengths @ ws.batch.n_samples + ws.lengths.sum()) for ws in workload.steps]

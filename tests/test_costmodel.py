@@ -1,0 +1,87 @@
+"""The per-sample check model (``EngineCostModel``) and what the planner learns for it (``LengthSpread``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rlhfless_sdk.api.profiles import load_profile
+from rlhfless_sdk.api.records import Cluster, PrefillPlan
+from rlhfless_sdk.planning.engine import EngineCostModel, LengthSpread
+from rlhfless_sdk.simulation.simulator import Simulator
+from rlhfless_sdk.simulation.traces import synthetic_workload
+from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+
+PROFILE = load_profile("qwen2.5-7b-l40s")
+
+
+def test_with_true_lengths_the_check_model_is_the_simulator(registry):
+    """Given every sample's true length (no spread), the check model runs the simulator's own engine: the same
+    generation time as simulating the plan, warm engines, no migration."""
+    work = synthetic_workload(SyntheticWorkload(64, 4, seed=2, median_length=500, max_length=4096), 2)
+    sim = Simulator(PROFILE.model_copy(update={"kv_capacity_tokens": 40_000}), Cluster.uniform(1, 4), registry=registry)
+    res = sim.run(registry.scheduler("openrlhf"), work)
+    ws, step = work.steps[1], res.steps[1]
+    est = EngineCostModel(sim.profile).estimate(
+        ws.batch, ws.lengths, np.asarray(step.plan.assignment), step.plan.num_actors, PrefillPlan(), warm_actors=4
+    )
+    assert step.report.cold_starts == 0
+    assert est.time_s == pytest.approx(step.report.generation_s, rel=1e-9)
+
+
+@given(
+    true=st.lists(st.integers(1, 5000), min_size=2, max_size=200),
+    bias=st.floats(0.1, 10.0),
+)
+def test_length_spread_is_learned_within_bounds(true, bias):
+    true = np.asarray(true, dtype=float)
+    pred = np.maximum(true * bias, 1.0)
+    spread = LengthSpread.observe(true, pred)
+    assert spread.cap == int(true.max())
+    assert 0.0 <= spread.capped <= 1.0 and spread.sigma >= 0.0
+    assert 0.05 <= spread.scale <= 20.0
+    f = spread.factors(1000)
+    assert f.shape == (1000,) and (f > 0).all()
+
+
+def test_an_unbiased_exact_predictor_learns_no_spread():
+    true = np.array([100.0, 200, 300, 400])
+    spread = LengthSpread.observe(true, true)
+    assert spread.scale == pytest.approx(1.0) and spread.sigma == pytest.approx(0.0, abs=1e-9)
+
+
+def test_runaways_are_learned_as_a_share_at_the_cap():
+    rng = np.random.default_rng(0)
+    pred = rng.uniform(100, 1000, 10_000)
+    true = pred * rng.lognormal(-0.125, 0.5, pred.size)
+    true[rng.random(pred.size) < 0.05] = 8192
+    true = np.minimum(true, 8192)
+    spread = LengthSpread.observe(true, pred)
+    assert spread.cap == 8192 and 0.05 <= spread.capped < 0.06
+    assert spread.sigma == pytest.approx(0.5, abs=0.05) and spread.scale == pytest.approx(1.0, abs=0.05)
+    drawn = EngineCostModel(PROFILE).lengths(
+        *synthetic_batch(pred),
+        spread,  # the estimate's lengths: about the same share at the cap
+    )
+    assert 0.04 <= (drawn == 8192).mean() <= 0.07
+
+
+def synthetic_batch(pred: np.ndarray):
+    from rlhfless_sdk.api.batch import PromptBatch
+
+    batch = PromptBatch(
+        uids=[f"p{i}" for i in range(pred.size)],
+        prompt_lengths=np.full(pred.size, 10),
+        n_samples=np.ones(pred.size, dtype=np.int64),
+    )
+    return batch, pred
+
+
+def test_the_report_carries_the_check_models_estimate_and_its_error(registry):
+    work = synthetic_workload(SyntheticWorkload(32, 4, seed=1), 3)
+    sim = Simulator(PROFILE, Cluster.uniform(1, 4), registry=registry)
+    for r in sim.run(registry.scheduler("rlhfless-slo"), work).reports:
+        assert r.estimated_generation_s is not None and r.estimated_generation_s > 0
+        assert r.estimate_error == pytest.approx(r.estimated_generation_s / r.generation_s - 1)
