@@ -3,8 +3,10 @@
 It times ``LLM.generate`` on a grid of batches (every request forced to its length with ``min_tokens`` and
 ``ignore_eos``): prefill-only runs fit ``prefill_base_s + prefill_per_new_token_s * tokens``; full runs, less
 that prefill, fit ``decode_base_s * T + decode_per_seq_s * B*T + decode_per_ctx_token_s * sum(context)`` by
-non-negative least squares. Then it times a held-out batch (lengths not on the grid) and asks the simulator
-to predict it from the fitted profile, so the profile comes with its own error bar.
+non-negative least squares, and the overlapped roofline the shipped GPU profiles use (each step
+``o + max(w + c * context, b * B)``) by Nelder-Mead, for comparison. Then it times a held-out batch (lengths
+not on the grid) and asks the simulator to predict it from both fits, so the profile comes with its own error
+bar and the roofline form is checked against a real engine.
 """
 
 from __future__ import annotations
@@ -67,6 +69,51 @@ def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
             break
         active = [a for a, c in zip(active, sol, strict=True) if c > 0]
     return coef
+
+
+def overlapped_seconds(params: np.ndarray, runs: list[Run]) -> np.ndarray:
+    """Decode seconds of each run under the overlapped roofline: each step ``o + max(w + c * ctx, b * B)``
+    (context ctx = B * (prompt + steps so far)); ``params`` = (o, w, b, c)."""
+    o, w, b, c = params
+    out = []
+    for r in runs:
+        ctx = r.batch * (r.prompt_len + np.arange(r.output_len))
+        out.append(float(np.sum(o + np.maximum(w + c * ctx, b * r.batch))))
+    return np.array(out)
+
+
+def fit_overlapped(runs: list[Run], y: np.ndarray, start: np.ndarray, iters: int = 3000) -> np.ndarray:
+    """(o, w, b, c) >= 0 minimising the squared relative error of ``overlapped_seconds``: Nelder-Mead on the
+    logs of the parameters, from ``start`` (the additive fit's split)."""
+
+    def loss(z: np.ndarray) -> float:
+        pred = overlapped_seconds(np.exp(z), runs)
+        return float(np.sum(((pred - y) / np.maximum(y, 1e-9)) ** 2))
+
+    pts = [np.log(np.maximum(start, 1e-12))]
+    pts += [pts[0] + np.eye(4)[i] * 0.5 for i in range(4)]
+    vals = [loss(p) for p in pts]
+    for _ in range(iters):
+        order = np.argsort(vals)
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        centre = np.mean(pts[:-1], axis=0)
+        refl = centre + (centre - pts[-1])
+        fr = loss(refl)
+        if fr < vals[0]:
+            exp = centre + 2.0 * (centre - pts[-1])
+            fe = loss(exp)
+            pts[-1], vals[-1] = (exp, fe) if fe < fr else (refl, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = refl, fr
+        else:
+            con = centre + 0.5 * (pts[-1] - centre)
+            fc = loss(con)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = con, fc
+            else:  # shrink towards the best point
+                pts = [pts[0]] + [pts[0] + 0.5 * (p - pts[0]) for p in pts[1:]]
+                vals = [vals[0]] + [loss(p) for p in pts[1:]]
+    return np.exp(pts[int(np.argmin(vals))])
 
 
 def start_engine(model: str | Path, *, max_num_seqs: int = 64, seed: int = 0) -> tuple[Any, float]:
@@ -142,6 +189,9 @@ def measure(
     yd = np.array([r.seconds - (pb + pn * r.batch * r.prompt_len) for r in decode_runs])
     db, ds, dc = _nnls(xd, yd)
     rel = np.abs(xd @ np.array([db, ds, dc]) - yd) / np.maximum(yd, 1e-9)  # of the decode part
+    # the overlapped roofline (the shipped GPU profiles' form), fitted to the same runs
+    o, w, ob, oc = fit_overlapped(decode_runs, yd, np.array([0.2 * db, 0.8 * db, max(ds, 1e-9), max(dc, 1e-12)]))
+    rel_overlap = np.abs(overlapped_seconds(np.array([o, w, ob, oc]), decode_runs) - yd) / np.maximum(yd, 1e-9)
 
     cache = llm.llm_engine.vllm_config.cache_config
     kv_tokens = int(cache.num_gpu_blocks * cache.block_size)
@@ -152,6 +202,10 @@ def measure(
     lines += [f"  prefill B={r.batch} P={r.prompt_len}: {r.seconds * 1000:.2f} ms" for r in prefill_runs]
     lines += [f"  B={r.batch} P={r.prompt_len} T={r.output_len}: {r.seconds * 1000:.2f} ms" for r in decode_runs]
     lines.append(f"fit: decode relative error median {np.median(rel):.1%}, max {rel.max():.1%}")
+    lines.append(
+        f"overlapped roofline fit (o + max(w + c*ctx, b*B) a step): median {np.median(rel_overlap):.1%}, "
+        f"max {rel_overlap.max():.1%} (o={o:.3g}, w={w:.3g}, b={ob:.3g}, c={oc:.3g})"
+    )
     profile = TimePerTokenProfile(
         name=name,
         model=model,
@@ -169,15 +223,32 @@ def measure(
         price_per_gpu_second=0.0,
         derivation="\n".join(lines),
     )
+    overlapped = profile.model_copy(
+        update={
+            "decode_overlap": True,
+            "decode_overhead_s": float(o),
+            "decode_base_s": float(o + w),
+            "decode_per_seq_s": float(ob),
+            "decode_per_ctx_token_s": float(oc),
+        }
+    )
     return profile, {
         "prefill_runs": [r.__dict__ for r in prefill_runs],
         "decode_runs": [r.__dict__ for r in decode_runs],
         "fit_median_rel_error": float(np.median(rel)),
+        "overlapped_fit_median_rel_error": float(np.median(rel_overlap)),
+        "overlapped_profile": overlapped,
     }
 
 
-def validate(llm: Any, profile: TimePerTokenProfile, requests: list[tuple[int, int]] = HELD_OUT) -> dict[str, Any]:
-    """Time a held-out batch on the engine and the simulator's prediction of it from ``profile``."""
+def validate(
+    llm: Any,
+    profile: TimePerTokenProfile,
+    requests: list[tuple[int, int]] = HELD_OUT,
+    alternative: TimePerTokenProfile | None = None,
+) -> dict[str, Any]:
+    """Time a held-out batch on the engine and the simulator's prediction of it from ``profile`` (and from the
+    ``alternative`` form, the overlapped roofline, for comparison)."""
     from rlhfless_sdk.api.batch import PromptBatch
     from rlhfless_sdk.api.plugins import get_plugin_manager
     from rlhfless_sdk.api.records import Cluster
@@ -195,14 +266,23 @@ def validate(llm: Any, profile: TimePerTokenProfile, requests: list[tuple[int, i
     registry = get_plugin_manager().registry
     base = registry.scheduler("openrlhf")
     one = base.derive(name="one-engine", scaler="fixed")
-    sim = Simulator(profile.model_copy(update={"cold_start_s": 0.0}), Cluster.uniform(1, 1), registry=registry)
-    simulated = sim.run(one, Workload("held-out", [step])).reports[0].generation_s
-    return {
+
+    def simulate(prof: TimePerTokenProfile) -> float:
+        sim = Simulator(prof.model_copy(update={"cold_start_s": 0.0}), Cluster.uniform(1, 1), registry=registry)
+        return sim.run(one, Workload("held-out", [step])).reports[0].generation_s
+
+    simulated = simulate(profile)
+    out = {
         "requests": requests,
         "measured_s": measured,
         "simulated_s": simulated,
         "relative_error": abs(simulated - measured) / measured,
     }
+    if alternative is not None:
+        alt = simulate(alternative)
+        out["overlapped_simulated_s"] = alt
+        out["overlapped_relative_error"] = abs(alt - measured) / measured
+    return out
 
 
 def profile_engine(
@@ -221,12 +301,18 @@ def profile_engine(
     llm, start_s = start_engine(model)
     say(f"engine ready in {start_s:.1f} s; timing the grid")
     prof, runs = measure(llm, start_s, name=name, model=model.name, hardware=hardware, progress=say)
-    result: dict[str, Any] = {"fit_median_rel_error": runs["fit_median_rel_error"], "runs": runs}
+    overlapped = runs.pop("overlapped_profile")
+    result: dict[str, Any] = {
+        "fit_median_rel_error": runs["fit_median_rel_error"],
+        "overlapped_fit_median_rel_error": runs["overlapped_fit_median_rel_error"],
+        "runs": runs,
+    }
     if validate_too:
-        v = result["validation"] = validate(llm, prof)
+        v = result["validation"] = validate(llm, prof, alternative=overlapped)
         note = (
             f"\nheld-out batch of {len(v['requests'])} requests: measured {v['measured_s']:.3f} s, "
-            f"simulated {v['simulated_s']:.3f} s ({v['relative_error']:.1%} off)"
+            f"simulated {v['simulated_s']:.3f} s ({v['relative_error']:.1%} off); with the overlapped roofline "
+            f"fit {v['overlapped_simulated_s']:.3f} s ({v['overlapped_relative_error']:.1%} off)"
         )
         prof = prof.model_copy(update={"derivation": prof.derivation + note})
     return prof, result

@@ -85,3 +85,42 @@ def test_the_report_carries_the_check_models_estimate_and_its_error(registry):
     for r in sim.run(registry.scheduler("rlhfless-slo"), work).reports:
         assert r.estimated_generation_s is not None and r.estimated_generation_s > 0
         assert r.estimate_error == pytest.approx(r.estimated_generation_s / r.generation_s - 1)
+
+
+@given(
+    batch=st.integers(1, 256),
+    ctx=st.integers(0, 400_000),
+    k=st.integers(0, 300),
+    overhead=st.floats(0.0, 0.002),
+    per_seq=st.floats(0.0, 2e-4),
+)
+def test_overlapped_decode_steps_sum_the_roofline_of_each_step(batch, ctx, k, overhead, per_seq):
+    """k steps in one jump cost what the steps one by one cost: overhead + max(weights + KV read, compute)."""
+    from rlhfless_sdk.planning.engine import EngineModel
+
+    prof = PROFILE.model_copy(
+        update={"decode_overlap": True, "decode_overhead_s": overhead, "decode_per_seq_s": per_seq}
+    )
+    e = EngineModel(0, prof, "", 0.0)
+    e.B, e.ctx = batch, ctx
+    w = prof.decode_base_s - overhead
+    one_by_one = sum(
+        overhead + max(w + prof.decode_per_ctx_token_s * (ctx + batch * j), per_seq * batch) for j in range(k)
+    )
+    assert e._overlapped(k) == pytest.approx(one_by_one, rel=1e-9, abs=1e-12)
+    room = one_by_one * 0.6
+    fit = e._steps_within(room, k)
+    assert e._overlapped(fit) <= room + 1e-12 and (fit == k or e._overlapped(fit + 1) > room)
+
+
+def test_overlap_makes_a_busy_step_faster_and_keeps_every_sample(registry):
+    work = synthetic_workload(SyntheticWorkload(64, 8, seed=4), 2)
+    add = PROFILE.model_copy(update={"decode_overlap": False})
+    over = PROFILE.model_copy(update={"decode_overlap": True, "decode_overhead_s": 0.002})
+    runs = [
+        Simulator(p, Cluster.uniform(1, 2), registry=registry).run(registry.scheduler("openrlhf"), work)
+        for p in (add, over)
+    ]
+    for res in runs:
+        assert [r.samples for r in res.reports] == [ws.batch.total_samples for ws in work.steps]
+    assert runs[1].reports[1].generation_s < runs[0].reports[1].generation_s

@@ -162,7 +162,9 @@ ALGOS = ("ppo", "grpo")
 class TimePerTokenProfile(Record):
     """How long a model takes on one actor's hardware; the cost model's input.
 
-    decode step time (s) = decode_base_s + decode_per_seq_s * batch + decode_per_ctx_token_s * sum(context)
+    decode step time (s) = decode_base_s + decode_per_seq_s * batch + decode_per_ctx_token_s * sum(context), or with
+                           decode_overlap: decode_overhead_s + max(decode_base_s - decode_overhead_s
+                           + decode_per_ctx_token_s * sum(context), decode_per_seq_s * batch)
     prefill time (s)     = prefill_base_s + prefill_per_new_token_s * new + prefill_per_cached_token_s * cached
     """
 
@@ -173,6 +175,14 @@ class TimePerTokenProfile(Record):
     decode_base_s: NonNegativeFloat = Field(description="Fixed cost of one decode step (weights read once).")
     decode_per_seq_s: NonNegativeFloat = Field(description="Extra cost per running sequence in a step.")
     decode_per_ctx_token_s: NonNegativeFloat = Field(description="Extra cost per context token read (KV cache).")
+    decode_overlap: bool = Field(
+        default=False,
+        description="Memory reads and per-sequence compute overlap (a GPU's roofline): a step takes "
+        "decode_overhead_s + max(decode_base_s - decode_overhead_s + c * context, decode_per_seq_s * batch).",
+    )
+    decode_overhead_s: NonNegativeFloat = Field(
+        default=0.0, description="With decode_overlap: the part of decode_base_s that overlaps nothing (launches)."
+    )
     prefill_base_s: NonNegativeFloat = 0.0
     prefill_per_new_token_s: NonNegativeFloat
     prefill_per_cached_token_s: NonNegativeFloat = 0.0
@@ -219,6 +229,8 @@ class TimePerTokenProfile(Record):
             raise ValueError(
                 "decode_base_s, decode_per_seq_s and decode_per_ctx_token_s are all 0: decode takes no time"
             )
+        if self.decode_overhead_s > self.decode_base_s:
+            raise ValueError(f"decode_overhead_s {self.decode_overhead_s} exceeds decode_base_s {self.decode_base_s}")
         return self
 
 

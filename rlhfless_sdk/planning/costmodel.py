@@ -4,6 +4,7 @@ Per decode actor, with its samples' predicted lengths ``L`` and prompt lengths `
 
 - decode steps   = max(max L, sum L / slots), slots = min(max_num_seqs, kv_capacity / mean(p + L))
 - decode time    = decode_base_s * steps + decode_per_seq_s * sum L + decode_per_ctx_token_s * sum(p*L + L*(L-1)/2)
+  (with ``decode_overlap``: overhead * steps + max(weights * steps + KV reads, decode_per_seq_s * sum L))
 - prefill time   = prefill_per_new_token_s * (prompt tokens not covered by a deduplicated shared prefix)
 
 Step time is the slowest actor plus the prefill actor's pass over the distinct shared prefixes
@@ -79,7 +80,11 @@ class AnalyticCostModel:
             mean_seq = np.where(count > 0, seq_tokens / np.maximum(count, 1.0), 1.0)
         slots = np.clip(prof.kv_capacity_tokens / np.maximum(mean_seq, 1.0), 1.0, prof.max_num_seqs)
         steps = np.maximum(longest, tokens / slots)
-        decode = prof.decode_base_s * steps + prof.decode_per_seq_s * tokens + prof.decode_per_ctx_token_s * ctx
+        if prof.decode_overlap:  # memory reads and compute overlap: the larger of the two, summed per actor
+            memory = (prof.decode_base_s - prof.decode_overhead_s) * steps + prof.decode_per_ctx_token_s * ctx
+            decode = prof.decode_overhead_s * steps + np.maximum(memory, prof.decode_per_seq_s * tokens)
+        else:
+            decode = prof.decode_base_s * steps + prof.decode_per_seq_s * tokens + prof.decode_per_ctx_token_s * ctx
         pre = np.where(count > 0, prof.prefill_base_s + prof.prefill_per_new_token_s * prefill_new, 0.0)
         return np.where(count > 0, decode + pre, 0.0)
 

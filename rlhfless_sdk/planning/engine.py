@@ -189,6 +189,15 @@ class EngineModel:
                     self.preemptions += 1
                     self.blocked = True
                     continue
+            if p.decode_overlap:
+                dt = self._overlapped(k)
+                if self.t + dt > limit:  # the most whole steps that fit before the limit
+                    k = self._steps_within(limit - self.t, min(k, self.heap[0][0] - self.S - 1))
+                    if k == 0:
+                        return
+                    dt = self._overlapped(k)
+                self._advance(s, k, dt)
+                continue
             A = p.decode_base_s + p.decode_per_seq_s * self.B + p.decode_per_ctx_token_s * self.ctx
             C = p.decode_per_ctx_token_s * self.B
             dt = k * A + C * k * (k - 1) / 2.0
@@ -203,24 +212,58 @@ class EngineModel:
                 if k == 0:
                     return
                 dt = k * A + C * k * (k - 1) / 2.0
-            self.t += dt
-            self.busy += dt
-            self.S += k
-            self.ctx += self.B * k
-            self.generated += self.B * k
-            while self.heap and self.heap[0][0] <= self.S:
-                finish, sid = heapq.heappop(self.heap)
-                if not self._valid(s, finish, sid):
-                    continue
-                s.state[sid] = DONE
-                s.generated[sid] = s.target[sid]
-                s.finish_time[sid] = self.t
-                s.events.append(sid)
-                self.B -= 1
-                self.ctx -= s.prompt_len[sid] + s.target[sid]
-                self.stack.remove(sid)
-                self.last_token = self.t
-                self.blocked = False
+            self._advance(s, k, dt)
+
+    def _overlapped(self, k: int) -> float:
+        """Seconds for k decode steps when memory reads and compute overlap: each step takes
+        ``overhead + max(weights + c * context, b * B)``; the context grows by B a step, so the first steps may
+        be compute-bound and the rest memory-bound."""
+        p = self.prof
+        o = p.decode_overhead_s
+        w = p.decode_base_s - o
+        c, compute = p.decode_per_ctx_token_s, p.decode_per_seq_s * self.B
+        cb = c * self.B
+        gap = compute - w - c * self.ctx  # > 0: compute-bound now
+        if gap <= 0:
+            bound = 0
+        elif cb > 0:
+            bound = min(k, math.ceil(gap / cb))
+        else:
+            bound = k
+        rest = k - bound
+        mem = o + w + c * (self.ctx + self.B * bound)
+        return bound * (o + compute) + rest * mem + cb * rest * (rest - 1) / 2.0
+
+    def _steps_within(self, room: float, most: int) -> int:
+        lo, hi = 0, max(most, 0)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._overlapped(mid) <= room:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _advance(self, s: EngineSamples, k: int, dt: float) -> None:
+        """k decode steps of the running batch, taking dt seconds; finished samples leave it."""
+        self.t += dt
+        self.busy += dt
+        self.S += k
+        self.ctx += self.B * k
+        self.generated += self.B * k
+        while self.heap and self.heap[0][0] <= self.S:
+            finish, sid = heapq.heappop(self.heap)
+            if not self._valid(s, finish, sid):
+                continue
+            s.state[sid] = DONE
+            s.generated[sid] = s.target[sid]
+            s.finish_time[sid] = self.t
+            s.events.append(sid)
+            self.B -= 1
+            self.ctx -= s.prompt_len[sid] + s.target[sid]
+            self.stack.remove(sid)
+            self.last_token = self.t
+            self.blocked = False
 
 
 @dataclass(frozen=True)
