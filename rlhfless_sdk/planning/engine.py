@@ -273,17 +273,25 @@ class LengthSpread:
     ``cap``: the longest response seen (the run's length cap, if samples hit it); ``capped``: the share of
     samples that hit it (runaway samples that never stop, when more than one did). ``scale``: the factor on
     the predictions that, with that share of runaways, gives the step's true total (a biased predictor's
-    correction); ``sigma``: the spread of log(true / scaled prediction) over the samples below the cap, which
-    covers both a group's own spread and the prediction error.
+    correction). Below the cap, log(true / scaled prediction) spreads as ``sigma_group`` between prompts (what
+    the predictor misses about a prompt: all its samples share it) plus ``sigma`` within a prompt's group.
     """
 
     scale: float = 1.0
     sigma: float = 0.0
     cap: int = 0
     capped: float = 0.0
+    sigma_group: float = 0.0
 
     @classmethod
-    def observe(cls, true: np.ndarray, predicted: np.ndarray, previous: LengthSpread | None = None) -> LengthSpread:
+    def observe(
+        cls,
+        true: np.ndarray,
+        predicted: np.ndarray,
+        previous: LengthSpread | None = None,
+        groups: np.ndarray | None = None,
+    ) -> LengthSpread:
+        """From a step's true and predicted lengths per sample; ``groups``: each sample's prompt (any ids)."""
         true = np.asarray(true, dtype=np.float64)
         predicted = np.asarray(predicted, dtype=np.float64)
         cap = max(int(true.max(initial=0)), previous.cap if previous else 0)
@@ -295,16 +303,26 @@ class LengthSpread:
         # the scale that makes the expected total match the step's: runaways at the cap, the rest scaled
         rest = true.sum() - capped * true.size * cap
         scale = float(np.clip(rest / max((1.0 - capped) * predicted[predicted > 0].sum(), 1e-9), 0.05, 20.0))
-        sigma = float(np.clip(np.log(true[ok] / (scale * predicted[ok])).std(), 0.0, 3.0))
-        return cls(scale, sigma, cap, capped)
+        r = np.log(true[ok] / (scale * predicted[ok]))
+        if groups is None:
+            return cls(scale, float(np.clip(r.std(), 0.0, 3.0)), cap, capped)
+        _, g = np.unique(np.asarray(groups)[ok], return_inverse=True)
+        mean = np.bincount(g, weights=r) / np.bincount(g)
+        within = float(np.clip((r - mean[g]).std(), 0.0, 3.0))
+        between = float(np.clip(np.sqrt(max(r.var() - within**2, 0.0)), 0.0, 3.0))
+        return cls(scale, within, cap, capped, between)
 
-    def factors(self, count: int, seed: int = 0) -> np.ndarray:
-        """``count`` independent length factors with mean 1 (lognormal with spread ``sigma``); a ``capped`` share
-        of them, at random, is infinite (those samples run to the cap).
-        Independent draws, not quantiles: how unevenly the long samples fall on the engines is part of what a
-        step's slowest engine costs."""
+    def factors(self, prompt_of: np.ndarray, seed: int = 0) -> np.ndarray:
+        """Length factors with mean 1 for samples of the prompts ``prompt_of``: a lognormal factor per prompt
+        (``sigma_group``) times one per sample (``sigma``); a ``capped`` share of them, at random, is infinite
+        (those samples run to the cap). Random draws, not quantiles: how unevenly the long samples fall on the
+        engines is part of what a step's slowest engine costs."""
+        prompt_of = np.asarray(prompt_of, dtype=np.int64)
+        count = prompt_of.size
         rng = np.random.default_rng(seed)
-        f = rng.lognormal(-(self.sigma**2) / 2.0, self.sigma, size=count) if self.sigma > 0 else np.ones(count)
+        per_prompt = rng.standard_normal(int(prompt_of.max(initial=-1)) + 1)
+        z = self.sigma_group * per_prompt[prompt_of] + self.sigma * rng.standard_normal(count)
+        f = np.exp(z - (self.sigma_group**2 + self.sigma**2) / 2.0)
         if self.capped > 0:
             f[rng.random(count) < self.capped] = np.inf
         return f
@@ -328,7 +346,7 @@ class EngineCostModel:
         pred = np.asarray(predicted, dtype=np.float64)
         if pred.shape[0] == len(batch):  # one prediction per prompt: each of its samples
             pred = pred[batch.sample_prompt_index()]
-        out = pred * spread.scale * spread.factors(pred.shape[0], seed=draw)
+        out = pred * spread.scale * spread.factors(batch.sample_prompt_index(), seed=draw)
         cap = max(spread.cap or int(self.profile.kv_capacity_tokens), 1)
         return np.clip(np.rint(np.minimum(out, cap)), 1, cap).astype(np.int64)
 

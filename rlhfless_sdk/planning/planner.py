@@ -373,10 +373,11 @@ class StepPlanner:
         """Feed a finished step's samples to the predictor (its length history) and learn how true lengths
         spread around the predictions (``self.spread``). A predictor that raises is warned about and skipped,
         except a failed history write (``HistoryError``), which stops the run."""
-        pairs = [(s.response_length, s.predicted_length) for s in samples if s.predicted_length is not None]
-        if pairs:
-            true, pred = np.array(pairs, dtype=np.float64).T
-            self.spread = LengthSpread.observe(true, pred, self.spread)
+        known = [s for s in samples if s.predicted_length is not None]
+        if known:
+            true = np.array([s.response_length for s in known], dtype=np.float64)
+            pred = np.array([s.predicted_length for s in known], dtype=np.float64)
+            self.spread = LengthSpread.observe(true, pred, self.spread, groups=np.array([s.uid for s in known]))
         try:
             self.timed("predictor", lambda p: p.observe(tuple(samples)), self.policies["predictor"])
         except HistoryError:
