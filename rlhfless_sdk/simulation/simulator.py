@@ -335,7 +335,8 @@ class Simulator:
     # -- OpenRLHF's async mode ------------------------------------------------------------------------------
     def rollout_gpus(self, config: SchedulerConfig, workload: Workload) -> int:
         """The GPUs that generate in async mode: the config's, or the split of the cluster that best balances
-        generation of the first step (true lengths, an even spread over the engines) against its learning."""
+        generation of the first step (its true lengths spread evenly over the engines, run on the engine model,
+        KV pressure included) against its learning: the split a user would tune OpenRLHF to."""
         g, gpa = self.cluster.total_gpus, self.profile.gpus_per_actor
         fixed = config.pipeline.rollout_gpus
         if fixed is not None:
@@ -355,7 +356,7 @@ class Simulator:
         for r in range(gpa, g, gpa):
             n = r // gpa
             spread = np.arange(batch.total_samples) % n
-            gen = self.cost_model.estimate(batch, ws.lengths, spread, n, PrefillPlan()).time_s
+            gen = self.check_model.estimate(batch, ws.lengths, spread, n, PrefillPlan(), warm_actors=n).time_s
             learn = tokens * rate / (g - r)
             key = (max(gen, learn), r)
             best = key if best is None or key < best else best
