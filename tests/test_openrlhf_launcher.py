@@ -61,6 +61,11 @@ def test_openrlhf_scheduler_leaves_openrlhf_unchanged():
     assert settings["scheduler"]["name"] == "rlhfless" and settings["profile"]["name"] == "qwen2.5-3b-h100"
 
 
+def test_an_async_preset_is_refused_with_the_openrlhf_flags_to_use():
+    with pytest.raises(SystemExit, match=r"--train\.async_enable"):
+        resolve({"--scheduler": "openrlhf-async"})
+
+
 def test_rollout_internals_of_the_installed_openrlhf():
     checked = check_internals()
     assert "openrlhf.trainer.ray.vllm_engine.RolloutRayActor.generate_responses" in checked

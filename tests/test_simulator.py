@@ -328,3 +328,67 @@ def test_start_up_is_charged_to_time_and_cost_and_serverless_never_exceeds_serve
     if name in ("openrlhf", "verl"):  # a fixed fleet: warm after the first step
         assert all(r.cold_starts == 0 for r in later)
         assert first.cold_starts == sum(b > 0 for b in first.actor_busy_s)
+
+
+def test_runaway_samples_hit_the_cap_and_leave_the_other_lengths_alone():
+    base = SyntheticWorkload(200, 4, seed=5, max_length=4096)
+    _, plain = base.batch()
+    _, loops = SyntheticWorkload(200, 4, seed=5, max_length=4096, runaway=0.1).batch()
+    changed = loops != plain
+    assert (loops[changed] == 4096).all()  # a runaway runs to the cap; nothing else moves
+    assert 0.05 < (loops == 4096).mean() < 0.2
+
+
+def test_simulate_takes_kv_capacity_algorithm_and_long_reasoning_tails():
+    args = ["simulate", "--prompts", "24", "--samples", "4", "--steps", "2", "--max-length", "512"]
+    args += ["--runaway", "0.2", "--kv-tokens", "20000", "--algo", "ppo", "--no-frontier", "--json"]
+    args += ["--scheduler", "openrlhf", "--scheduler", "openrlhf-async", "--rollout-gpus", "12"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["kv_capacity_tokens"] == 20000 and out["algo"] == "ppo"
+    assert out["workload"]["response_length"]["max"] == 512
+    sync, asyn = out["schedulers"]
+    assert asyn["rollout_gpus"] == 12 and sync["rollout_gpus"] is None
+    for row in out["schedulers"]:
+        assert {"stale_token_fraction", "max_token_age_steps", "mean_step_time_after_first_s"} <= set(row)
+        for step in row["steps"]:
+            assert step["estimated_generation_s"] is not None and step["estimate_error"] is not None
+    assert sync["stale_token_fraction"] == 0 and asyn["max_token_age_steps"] == 1
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [("--kv-tokens", "0", "--kv-tokens"), ("--runaway", "1.5", "--runaway"), ("--algo", "dpo", "--algo")],
+)
+def test_simulate_refuses_bad_model_flags(flag, value, message):
+    res = CliRunner().invoke(main, ["simulate", "--prompts", "4", "--steps", "1", flag, value])
+    assert res.exit_code == 2 and message in res.output
+
+
+def test_grpo_learns_cheaper_than_ppo_on_the_same_schedule(registry):
+    work = synthetic_workload(SyntheticWorkload(32, 4, seed=1), 1)
+    prof = load_profile("qwen2.5-7b-l40s")
+    runs = {
+        algo: Simulator(prof, Cluster.uniform(1, 4), registry=registry, algo=algo).run(
+            registry.scheduler("openrlhf"), work
+        )
+        for algo in ("ppo", "grpo")
+    }
+    ppo, grpo = runs["ppo"].reports[0], runs["grpo"].reports[0]
+    assert grpo.generation_s == ppo.generation_s
+    assert grpo.prepare_s == pytest.approx(
+        ppo.prepare_s * prof.grpo_prepare_gpu_s_per_token / prof.prepare_gpu_s_per_token
+    )
+    assert grpo.learn_s < ppo.learn_s and grpo.time_s < ppo.time_s
+    assert work.algo == "grpo"  # four samples a prompt: critic-free by default
+
+
+def test_plan_and_compare_predictors_take_the_kv_capacity():
+    res = CliRunner().invoke(main, ["plan", "--prompts", "32", "--kv-tokens", "5000", "--json"])
+    assert res.exit_code == 0, res.output
+    args = ["compare-predictors", "--prompts", "16", "--samples", "2", "--steps", "2", "--predictors", "ewma"]
+    args += ["--kv-tokens", "5000", "--runaway", "0.1", "--max-length", "300", "--json"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["workload"]["response_length"]["max"] == 300
