@@ -15,6 +15,8 @@ from rlhfless_policies.assigners import (
     SortedAssigner,
     SortedParams,
     StaticChunksAssigner,
+    WorkAssigner,
+    WorkParams,
 )
 from rlhfless_policies.migrators import GlobalMigrator, GlobalParams, NoMigrator, TauMigrator, TauParams
 from rlhfless_policies.model_predictor import ModelParams, ModelPredictor
@@ -64,6 +66,7 @@ POLICIES: dict[str, list[tuple]] = {
         ("round-robin", RoundRobinAssigner, NoParams),
         ("balanced", BalancedAssigner, NoParams),
         ("chunks", StaticChunksAssigner, NoParams),
+        ("work", WorkAssigner, WorkParams),
     ],
     "migrator": [
         ("tau", TauMigrator, TauParams),

@@ -340,3 +340,28 @@ def test_no_sample_lost_or_duplicated_and_tokens_conserved(reg, case, rate):
     assert_accounted(out, batch, targets)
     # no work was ever sent to a dead engine (the backend asserts it) and the last piece is where it finished
     assert all(p[-1][0] == s.actor_id for p, s in zip(out.pieces, out.samples, strict=True))
+
+
+def test_samples_start_in_the_assigners_dispatch_order(reg):
+    """The `work` assigner dispatches longest-first: the backend sees the samples in that order, and the
+    trainer still gets each prompt's samples adjacent and in order."""
+    config = reg.scheduler("openrlhf").derive(
+        name="order-test", assigner="work", predictor="oracle", scaler={"name": "fixed", "params": {"num_actors": 2}}
+    )
+    planner = StepPlanner(
+        config, cluster=Cluster.uniform(1, 2), cost_model=AnalyticCostModel(PROFILE), registry=reg, learner_gpus=0
+    )
+    batch = batch_of([2, 1, 3])
+    batch = PromptBatch(
+        uids=batch.uids,
+        prompt_lengths=batch.prompt_lengths,
+        n_samples=batch.n_samples,
+        true_lengths=np.array([5.0, 40.0, 20.0]),
+    )
+    plan = planner.plan(batch)
+    targets = [5, 5, 40, 20, 20, 20]
+    backend = TokenClock(2, targets)
+    outcome = StepController(planner, backend, batch, plan).run()
+    started = [sid for kind, sid, _e in backend.log if kind == "start"]
+    assert started == plan.order == [2, 3, 4, 5, 0, 1]  # prompt p1 (40), then p2 (20), then p0 (5)
+    assert_accounted(outcome, batch, targets)

@@ -24,7 +24,7 @@ _spec.loader.exec_module(S)
 
 REG = PluginManager().registry
 #: Reference assigners documented to split a prompt's group across actors (the controller regroups it).
-SPLITS_GROUPS = {"chunks"}
+SPLITS_GROUPS = {"chunks", "work"}
 PROFILE = load_profile("qwen2.5-7b-l40s")
 
 
@@ -203,6 +203,37 @@ def test_balanced_is_within_one_prompt_of_the_mean(data, batch, num_actors):
     load = np.bincount(actor, weights=work, minlength=num_actors)
     if len(batch):  # LPT: the most loaded actor exceeds the least loaded by at most the largest job
         assert load.max() - load.min() <= work.max() + 1e-6
+
+
+@given(data=st.data(), batch=S.prompt_batches(), num_actors=st.integers(1, 8))
+def test_work_balances_per_sample_and_dispatches_longest_first(data, batch, num_actors):
+    pred = data.draw(S.predictions(len(batch)))
+    policy = REG.create("assigner", "work")
+    actor = policy.assign(batch, pred, num_actors)
+    check_assignment(actor, batch, num_actors)
+    work = policy.work(batch, pred)
+    load = np.bincount(actor, weights=work, minlength=num_actors)
+    if batch.total_samples:  # LPT per sample: within the largest single sample's work
+        assert load.max() - load.min() <= work.max() + 1e-6
+    order = policy.order(batch, pred, actor)
+    assert sorted(order.tolist()) == list(range(batch.total_samples))  # every sample dispatched once
+    assert (np.diff(work[order]) <= 1e-9).all()  # longest first
+
+
+def test_the_controller_dispatches_in_the_plans_order(registry):
+    from rlhfless_sdk.api.records import Cluster
+    from rlhfless_sdk.simulation.simulator import Simulator
+    from rlhfless_sdk.simulation.traces import synthetic_workload
+    from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+
+    work = synthetic_workload(SyntheticWorkload(20, 2, seed=3), 2)
+    config = registry.scheduler("openrlhf").derive(name="w", assigner="work", predictor="oracle")
+    steps = Simulator(PROFILE, Cluster.uniform(1, 2), registry=registry).run(config, work).steps
+    for st_ in steps:
+        plan = st_.plan
+        assert sorted(plan.order) == list(range(len(plan.assignment)))
+        pred = np.asarray(plan.predicted_lengths)[work.steps[0].batch.sample_prompt_index()]
+        assert (np.diff(pred[plan.order]) <= 1e-9).all()
 
 
 # -- migrators ----------------------------------------------------------------------------------------------

@@ -61,6 +61,9 @@ KINDS: tuple[PolicyKind, ...] = (
         PromptAssigner,
         baseline="round-robin",
         summary="Register prompt assigners (``PromptAssigner``) that map prompts to decode actors.",
+        capabilities=(
+            ("order", "order(batch, predicted, assignment): the order to dispatch the samples in (a permutation)"),
+        ),
     ),
     PolicyKind(
         "migrator",

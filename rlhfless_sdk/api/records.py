@@ -306,6 +306,9 @@ class StepPlan(Record):
     prefill: PrefillPlan = Field(default_factory=PrefillPlan)
     placement: list[ActorPlacement] = Field(default_factory=list)
     candidates: list[CandidateEstimate] = Field(default_factory=list)
+    order: list[NonNegativeInt] = Field(
+        default_factory=list, description="The order samples are dispatched in (a permutation); empty: batch order."
+    )
     estimate: CandidateEstimate | None = Field(
         default=None,
         description="The chosen plan's estimate by the planner's check model (per-sample), when it has one.",

@@ -101,6 +101,18 @@ def check_assignment(assigned: Any, batch: PromptBatch, num_actors: int) -> np.n
     return readonly(per_sample)
 
 
+def check_order(order: Any, batch: PromptBatch) -> np.ndarray:
+    """A dispatch order: every sample exactly once."""
+    arr = np.asarray(order)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise InvalidPolicyOutput(f"dispatch order has dtype {arr.dtype}, expected integers")
+    arr = arr.astype(np.int64)
+    s = batch.total_samples
+    if arr.shape != (s,) or (s and not np.array_equal(np.sort(arr), np.arange(s))):
+        raise InvalidPolicyOutput(f"dispatch order is not a permutation of the {s} samples: one would be lost")
+    return arr
+
+
 def check_placement(
     placements: Any, cluster: Cluster, num_actors: int, gpus_per_actor: int, extra: Sequence[Actor]
 ) -> list[ActorPlacement]:
@@ -315,6 +327,13 @@ class StepPlanner:
         else:
             chosen = self.call("scaler", fallbacks, lambda p: p.choose(tuple(estimates)), check_choice)
         sample_actor = assignments[chosen]
+        order: list[int] = []
+        if hasattr(self.policies["assigner"], "order"):  # a dispatch order, when the assigner has one
+
+            def ask_order(p: Any) -> Any:
+                return p.order(batch, pred, sample_actor) if hasattr(p, "order") else np.arange(batch.total_samples)
+
+            order = self.call("assigner", fallbacks, ask_order, lambda o: check_order(o, batch)).tolist()
         loads = readonly(np.bincount(sample_actor, weights=pred[batch.sample_prompt_index()], minlength=chosen))
         gpa = self.gpus_per_actor
         placement = self.call(
@@ -337,6 +356,7 @@ class StepPlanner:
             prefill=prefill,
             placement=placement,
             candidates=estimates,
+            order=order,
             estimate=estimate,
             fallbacks=fallbacks,
             planner_ms=(time.perf_counter() - t0) * 1000.0,

@@ -202,7 +202,8 @@ class StepController:
             raise NoEngineLeft("no engine can take work; cannot generate")
         engines = [live[a % len(live)] for a in self.plan.assignment]
         self._place_all(engines)
-        self.backend.start(range(len(engines)), engines)
+        order = self.plan.order or range(len(engines))  # the assigner's dispatch order, else batch order
+        self.backend.start(order, [engines[i] for i in order])
         migrates = self.planner.config.migrates()
         while self.unfinished:
             poll = self.backend.poll()
