@@ -41,6 +41,7 @@ from rlhfless_policies.scalers import (
     FixedParams,
     FixedScaler,
 )
+from rlhfless_policies.stragglers import NoStragglerPolicy, PartialParams, PartialRollout
 
 from rlhfless_sdk import NoParams, PolicySpec, SchedulerConfig, hookimpl
 from rlhfless_sdk.api.config import parse_scheduler_config
@@ -77,6 +78,10 @@ POLICIES: dict[str, list[tuple]] = {
         ("cost-aware", CostAwareScaler, CostAwareParams),
         ("deadline", DeadlineScaler, DeadlineParams),
         ("fixed", FixedScaler, FixedParams),
+    ],
+    "straggler": [
+        ("none", NoStragglerPolicy, NoParams),
+        ("partial", PartialRollout, PartialParams),
     ],
     "placer": [
         ("locality-aware", LocalityAwarePlacer, NoParams),

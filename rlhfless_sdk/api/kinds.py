@@ -16,6 +16,7 @@ from rlhfless_sdk.api.protocols import (
     Migrator,
     PrefillPlanner,
     PromptAssigner,
+    StragglerPolicy,
 )
 
 
@@ -83,6 +84,13 @@ KINDS: tuple[PolicyKind, ...] = (
                 "when true, every candidate is estimated by the planner's per-sample check model (if it has one)",
             ),
         ),
+    ),
+    PolicyKind(
+        "straggler",
+        StragglerPolicy,
+        baseline="none",
+        summary="Register straggler policies (``StragglerPolicy``): how a step treats its long tail.",
+        optional=True,
     ),
     PolicyKind(
         "placer",

@@ -108,6 +108,20 @@ class ActorPlacer(Protocol):
 
 
 @runtime_checkable
+class StragglerPolicy(Protocol):
+    """Decides how a step treats its long tail: how many tokens a newly started sample may generate this step.
+
+    May assume: ``step`` is the training step about to generate (0, 1, ...).
+    Must guarantee: ``segment_tokens`` returns None (every sample runs to its end, as today) or a positive
+    token budget; a sample that reaches it is carried, with its tokens, into the next step and finished there
+    (so no token is more than one weight update old when it trains), and a prompt's group trains only once all
+    its samples have finished.
+    """
+
+    def segment_tokens(self, step: int) -> int | None: ...
+
+
+@runtime_checkable
 class CostModel(Protocol):
     """Estimates a step's time and GPU-seconds for one candidate plan (the SDK's interface; see cost model)."""
 

@@ -309,6 +309,9 @@ class StepPlan(Record):
     order: list[NonNegativeInt] = Field(
         default_factory=list, description="The order samples are dispatched in (a permutation); empty: batch order."
     )
+    segment_tokens: PositiveInt | None = Field(
+        default=None, description="The straggler policy's budget for a newly started sample (None: unlimited)."
+    )
     estimate: CandidateEstimate | None = Field(
         default=None,
         description="The chosen plan's estimate by the planner's check model (per-sample), when it has one.",
@@ -437,6 +440,10 @@ class StepReport(Record):
     max_token_age_steps: NonNegativeInt = Field(
         default=0, description="Largest age, in weight updates, of any token trained on in this step."
     )
+    groups_trained: NonNegativeInt | None = Field(
+        default=None, description="Prompt groups that trained this step (partial rollouts; None: all of them)."
+    )
+    carried_samples: NonNegativeInt = Field(default=0, description="Samples carried unfinished into the next step.")
     planner_ms: NonNegativeFloat = 0.0
     fallbacks: list[str] = Field(default_factory=list)
 

@@ -86,11 +86,15 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
             f"{'step':>5}{'N':>4}{'time s':>9}{'gen s':>8}{'GPU-s':>9}{'srvful':>9}{'speedup':>9}{'cost':>7}"
             f"{'idle':>6}{'migr':>6}{'prefill saved':>15}{'MAE':>6}{'est err':>8}{'stale':>7}"
         )
-        for st, b in zip(row["steps"], base_steps, strict=True):
+        for i, st in enumerate(row["steps"]):
+            # a partial-rollout run has one more step (it finishes what is carried): nothing to compare it with
+            b = base_steps[i] if i < len(base_steps) else None
+            speed = f"{b['time_s'] / st['time_s']:>8.2f}x" if b else f"{'-':>9}"
+            cost = f"{st['gpu_seconds'] / b['gpu_seconds'] - 1:>+7.0%}" if b else f"{'-':>7}"
             click.echo(
                 f"{st['step']:>5}{st['num_actors']:>4}{st['time_s']:>9.1f}{st['generation_s']:>8.1f}"
-                f"{st['gpu_seconds']:>9.0f}{st['gpu_seconds_serverful']:>9.0f}{b['time_s'] / st['time_s']:>8.2f}x"
-                f"{st['gpu_seconds'] / b['gpu_seconds'] - 1:>+7.0%}{st['idle_fraction']:>6.2f}{st['migrations']:>6}"
+                f"{st['gpu_seconds']:>9.0f}{st['gpu_seconds_serverful']:>9.0f}{speed}"
+                f"{cost}{st['idle_fraction']:>6.2f}{st['migrations']:>6}"
                 f"{st['prefill_tokens_saved']:>15}{st['prediction_mae'] or 0:>6.0f}"
                 f"{_pct(st['estimate_error']):>8}{st['stale_token_fraction']:>7.0%}"
             )

@@ -312,6 +312,20 @@ class LengthSpread:
         between = float(np.clip(np.sqrt(max(r.var() - within**2, 0.0)), 0.0, 3.0))
         return cls(scale, within, cap, capped, between)
 
+    def remaining(self, predicted: np.ndarray, generated: np.ndarray, draws: int = 512) -> np.ndarray:
+        """Expected tokens still to come for samples predicted ``predicted`` long that already have ``generated``
+        (the learned spread, conditioned on having outlived ``generated``: a carried sample is often a runaway)."""
+        pred = np.asarray(predicted, dtype=np.float64)[:, None]
+        gen = np.asarray(generated, dtype=np.float64)[:, None]
+        f = self.factors(np.arange(draws), seed=12345)[None, :]
+        cap = float(self.cap) if self.cap else np.inf
+        length = np.minimum(pred * self.scale * f, cap)
+        alive = length > gen
+        count = alive.sum(axis=1)
+        left = np.where(alive, length - gen, 0.0).sum(axis=1) / np.maximum(count, 1)
+        fallback = np.maximum((cap if np.isfinite(cap) else 2.0 * gen[:, 0]) - gen[:, 0], 1.0)
+        return np.where(count > 0, np.maximum(left, 1.0), fallback)
+
     def factors(self, prompt_of: np.ndarray, seed: int = 0) -> np.ndarray:
         """Length factors with mean 1 for samples of the prompts ``prompt_of``: a lognormal factor per prompt
         (``sigma_group``) times one per sample (``sigma``); a ``capped`` share of them, at random, is infinite
@@ -341,13 +355,24 @@ class EngineCostModel:
     def __init__(self, profile: TimePerTokenProfile) -> None:
         self.profile = profile
 
-    def lengths(self, batch: PromptBatch, predicted: np.ndarray, spread: LengthSpread, draw: int = 0) -> np.ndarray:
-        """Per-sample lengths (prompt order) for an estimate; draw ``draw`` is the same for every candidate."""
+    def lengths(
+        self,
+        batch: PromptBatch,
+        predicted: np.ndarray,
+        spread: LengthSpread,
+        draw: int = 0,
+        caps: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Per-sample lengths (prompt order) for an estimate; draw ``draw`` is the same for every candidate.
+        ``caps`` (per prompt) bounds them further (a partial rollout's token budget)."""
+        prompt_of = batch.sample_prompt_index()
         pred = np.asarray(predicted, dtype=np.float64)
         if pred.shape[0] == len(batch):  # one prediction per prompt: each of its samples
-            pred = pred[batch.sample_prompt_index()]
-        out = pred * spread.scale * spread.factors(batch.sample_prompt_index(), seed=draw)
-        cap = max(spread.cap or int(self.profile.kv_capacity_tokens), 1)
+            pred = pred[prompt_of]
+        out = pred * spread.scale * spread.factors(prompt_of, seed=draw)
+        cap = np.full(out.shape, float(max(spread.cap or int(self.profile.kv_capacity_tokens), 1)))
+        if caps is not None:
+            cap = np.minimum(cap, np.maximum(np.asarray(caps, dtype=np.float64)[prompt_of], 1.0))
         return np.clip(np.rint(np.minimum(out, cap)), 1, cap).astype(np.int64)
 
     def _decode(
@@ -375,6 +400,7 @@ class EngineCostModel:
         migrates: bool = False,
         warm_actors: int = 0,
         spread: LengthSpread | None = None,
+        caps: np.ndarray | None = None,
     ) -> CandidateEstimate:
         """One length draw (the same for every candidate, so candidates compare on equal terms). Taking the
         slowest of several draws per candidate was tried: it made a deadline scaler pick fewer engines, not more."""
@@ -382,7 +408,7 @@ class EngineCostModel:
         actor = np.asarray(sample_actor, dtype=np.int64)
         if actor.shape[0] == len(batch) != batch.total_samples:
             actor = np.repeat(actor, batch.n_samples)
-        lengths = self.lengths(batch, predicted, spread or LengthSpread())
+        lengths = self.lengths(batch, predicted, spread or LengthSpread(), caps=caps)
         decode, billed, used, busy = self._decode(batch, lengths, actor, num_actors, prefill)
         if migrates and used:  # cut-and-migrate sheds the slowest engine's tail down to the mean busy time
             decode = min(decode, max(busy, float(lengths.max(initial=0)) * prof.decode_base_s))

@@ -41,7 +41,7 @@ log = logging.getLogger("rlhfless.planner")
 
 #: A policy whose calls take this long in one step (seconds) gets a warning naming it.
 SLOW_POLICY_S = 1.0
-_PLAN_KINDS = ("predictor", "prefill_planner", "assigner", "scaler", "placer")
+_PLAN_KINDS = ("predictor", "prefill_planner", "assigner", "scaler", "placer", "straggler")
 
 
 class InvalidPolicyOutput(RlhflessError):
@@ -251,14 +251,19 @@ class StepPlanner:
         *,
         num_actors: int | None = None,
         prefill: PrefillPlan | None = None,
+        segment_tokens: int | bool | None = False,
+        length_caps: np.ndarray | None = None,
     ) -> StepPlan:
         """The plan for one step. ``predicted`` overrides the predictor (a backend that already asked it).
 
+        ``segment_tokens`` reuses the straggler policy's answer for this step (``segment_tokens()``);
+        ``length_caps`` (per prompt) bounds the check model's lengths (a piece of a partial rollout).
         ``num_actors`` plans the step with exactly that many decode actors instead of asking the scaler (the
         time-cost frontier, a backend that lost engines); ``prefill`` reuses a prefill plan made for this batch.
         Either way every policy's output is checked and a failing policy falls back to its baseline.
         """
         t0 = time.perf_counter()
+        self._caps = None if length_caps is None else np.asarray(length_caps, dtype=np.float64)
         fallbacks: list[str] = []
         for kind in _PLAN_KINDS:
             self.spent.pop(kind, None)
@@ -342,6 +347,7 @@ class StepPlanner:
             lambda p: p.place(loads, self.cluster, gpa, tuple(extra)),
             lambda o: check_placement(o, self.cluster, chosen, gpa, extra),
         )
+        segment = self.segment_tokens(step, fallbacks) if segment_tokens is False else segment_tokens
         self.warn_slow(step, _PLAN_KINDS)
         estimate = None
         if self.check_model is not None:
@@ -357,10 +363,23 @@ class StepPlanner:
             placement=placement,
             candidates=estimates,
             order=order,
+            segment_tokens=segment,
             estimate=estimate,
             fallbacks=fallbacks,
             planner_ms=(time.perf_counter() - t0) * 1000.0,
         )
+
+    def segment_tokens(self, step: int, fallbacks: list[str]) -> int | None:
+        """The straggler policy's token budget for a sample started in ``step`` (None: unlimited)."""
+
+        def check_segment(t: Any) -> int | None:
+            if t is None:
+                return None
+            if isinstance(t, bool) or not isinstance(t, int | np.integer) or int(t) < 1:
+                raise InvalidPolicyOutput(f"segment_tokens must be None or a positive int, got {t!r}")
+            return int(t)
+
+        return self.call("straggler", fallbacks, lambda p: p.segment_tokens(step), check_segment)
 
     def check(
         self,
@@ -382,6 +401,7 @@ class StepPlanner:
             migrates=migrates,
             warm_actors=self.warm_actors,
             spread=self.spread,
+            caps=getattr(self, "_caps", None),
         )
 
     def note_error(self, estimate_error: float | None) -> None:

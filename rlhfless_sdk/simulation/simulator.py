@@ -31,6 +31,7 @@ import numpy as np
 
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import (
     CandidateEstimate,
@@ -43,6 +44,7 @@ from rlhfless_sdk.api.records import (
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.engine import DONE, RUNNING, EngineCostModel, EngineModel, EngineSamples
 from rlhfless_sdk.planning.planner import StepPlanner
+from rlhfless_sdk.rollout.carry import CarryBook
 from rlhfless_sdk.rollout.controller import (
     EngineStatus,
     EngineUsage,
@@ -321,8 +323,15 @@ class Simulator:
     ) -> SimulationResult:
         self.warm, self.warm_prefill = frozenset(), False
         self.run_algo = self.algo or workload.algo
+        carries = config.policy("straggler").name != KIND["straggler"].baseline
         if config.pipeline.mode == "async":
+            if carries:
+                raise RlhflessError(
+                    f"scheduler {config.name!r}: a straggler policy with the async pipeline is not simulated yet"
+                )
             return self.run_async(config, workload, on_step)
+        if carries:
+            return self.run_carry(config, workload, on_step)
         planner = self.planner(config)
         steps = []
         for ws in workload.steps:
@@ -442,6 +451,81 @@ class Simulator:
             if on_step is not None:
                 on_step(report)
         return SimulationResult(config.name, steps, rollout_gpus=r)
+
+    # -- partial rollouts (a straggler policy with a token budget) -----------------------------------------
+    def run_carry(
+        self, config: SchedulerConfig, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
+    ) -> SimulationResult:
+        """Steps whose new samples stop at the straggler policy's token budget and finish in the next step
+        (``rlhfless_sdk.rollout.carry``); a group trains in the step its last sample ends, and the learner's
+        time is that of the trained groups. After the workload's last step, one more step finishes what is
+        carried, so every prompt trains exactly once."""
+        planner = self.planner(config)
+        book = CarryBook()
+        truth: dict[tuple[int, int], int] = {}
+        g = self.cluster.total_gpus
+        prep_rate, learn_rate = self.profile.learner_rates(self.run_algo)
+        steps: list[SimulatedStep] = []
+        work: list[WorkloadStep | None] = [*workload.steps, None]  # None: the final step, carried samples only
+        for k, ws in enumerate(work):
+            if ws is None and not book.carried:
+                break
+            fallbacks: list[str] = []
+            step_no = ws.step if ws is not None else (workload.steps[-1].step + 1 if workload.steps else 0)
+            new = ws.batch if ws is not None else None
+            pred = planner.predict(new, fallbacks) if new is not None else None
+            n_carried = len(book.carried)
+            budget = planner.segment_tokens(step_no, fallbacks)
+            spread = planner.spread
+            # a carried sample's expected remainder, in the predictor's units (the check model scales them again)
+            remaining = (lambda t, h, sp=spread: sp.remaining(t, h) / sp.scale) if spread is not None else None
+            batch, piece_pred, caps = book.pieces(
+                new, pred, budget=budget, remaining=remaining, cap=spread.cap if spread and spread.cap else None
+            )
+            pieces = book._step_pieces
+            if ws is not None:
+                for piece, length in zip(pieces[n_carried:], ws.lengths.tolist(), strict=True):
+                    truth[(piece.group, piece.sample_index)] = int(length)
+            planner.warm_actors = len(self.warm)
+            plan = planner.plan(batch, step=step_no, predicted=piece_pred, segment_tokens=budget, length_caps=caps)
+            total = [truth[(p.group, p.sample_index)] for p in pieces]
+            targets = [
+                t - p.generated if (i < n_carried or budget is None) else min(t, budget)
+                for i, (p, t) in enumerate(zip(pieces, total, strict=True))
+            ]
+            piece_ws = WorkloadStep(step=step_no, batch=batch, lengths=np.asarray(targets, dtype=np.int64))
+            outcome = self.execute(planner, piece_ws, plan)
+            self.warm = frozenset(a for a, e in enumerate(outcome.usage.engines) if e.first_s is not None)
+            ended = [p.generated + t >= tt for p, t, tt in zip(pieces, targets, total, strict=True)]
+            settled = book.settle(k, [s.response_length for s in outcome.samples], ended)
+            planner.observe(settled.finished)
+            planner.note_error(outcome.report.estimate_error)
+            rep, u = outcome.report, outcome.usage
+            trained = float(settled.trained_prompt_and_response_tokens)
+            prepare_s, learn_s = trained * prep_rate / g, trained * learn_rate / g
+            time_s = rep.generation_s + prepare_s + learn_s + u.sync_s
+            learner_before = g * (rep.prepare_s + rep.learn_s + u.sync_s)
+            report = rep.model_copy(
+                update={
+                    "time_s": time_s,
+                    "prepare_s": prepare_s,
+                    "learn_s": learn_s,
+                    "gpu_seconds": rep.gpu_seconds - learner_before + g * (prepare_s + learn_s + u.sync_s),
+                    "gpu_seconds_serverful": g * time_s,
+                    "response_tokens": settled.trained_tokens,
+                    "stale_token_fraction": settled.stale_tokens / settled.trained_tokens
+                    if settled.trained_tokens
+                    else 0.0,
+                    "max_token_age_steps": settled.max_age,
+                    "groups_trained": len(settled.trained),
+                    "carried_samples": settled.carried,
+                }
+            )
+            chosen = next((e for e in plan.candidates if e.num_actors == plan.num_actors), None)
+            steps.append(SimulatedStep(report, plan, chosen, u.extra["preemptions"], None, outcome))
+            if on_step is not None:
+                on_step(report)
+        return SimulationResult(config.name, steps)
 
     def step(self, planner: StepPlanner, ws: WorkloadStep, frontier: bool = False) -> SimulatedStep:
         """One step; the actors that worked in it stay warm for the next (``self.warm``)."""

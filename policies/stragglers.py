@@ -1,0 +1,43 @@
+"""Straggler policies: what a step does about its long tail."""
+
+from __future__ import annotations
+
+from pydantic import Field, PositiveInt
+
+from rlhfless_sdk import NoParams, Record
+
+
+class NoStragglerPolicy:
+    """Baseline (OpenRLHF, verl): every sample runs to its end within its step."""
+
+    description = "baseline: every sample finishes within its step"
+
+    def __init__(self, params: NoParams | None = None) -> None:
+        pass
+
+    def segment_tokens(self, step: int) -> int | None:
+        return None
+
+
+class PartialParams(Record):
+    segment_tokens: PositiveInt = Field(
+        default=2048, description="Most tokens a newly started sample generates in its first step."
+    )
+
+
+class PartialRollout:
+    """Beyond the paper: partial rollouts (Kimi k1.5, APRIL) with at most one step of staleness.
+
+    A new sample generates at most ``segment_tokens`` tokens in its first step; if it has not finished, it is
+    carried with its tokens (and their logprobs, on a real backend) into the next step, continued there under the
+    new weights until it ends, and its group trains once all its samples have. So the long tail of a step no
+    longer waits for its longest samples, at the price of tokens one weight update old.
+    """
+
+    description = "partial rollouts: new samples stop at a token budget, finish in the next step (1 step stale)"
+
+    def __init__(self, params: PartialParams | None = None) -> None:
+        self.tokens = (params or PartialParams()).segment_tokens
+
+    def segment_tokens(self, step: int) -> int | None:
+        return self.tokens

@@ -1,0 +1,195 @@
+"""Samples carried across steps (partial rollouts): what each step generates and which groups train.
+
+A straggler policy gives a newly started sample a token budget (``StepPlan.segment_tokens``). A sample that
+reaches it is carried into the next step with its tokens, continued there under the new weights until it ends,
+and its prompt's group trains once all its samples have ended. ``CarryBook`` keeps that account for any backend:
+
+- ``pieces(new, predicted)`` builds the step's work: every carried sample as a prompt of its own (its prompt
+  plus the tokens it has, one sample), then the new prompts' groups as they came;
+- ``settle(step, ended, lengths)`` takes what each piece generated and whether its sample ended, and returns
+  the groups that complete (to train now, each with all n samples in order), the finished samples (for the
+  predictor's history) and the staleness of the trained tokens.
+
+Sample identity: a group is one occurrence of a prompt (``group`` counts launches); a sample is
+(group, sample index). Nothing is lost or duplicated: every launched sample is either carried or ended, every
+ended sample belongs to exactly one group, and a group is returned once, when its last sample ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.records import FinishedSample
+
+
+class CarryError(RlhflessError):
+    """A backend's account of a step disagrees with the samples the step was given."""
+
+
+@dataclass
+class Piece:
+    """One sample's work in one step."""
+
+    group: int
+    uid: str  # the prompt's uid, as the trainer knows it
+    sample_index: int
+    prompt_length: int  # the prompt's own tokens (the piece's prompt adds ``generated``)
+    generated: int  # tokens the sample had when the step began
+    predicted: float  # predicted total response length
+    steps: list[tuple[int, int]] = field(default_factory=list)  # (step, tokens generated in it)
+
+
+@dataclass
+class Group:
+    uid: str
+    n: int
+    prompt_length: int
+    lengths: dict[int, int] = field(default_factory=dict)  # sample index -> response length, once ended
+    steps: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # sample index -> its (step, tokens)
+
+
+@dataclass
+class TrainedGroup:
+    uid: str
+    group: int
+    prompt_length: int
+    lengths: list[int]  # response length of each sample, in sample order
+    steps: list[list[tuple[int, int]]]  # per sample: (step, tokens) of each piece, oldest first
+
+
+@dataclass
+class Settlement:
+    trained: list[TrainedGroup]  # groups whose last sample ended this step, in launch order
+    finished: list[FinishedSample]  # samples that ended this step, full length (the predictor's history)
+    carried: int  # samples carried into the next step
+    stale_tokens: int  # trained response tokens generated before this step (older weights)
+    trained_tokens: int  # trained response tokens
+    max_age: int  # largest age, in steps, of a trained token
+
+    @property
+    def trained_prompt_and_response_tokens(self) -> int:
+        return sum(g.prompt_length * len(g.lengths) + sum(g.lengths) for g in self.trained)
+
+
+class CarryBook:
+    """The carried samples and the open groups between steps; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.carried: list[Piece] = []
+        self.groups: dict[int, Group] = {}
+        self._launched = 0
+        self._step_pieces: list[Piece] = []
+
+    def pieces(
+        self,
+        new: PromptBatch | None,
+        predicted: np.ndarray | None = None,
+        *,
+        budget: int | None = None,
+        remaining: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+        cap: int | None = None,
+    ) -> tuple[PromptBatch, np.ndarray, np.ndarray]:
+        """The step's batch (carried samples first, one prompt each, then ``new``'s groups), a predicted
+        length per prompt of it (for a new prompt its prediction capped at ``budget``; for a carried sample
+        ``remaining(predicted totals, generated)``, by default the prediction less what it has, at least 1) and
+        the most tokens each may generate this step (``budget`` for new prompts; for carried samples, which
+        finish, the run's length ``cap`` less what they have, or unbounded)."""
+        pieces = list(self.carried)
+        uids = [f"{p.uid}~g{p.group}s{p.sample_index}" for p in pieces]
+        plen = [p.prompt_length + p.generated for p in pieces]
+        n = [1] * len(pieces)
+        totals = np.array([p.predicted for p in pieces], dtype=np.float64)
+        have = np.array([p.generated for p in pieces], dtype=np.float64)
+        left = remaining(totals, have) if remaining is not None and pieces else np.maximum(totals - have, 1.0)
+        pred = [float(x) for x in left]
+        if new is not None and len(new):
+            new_pred = np.zeros(len(new)) if predicted is None else np.asarray(predicted, dtype=np.float64)
+            for i, uid in enumerate(new.uids):
+                g = self._launched
+                self._launched += 1
+                k = int(new.n_samples[i])
+                self.groups[g] = Group(uid, k, int(new.prompt_lengths[i]))
+                for j in range(k):
+                    pieces.append(Piece(g, uid, j, int(new.prompt_lengths[i]), 0, float(new_pred[i])))
+                uids.append(uid)
+                plen.append(int(new.prompt_lengths[i]))
+                n.append(k)
+                pred.append(float(new_pred[i]) if budget is None else min(float(new_pred[i]), float(budget)))
+        self._step_pieces = pieces
+        # a carried sample's prompt is its prompt plus its tokens, which only a real backend holds: no token ids
+        tokens = new.token_flat if new is not None and not self.carried else None
+        batch = PromptBatch(
+            uids=uids,
+            prompt_lengths=np.asarray(plen, dtype=np.int64),
+            n_samples=np.asarray(n, dtype=np.int64),
+            token_flat=tokens,
+        )
+        caps = np.full(len(uids), np.inf)
+        if cap is not None:
+            caps[: len(self.carried)] = np.maximum(cap - have, 1.0)
+        if budget is not None:
+            caps[len(self.carried) :] = float(budget)
+        return batch, np.asarray(pred, dtype=np.float64), caps
+
+    def settle(self, step: int, lengths: list[int], ended: list[bool]) -> Settlement:
+        """``lengths[i]``: tokens the step's i-th sample (batch order) generated; ``ended[i]``: whether its
+        sample ended (else it is carried)."""
+        pieces = self._step_pieces
+        if len(lengths) != len(pieces) or len(ended) != len(pieces):
+            raise CarryError(f"step {step} had {len(pieces)} samples; the backend reported {len(lengths)}")
+        self.carried = []
+        done: list[int] = []
+        finished = []
+        for piece, tokens, end in zip(pieces, lengths, ended, strict=True):
+            if tokens < 0:
+                raise CarryError(f"sample {piece.uid}/{piece.sample_index} reported {tokens} tokens")
+            if tokens:
+                piece.steps.append((step, int(tokens)))
+            total = piece.generated + int(tokens)
+            group = self.groups[piece.group]
+            if end:
+                if piece.sample_index in group.lengths:
+                    raise CarryError(f"sample {piece.uid}/{piece.sample_index} ended twice")
+                group.lengths[piece.sample_index] = total
+                group.steps[piece.sample_index] = list(piece.steps)
+                finished.append(
+                    FinishedSample.model_construct(
+                        uid=piece.uid,
+                        sample_index=piece.sample_index,
+                        prompt_length=piece.prompt_length,
+                        response_length=total,
+                        actor_id=None,
+                        migrations=0,
+                        finish_reason="stop",
+                        predicted_length=piece.predicted,
+                    )
+                )
+                if len(group.lengths) == group.n:
+                    done.append(piece.group)
+            else:
+                carried = Piece(piece.group, piece.uid, piece.sample_index, piece.prompt_length, total, piece.predicted)
+                carried.steps = list(piece.steps)
+                self.carried.append(carried)
+        trained = []
+        stale = tokens_all = age = 0
+        for g in sorted(set(done)):
+            group = self.groups.pop(g)
+            order = range(group.n)
+            steps = [group.steps[i] for i in order]
+            trained.append(TrainedGroup(group.uid, g, group.prompt_length, [group.lengths[i] for i in order], steps))
+            for per_sample in steps:
+                for s, t in per_sample:
+                    tokens_all += t
+                    if s < step:
+                        stale += t
+                        age = max(age, step - s)
+        return Settlement(trained, finished, len(self.carried), stale, tokens_all, age)
+
+    @property
+    def open_groups(self) -> int:
+        return len(self.groups)
