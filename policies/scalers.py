@@ -85,7 +85,7 @@ class DeadlineParams(Record):
         default=0.05,
         ge=0.0,
         description="When the planner's recent estimates were off by more than this (median relative error), "
-        "the slack is not trusted: the most actors are chosen.",
+        "the slack is not trusted: never fewer actors than the whole fleet.",
     )
 
 
@@ -97,8 +97,9 @@ class DeadlineScaler:
     actors). If none meets an explicit deadline, the fastest candidate is chosen. The planner's cost model
     accounts for deduplicated prefill and, when the scheduler migrates, for cut-and-migrate; with a check model
     (the simulator's) every candidate is estimated per sample. When the planner's recent estimates were off by
-    more than ``max_uncertainty`` (median relative error), a slack of 1% means nothing: the most actors (the
-    fleet a fixed scaler would run) are chosen until the estimates are good again.
+    more than ``max_uncertainty`` (median relative error), a slack of 1% means nothing: the scaler then never
+    picks fewer actors than the whole fleet (the most that need no serverless burst actor, what a fixed scaler
+    runs), only the fleet or more, until the estimates are good again.
     """
 
     description = "cheapest actor count within a slack of the fastest predicted time (beyond the paper)"
@@ -119,8 +120,10 @@ class DeadlineScaler:
 
     def choose(self, estimates: Sequence[CandidateEstimate]) -> int:
         if self.params.deadline_s is None and max(e.uncertainty for e in estimates) > self.params.max_uncertainty:
-            # the estimates were recently off by more than the slack can absorb: run the whole fleet, as today
-            return max(e.num_actors for e in estimates)
+            # the estimates were recently off by more than the slack can absorb: never fewer actors than the
+            # whole fleet (what runs today); more, serverless burst actors, only where they still pay
+            fleet = max((e.num_actors for e in estimates if not e.burst), default=0)
+            estimates = [e for e in estimates if e.num_actors >= fleet]
         limit = self.limit(estimates)
         feasible = [e for e in estimates if e.time_s <= limit * (1 + 1e-12)]
         if not feasible:

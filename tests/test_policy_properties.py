@@ -441,14 +441,19 @@ def test_deadline_picks_the_cheapest_feasible(est, slack):
 
 @given(est=estimates, slack=st.floats(0, 0.5), u=st.floats(0, 2), limit=st.floats(0, 0.5))
 def test_deadline_runs_the_fleet_when_the_estimates_were_off(est, slack, u, limit):
-    """Estimates recently off by more than ``max_uncertainty``: the most actors, whatever the estimates say."""
+    """Estimates recently off by more than ``max_uncertainty``: never fewer actors than the fleet (the most that
+    need no burst actor); among the fleet and more, the usual cheapest within slack."""
     scaler = REG.create("scaler", {"name": "deadline", "params": {"slack": slack, "max_uncertainty": limit}})
-    est = tuple(e.model_copy(update={"uncertainty": u}) for e in est)
+    fleet_size = max(e.num_actors for e in est) // 2 + 1
+    est = tuple(e.model_copy(update={"uncertainty": u, "burst": e.num_actors > fleet_size}) for e in est)
     chosen = scaler.choose(est)
+    plain = REG.create("scaler", {"name": "deadline", "params": {"slack": slack}})
     if u > limit:
-        assert chosen == max(e.num_actors for e in est)
+        fleet = max((e.num_actors for e in est if not e.burst), default=0)
+        assert chosen >= fleet
+        assert chosen == plain.choose(tuple(e for e in est if e.num_actors >= fleet))
     else:
-        assert chosen == REG.create("scaler", {"name": "deadline", "params": {"slack": slack}}).choose(est)
+        assert chosen == plain.choose(est)
 
 
 @given(est=estimates, deadline=st.floats(0.001, 2e4))

@@ -85,6 +85,13 @@ class SchedulerConfig(_WithPolicies):  # type: ignore[misc,valid-type]
     max_actors: PositiveInt | None = Field(
         default=None, description="Most decode actors the scaler may choose; default: every GPU of the cluster."
     )
+    burst: float = Field(
+        default=1.0,
+        ge=1.0,
+        le=64.0,
+        description="With no max_actors: the most decode actors, as a multiple of what the fleet holds; beyond "
+        "it, serverless burst actors billed on top of the fleet (1: the fleet only).",
+    )
     prefill_capacity_tokens: PositiveInt = Field(
         default=65536, description="Tokens the prefill actor can hold in one deduplicated batch."
     )

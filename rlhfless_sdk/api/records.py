@@ -293,6 +293,7 @@ class CandidateEstimate(Record):
         description="Median relative error of the planner's checked estimates over its last steps (1 before the "
         "first step; 0 without a check model).",
     )
+    burst: bool = Field(default=False, description="More decode actors than the fleet holds (serverless burst).")
 
 
 class StepPlan(Record):

@@ -168,6 +168,12 @@ def config_show(name: str) -> None:
 )
 @click.option("--seed", default=0, type=NON_NEGATIVE, show_default=True)
 @model_options(algo=False)
+@click.option(
+    "--max-actors",
+    type=POSITIVE,
+    default=None,
+    help="Most decode actors a scheduler that scales may plan; beyond --gpus: serverless burst actors.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per scheduler.")
 def plan_cmd(
     schedulers: tuple[str, ...],
@@ -179,6 +185,7 @@ def plan_cmd(
     history: int,
     seed: int,
     kv_tokens: int | None,
+    max_actors: int | None,
     as_json: bool,
 ) -> None:
     """Plan one step of an embedded synthetic workload with each scheduler and compare the plans.
@@ -186,17 +193,27 @@ def plan_cmd(
     "planned" is what each scheduler expected from its own predictions; "at true lengths" is the cost model
     applied to the plan with the samples' true lengths (an estimate; the simulator measures the step).
     """
+    from rlhfless_sdk.api.config import SchedulerConfig
     from rlhfless_sdk.api.records import Cluster
     from rlhfless_sdk.cli.plan_report import plan_synthetic, resolve_scheduler, summary
+    from rlhfless_sdk.cli.simulate import allow_burst
     from rlhfless_sdk.planning.costmodel import AnalyticCostModel
+    from rlhfless_sdk.simulation.simulator import with_burst
     from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
     registry = get_plugin_manager().registry
     configs = [resolve_scheduler(s, registry) for s in schedulers]
+    configs = [allow_burst(c, max_actors) for c in configs]
+    prof = run_profile(profile, kv_tokens)
     cluster = Cluster.of_gpus(gpus, gpus_per_node)
     workload = SyntheticWorkload(prompts, samples, seed=seed)
-    cost_model = AnalyticCostModel(run_profile(profile, kv_tokens))
-    results = [summary(p) for p in plan_synthetic(configs, registry, workload, cluster, cost_model, history)]
+    cost_model = AnalyticCostModel(prof)
+
+    def burst(fleet: Cluster, config: SchedulerConfig) -> Cluster:
+        return with_burst(fleet, (config.max_actors or 0) * prof.gpus_per_actor)
+
+    planned = plan_synthetic(configs, registry, workload, cluster, cost_model, history, burst=burst)
+    results = [summary(p) for p in planned]
     if as_json:
         click.echo(dumps({"profile": profile, "gpus": gpus, "schedulers": results}, indent=2))
         return
@@ -241,6 +258,13 @@ def plan_cmd(
 @click.option("--gpus", default=16, type=POSITIVE, show_default=True)
 @click.option("--gpus-per-node", default=8, type=POSITIVE, show_default=True)
 @model_options()
+@click.option(
+    "--max-actors",
+    type=POSITIVE,
+    default=None,
+    help="Most decode actors a scheduler that scales may run; beyond the fleet (--gpus) they are serverless burst "
+    "actors, billed on top of it. Schedulers with a fixed engine count keep the fleet. Default: the fleet.",
+)
 @click.option(
     "--rollout-gpus",
     type=POSITIVE,

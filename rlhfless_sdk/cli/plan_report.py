@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,11 +39,14 @@ def plan_synthetic(
     cluster: Cluster,
     cost_model: AnalyticCostModel,
     history_steps: int = 1,
+    burst: Callable[[Cluster, SchedulerConfig], Cluster] | None = None,
 ) -> list[PlannedStep]:
-    """Each scheduler observes ``history_steps`` earlier steps of the workload, then plans the next one."""
+    """Each scheduler observes ``history_steps`` earlier steps of the workload, then plans the next one;
+    ``burst(cluster, config)`` gives the cluster a scheduler plans on (the fleet plus its burst nodes)."""
     out = []
     for config in schedulers:
-        planner = StepPlanner(config, cluster=cluster, cost_model=cost_model, registry=registry)
+        where = burst(cluster, config) if burst is not None else cluster
+        planner = StepPlanner(config, cluster=where, cost_model=cost_model, registry=registry)
         for step in range(history_steps):
             batch, lengths = replace(workload, step=step).batch()
             planner.observe(finished_samples(batch, lengths))

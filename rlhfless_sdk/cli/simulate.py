@@ -21,6 +21,14 @@ from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 ABLATION = ["ablation-raw", "ablation-dedup", "ablation-assign", "ablation-scale", "oracle"]
 
 
+def allow_burst(config: SchedulerConfig, max_actors: int | None) -> SchedulerConfig:
+    """``--max-actors``: a scheduler that scales may run up to that many decode actors (beyond the fleet: burst
+    actors); one with a fixed engine count (the baselines) keeps the fleet, as OpenRLHF and verl do."""
+    if max_actors is None or config.policy("scaler").name == "fixed":
+        return config
+    return config.derive(max_actors=max(max_actors, config.min_actors))
+
+
 def make_cluster(gpus: int, gpus_per_node: int) -> Cluster:
     return Cluster.of_gpus(gpus, gpus_per_node)
 
@@ -235,6 +243,7 @@ def simulate_main(
     kv_tokens: int | None = None,
     algo: str = "auto",
     rollout_gpus: int | None = None,
+    max_actors: int | None = None,
     as_json: bool = False,
     plot_path: Path | None = None,
     frontier: bool = True,
@@ -243,6 +252,7 @@ def simulate_main(
     if ablation and schedulers:
         names = list(schedulers) + [n for n in ABLATION if n not in schedulers]
     configs = [resolve_scheduler(n, registry) for n in names]
+    configs = [allow_burst(c, max_actors) for c in configs]
     if rollout_gpus is not None:
         configs = [
             c.derive(pipeline={**c.pipeline.model_dump(), "rollout_gpus": rollout_gpus})

@@ -157,6 +157,7 @@ class StepPlanner:
         self.check_model = check_model
         self.spread: LengthSpread | None = None
         self.estimate_errors: deque[float] = deque(maxlen=5)  # |relative error| of the last steps' estimates
+        self._planned_with_spread = False
         self.cluster = cluster
         self.cost_model = cost_model
         self.registry = registry or get_plugin_manager().registry
@@ -264,6 +265,7 @@ class StepPlanner:
         """
         t0 = time.perf_counter()
         self._caps = None if length_caps is None else np.asarray(length_caps, dtype=np.float64)
+        self._planned_with_spread = self.spread is not None
         fallbacks: list[str] = []
         for kind in _PLAN_KINDS:
             self.spent.pop(kind, None)
@@ -317,6 +319,10 @@ class StepPlanner:
                 )
                 for e in estimates
             ]
+
+        fleet = sum(n.num_gpus for n in self.cluster.nodes if not n.name.startswith("burst")) // self.gpus_per_actor
+        if fleet < max((e.num_actors for e in estimates), default=0):  # mark the counts that need burst actors
+            estimates = [e.model_copy(update={"burst": e.num_actors > fleet}) for e in estimates]
 
         def check_choice(c: Any) -> int:
             if int(c) not in assignments:
@@ -405,8 +411,10 @@ class StepPlanner:
         )
 
     def note_error(self, estimate_error: float | None) -> None:
-        """How far the chosen plan's estimate was from the step's real (or simulated) generation time."""
-        if estimate_error is not None:
+        """How far the chosen plan's estimate was from the step's real (or simulated) generation time. A plan
+        made before any step was observed (no learned spread: the predictor's cold start) says nothing about the
+        estimates to come and is not counted."""
+        if estimate_error is not None and self._planned_with_spread:
             self.estimate_errors.append(abs(estimate_error))
 
     def observe(self, samples: Sequence[FinishedSample]) -> None:

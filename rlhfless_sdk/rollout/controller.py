@@ -85,6 +85,7 @@ class EngineUsage:
     first_s: float | None  # first work this step (serverless billing starts); None: the engine did no work
     last_s: float  # last token
     cold_start_s: float = 0.0  # the engine was started for this step (0: warm from the previous step)
+    burst: bool = False  # a serverless engine beyond the fleet: billed on top of the fleet even when serverful
 
 
 @dataclass
@@ -405,6 +406,7 @@ class StepController:
         # backend delays a cold engine's first work by that start-up, so the start-up is in the step's time too.
         decode_gpu_s = sum((e.last_s - e.first_s + e.cold_start_s) * gpa for e in used)  # type: ignore[operator]
         serverless = decode_gpu_s + u.prefill_s + g * (u.prepare_s + u.learn_s + u.sync_s)
+        burst_gpu_s = sum((e.last_s - e.first_s + e.cold_start_s) * gpa for e in used if e.burst)  # type: ignore[operator]
         busy = np.array([e.busy_s for e in used]) if used else np.zeros(1)
         decode_gpus = max(len(used), 1) * gpa
         idle = 1.0 - float(busy.sum()) * gpa / (decode_gpus * generation) if generation > 0 else 0.0
@@ -422,7 +424,7 @@ class StepController:
             prepare_s=u.prepare_s,
             learn_s=u.learn_s,
             gpu_seconds=serverless,
-            gpu_seconds_serverful=g * time_s,
+            gpu_seconds_serverful=g * time_s + burst_gpu_s,
             idle_fraction=min(max(idle, 0.0), 1.0),
             imbalance=float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0,
             prefill_tokens_saved=u.prefill_tokens_saved,

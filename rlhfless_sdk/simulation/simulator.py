@@ -36,6 +36,7 @@ from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import (
     CandidateEstimate,
     Cluster,
+    Node,
     PrefillPlan,
     StepPlan,
     StepReport,
@@ -56,6 +57,18 @@ from rlhfless_sdk.rollout.controller import (
 )
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
+
+
+def with_burst(cluster: Cluster, gpus: int) -> Cluster:
+    """``cluster`` (the fleet) plus serverless burst nodes (``burst0``, ...) up to ``gpus`` GPUs in all: decode
+    actors placed there are billed serverless, on top of the fleet even when the fleet is billed serverful."""
+    extra = gpus - cluster.total_gpus
+    if extra <= 0:
+        return cluster
+    per_node, gpu_type = cluster.nodes[0].num_gpus, cluster.nodes[0].gpu_type
+    sizes = [per_node] * (extra // per_node) + ([extra % per_node] if extra % per_node else [])
+    burst = [Node(name=f"burst{i}", num_gpus=n, gpu_type=gpu_type) for i, n in enumerate(sizes)]
+    return Cluster(nodes=[*cluster.nodes, *burst])
 
 
 class SimulatedBackend:
@@ -220,7 +233,13 @@ class SimulatedBackend:
         return StepUsage(
             generation_s=max([a.last_token for a in used] + [self.prefill_s, 0.0]),
             engines=[
-                EngineUsage(a.busy, a.first if a.used else None, a.last_token, float(self.cold[a.aid]))
+                EngineUsage(
+                    a.busy,
+                    a.first if a.used else None,
+                    a.last_token,
+                    float(self.cold[a.aid]),
+                    burst=a.node.startswith("burst"),
+                )
                 for a in self.actors
             ],
             gpus=g,
@@ -301,12 +320,22 @@ class Simulator:
         self.warm_prefill = False
         self.run_algo = algo or "ppo"
 
+    def planning_cluster(self, config: SchedulerConfig) -> Cluster:
+        """The fleet, plus serverless burst nodes when the config allows more decode actors than it holds
+        (``max_actors``, else ``burst`` times the fleet's)."""
+        return with_burst(self.cluster, self.most_actors(config) * self.profile.gpus_per_actor)
+
+    def most_actors(self, config: SchedulerConfig) -> int:
+        if config.max_actors is not None:
+            return config.max_actors
+        return int(config.burst * (self.cluster.total_gpus // self.profile.gpus_per_actor))
+
     def planner(self, config: SchedulerConfig) -> StepPlanner:
         # Colocated learner (as verl and OpenRLHF's --colocate_all run): it takes no GPU during generation and
         # scores and learns on every GPU afterwards.
         return StepPlanner(
             config,
-            cluster=self.cluster,
+            cluster=self.planning_cluster(config),
             cost_model=self.cost_model,
             registry=self.registry,
             gpus_per_actor=self.profile.gpus_per_actor,
@@ -505,13 +534,14 @@ class Simulator:
             prepare_s, learn_s = trained * prep_rate / g, trained * learn_rate / g
             time_s = rep.generation_s + prepare_s + learn_s + u.sync_s
             learner_before = g * (rep.prepare_s + rep.learn_s + u.sync_s)
+            burst_gpu_s = rep.gpu_seconds_serverful - g * rep.time_s  # serverless engines beyond the fleet
             report = rep.model_copy(
                 update={
                     "time_s": time_s,
                     "prepare_s": prepare_s,
                     "learn_s": learn_s,
                     "gpu_seconds": rep.gpu_seconds - learner_before + g * (prepare_s + learn_s + u.sync_s),
-                    "gpu_seconds_serverful": g * time_s,
+                    "gpu_seconds_serverful": g * time_s + burst_gpu_s,
                     "response_tokens": settled.trained_tokens,
                     "stale_token_fraction": settled.stale_tokens / settled.trained_tokens
                     if settled.trained_tokens
