@@ -392,3 +392,31 @@ def test_plan_and_compare_predictors_take_the_kv_capacity():
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["workload"]["response_length"]["max"] == 300
+
+
+def test_burst_actors_run_beyond_the_fleet_and_are_billed_on_top_of_it(registry):
+    work = synthetic_workload(SyntheticWorkload(64, 4, seed=6), 2)
+    sim = Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 4), registry=registry)
+    burst = registry.scheduler("openrlhf").derive(
+        name="burst-test", scaler={"name": "fixed", "params": {"num_actors": 6}}, burst=2.0
+    )
+    res = sim.run(burst, work)
+    for st_ in res.steps:
+        r = st_.report
+        assert r.num_actors == 6  # 2 engines beyond the 4-GPU fleet
+        assert sum(p.node.startswith("burst") for p in st_.plan.placement if p.actor.role == "decode") == 2
+        used = [e for e in st_.outcome.usage.engines if e.first_s is not None and e.burst]
+        extra = sum(e.last_s - e.first_s + e.cold_start_s for e in used)
+        assert extra > 0
+        assert r.gpu_seconds_serverful == pytest.approx(4 * r.time_s + extra)  # the fleet, plus burst serverless
+        assert r.gpu_seconds <= r.gpu_seconds_serverful * (1 + 1e-9)
+
+
+def test_max_actors_lets_scaling_schedulers_burst_and_keeps_fixed_ones_on_the_fleet():
+    args = ["simulate", "--prompts", "32", "--samples", "4", "--steps", "2", "--gpus", "4", "--gpus-per-node", "4"]
+    args += ["--max-actors", "8", "--no-frontier", "--json", "--scheduler", "openrlhf", "--scheduler", "rlhfless-fast"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    fixed, fast = json.loads(res.output)["schedulers"]
+    assert all(s["num_actors"] == 4 for s in fixed["steps"])
+    assert all(s["num_actors"] <= 8 for s in fast["steps"])
