@@ -41,7 +41,13 @@ from rlhfless_policies.scalers import (
     FixedParams,
     FixedScaler,
 )
-from rlhfless_policies.stragglers import NoStragglerPolicy, PartialParams, PartialRollout
+from rlhfless_policies.stragglers import (
+    NoStragglerPolicy,
+    PartialParams,
+    PartialRollout,
+    TailBatching,
+    TailBatchParams,
+)
 
 from rlhfless_sdk import NoParams, PolicySpec, SchedulerConfig, hookimpl
 from rlhfless_sdk.api.config import parse_scheduler_config
@@ -82,6 +88,7 @@ POLICIES: dict[str, list[tuple]] = {
     "straggler": [
         ("none", NoStragglerPolicy, NoParams),
         ("partial", PartialRollout, PartialParams),
+        ("tail-batch", TailBatching, TailBatchParams),
     ],
     "placer": [
         ("locality-aware", LocalityAwarePlacer, NoParams),

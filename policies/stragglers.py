@@ -41,3 +41,30 @@ class PartialRollout:
 
     def segment_tokens(self, step: int) -> int | None:
         return self.tokens
+
+
+class TailBatchParams(Record):
+    over_provision: float = Field(
+        default=0.25, ge=0.0, le=4.0, description="Extra share of groups a step starts beyond the B it trains."
+    )
+
+
+class TailBatching:
+    """Beyond the paper: tail batching (RollPacker, NSDI'26), on-policy.
+
+    A step starts (1 + ``over_provision``) x B groups and trains on the first B to finish; the others are
+    aborted (their tokens dropped) and their prompts deferred. Once B prompts are deferred, the next step runs
+    them, and only them, to the end: the long tails wait for each other instead of every step waiting for its
+    own. No token from older weights ever trains.
+    """
+
+    description = "tail batching: start extra groups, train the first B done, re-run the slowest later (on-policy)"
+
+    def __init__(self, params: TailBatchParams | None = None) -> None:
+        self.extra = (params or TailBatchParams()).over_provision
+
+    def segment_tokens(self, step: int) -> int | None:
+        return None
+
+    def over_provision(self, step: int) -> float:
+        return self.extra

@@ -85,3 +85,58 @@ def test_partial_rollouts_in_the_simulator_train_every_group_once(registry):
     assert reports[0].stale_token_fraction == 0 and max(r.max_token_age_steps for r in reports) == 1
     assert any(r.carried_samples for r in reports[:-1])  # some samples were longer than 256 tokens
     assert 0 < res.totals()["stale_token_fraction"] < 1
+
+
+# -- tail batching --------------------------------------------------------------------------------------------
+@given(
+    prompts=st.integers(0, 60),
+    b=st.integers(1, 12),
+    over=st.lists(st.floats(0.0, 1.5), min_size=1, max_size=8),
+    data=st.data(),
+)
+def test_tail_rounds_train_every_prompt_exactly_once_b_at_a_time(prompts, b, over, data):
+    from rlhfless_sdk.rollout.tail import TailRounds
+
+    rounds = TailRounds(b, list(range(prompts)))
+    trained: list[int] = []
+    sizes = []
+    r = 0
+    while not rounds.done():
+        rnd = rounds.next(over[r % len(over)])
+        assert len(set(rnd.prompts)) == len(rnd.prompts)
+        # any order of finishing: the backend decides which B come first (a long round trains all)
+        first = list(rnd.prompts) if rnd.long else data.draw(st.permutations(rnd.prompts))[: rnd.train]
+        rounds.settle(first)
+        trained += first
+        sizes.append(len(first))
+        r += 1
+        assert r <= 4 * prompts + 2  # always progresses
+    assert sorted(trained) == list(range(prompts))  # each prompt once: none lost, none twice
+    assert all(s == b for s in sizes[:-1]) or prompts < b  # exactly B a round, but for the stream's end
+    assert all(s <= b for s in sizes)
+
+
+def test_tail_rounds_refuse_a_wrong_account():
+    from rlhfless_sdk.rollout.tail import TailError, TailRounds
+
+    rounds = TailRounds(2, ["a", "b", "c", "d"])
+    rounds.next(0.5)  # starts a, b, c
+    with pytest.raises(TailError):
+        rounds.settle(["a", "x"])  # x was never started
+    with pytest.raises(TailError):
+        rounds.settle(["a"])  # must train 2
+
+
+def test_tail_batching_in_the_simulator_is_on_policy_and_trains_every_group_once(registry):
+    work = synthetic_workload(SyntheticWorkload(20, 4, seed=7, median_length=300, max_length=2048), 4)
+    config = registry.scheduler("openrlhf").derive(
+        name="tail-test", straggler={"name": "tail-batch", "params": {"over_provision": 0.5}}
+    )
+    res = Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 4), registry=registry).run(config, work)
+    reports = res.reports
+    assert sum(r.groups_trained for r in reports) == sum(len(ws.batch) for ws in work.steps)
+    assert all(r.groups_trained == 20 for r in reports)  # exactly B groups a round here (80 prompts, B = 20)
+    assert sum(r.response_tokens for r in reports) == sum(int(ws.lengths.sum()) for ws in work.steps)
+    assert all(r.stale_token_fraction == 0 and r.max_token_age_steps == 0 for r in reports)
+    assert any(r.deferred_prompts for r in reports)  # short rounds deferred their slowest groups
+    assert reports[-1].deferred_prompts == 0

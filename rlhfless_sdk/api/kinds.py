@@ -90,6 +90,12 @@ KINDS: tuple[PolicyKind, ...] = (
         StragglerPolicy,
         baseline="none",
         summary="Register straggler policies (``StragglerPolicy``): how a step treats its long tail.",
+        capabilities=(
+            (
+                "over_provision",
+                "over_provision(step): start that many more groups than train; the slowest are re-run later",
+            ),
+        ),
         optional=True,
     ),
     PolicyKind(

@@ -120,6 +120,9 @@ class StragglerPolicy(Protocol):
 
     def segment_tokens(self, step: int) -> int | None: ...
 
+    # Optional (tail batching): ``over_provision(step) -> float`` >= 0, the extra share of groups a step starts;
+    # the step trains the first B groups to finish and re-runs the rest from scratch later (on-policy).
+
 
 @runtime_checkable
 class CostModel(Protocol):

@@ -445,6 +445,9 @@ class StepReport(Record):
         default=None, description="Prompt groups that trained this step (partial rollouts; None: all of them)."
     )
     carried_samples: NonNegativeInt = Field(default=0, description="Samples carried unfinished into the next step.")
+    deferred_prompts: NonNegativeInt = Field(
+        default=0, description="Prompts aborted and waiting to be re-run from scratch (tail batching)."
+    )
     planner_ms: NonNegativeFloat = 0.0
     fallbacks: list[str] = Field(default_factory=list)
 

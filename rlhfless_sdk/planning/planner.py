@@ -9,6 +9,7 @@ replaced for that step by its kind's baseline, with a warning naming the plugin,
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -386,6 +387,20 @@ class StepPlanner:
             return int(t)
 
         return self.call("straggler", fallbacks, lambda p: p.segment_tokens(step), check_segment)
+
+    def over_provision(self, step: int, fallbacks: list[str]) -> float:
+        """The straggler policy's extra share of groups to start in ``step`` (tail batching; 0 without one)."""
+
+        def check_extra(x: Any) -> float:
+            value = float(x)
+            if not (math.isfinite(value) and value >= 0.0):
+                raise InvalidPolicyOutput(f"over_provision must be a finite number >= 0, got {x!r}")
+            return value
+
+        def ask(p: Any) -> Any:
+            return p.over_provision(step) if hasattr(p, "over_provision") else 0.0
+
+        return self.call("straggler", fallbacks, ask, check_extra)
 
     def check(
         self,

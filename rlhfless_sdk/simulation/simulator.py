@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.kinds import KIND
@@ -55,8 +56,41 @@ from rlhfless_sdk.rollout.controller import (
     StepOutcome,
     StepUsage,
 )
+from rlhfless_sdk.rollout.tail import TailRounds
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
+
+
+def _round_batch(steps: Sequence[WorkloadStep], refs: Sequence[Any]) -> tuple[PromptBatch, np.ndarray]:
+    """A batch of the prompts ``refs`` ((step, row) of ``steps``), with their samples' true lengths. A uid seen
+    twice in the round (a prompt of two epochs) gets the step as a suffix."""
+    seen: dict[str, int] = {}
+    for k, i in refs:
+        uid = steps[k].batch.uids[i]
+        seen[uid] = seen.get(uid, 0) + 1
+    uids, plen, n, tokens, true, lengths = [], [], [], [], [], []
+    has_tokens = all(steps[k].batch.token_flat is not None for k, _ in refs)
+    has_true = all(steps[k].batch.true_lengths is not None for k, _ in refs)
+    for k, i in refs:
+        b = steps[k].batch
+        uid = b.uids[i]
+        uids.append(uid if seen[uid] == 1 else f"{uid}@{steps[k].step}")
+        plen.append(int(b.prompt_lengths[i]))
+        n.append(int(b.n_samples[i]))
+        if has_tokens:
+            tokens.append(b.tokens(i))
+        if has_true:
+            true.append(float(b.true_lengths[i]))  # type: ignore[index]
+        lo, hi = int(b.sample_offsets[i]), int(b.sample_offsets[i + 1])
+        lengths.append(steps[k].lengths[lo:hi])
+    batch = PromptBatch(
+        uids=uids,
+        prompt_lengths=np.asarray(plen, dtype=np.int64),
+        n_samples=np.asarray(n, dtype=np.int64),
+        token_flat=np.concatenate(tokens) if has_tokens and tokens else None,
+        true_lengths=np.asarray(true) if has_true else None,
+    )
+    return batch, np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
 
 
 def with_burst(cluster: Cluster, gpus: int) -> Cluster:
@@ -359,6 +393,8 @@ class Simulator:
                     f"scheduler {config.name!r}: a straggler policy with the async pipeline is not simulated yet"
                 )
             return self.run_async(config, workload, on_step)
+        if carries and hasattr(self.registry.create("straggler", config.policy("straggler")), "over_provision"):
+            return self.run_tail(config, workload, on_step)
         if carries:
             return self.run_carry(config, workload, on_step)
         planner = self.planner(config)
@@ -480,6 +516,84 @@ class Simulator:
             if on_step is not None:
                 on_step(report)
         return SimulationResult(config.name, steps, rollout_gpus=r)
+
+    # -- tail batching (a straggler policy that over-provisions) ---------------------------------------------
+    def run_tail(
+        self, config: SchedulerConfig, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
+    ) -> SimulationResult:
+        """Rounds of ``rlhfless_sdk.rollout.tail``: a short round starts extra groups and stops when B have
+        finished (the simulated step is run whole and cut at that instant: what happens after it cannot change
+        what happened before); the others' tokens are dropped and their prompts deferred to a long round."""
+        planner = self.planner(config)
+        steps_in = workload.steps
+        b = max((len(ws.batch) for ws in steps_in), default=0)
+        if b == 0:
+            return SimulationResult(config.name, [])
+        rounds = TailRounds(b, [(k, i) for k, ws in enumerate(steps_in) for i in range(len(ws.batch))])
+        g, gpa = self.cluster.total_gpus, self.profile.gpus_per_actor
+        prep_rate, learn_rate = self.profile.learner_rates(self.run_algo)
+        out: list[SimulatedStep] = []
+        r = 0
+        while not rounds.done():
+            over = planner.over_provision(r, [])
+            rnd = rounds.next(over)
+            batch, lengths = _round_batch(steps_in, rnd.prompts)
+            planner.warm_actors = len(self.warm)
+            plan = planner.plan(batch, step=r)
+            backend = SimulatedBackend(
+                self.profile,
+                self.cluster,
+                WorkloadStep(step=r, batch=batch, lengths=lengths),
+                plan,
+                max_tokens=self.max_tokens,
+                checks_per_step=self.checks_per_step,
+                migrates=config.migrates(),
+                warm=self.warm,
+                warm_prefill=self.warm_prefill,
+                algo=self.run_algo,
+            )
+            outcome = StepController(planner, backend, batch, plan, step=r).run(observe=False)
+            finish = np.asarray(backend.s.finish_time)
+            done_at = np.maximum.reduceat(finish, batch.sample_offsets[:-1]) if len(batch) else np.zeros(0)
+            order = np.lexsort((np.arange(len(batch)), done_at))  # first to finish first, ties in batch order
+            trained_rows = np.sort(order[: rnd.train])
+            stop = float(done_at[trained_rows].max(initial=0.0)) if not rnd.long else math.inf
+            rounds.settle([rnd.prompts[i] for i in trained_rows.tolist()])
+            keep = np.zeros(len(batch), dtype=bool)
+            keep[trained_rows] = True
+            sample_keep = np.repeat(keep, batch.n_samples)
+            trained_samples = [x for x, k in zip(outcome.samples, sample_keep.tolist(), strict=True) if k]
+            planner.observe(trained_samples)
+            self.warm = frozenset(a for a, e in enumerate(outcome.usage.engines) if e.first_s is not None)
+            rep, u = outcome.report, outcome.usage
+            generation = min(rep.generation_s, stop)
+            engines = [e for e in u.engines if e.first_s is not None and e.first_s < generation]
+            decode = sum((min(e.last_s, generation) - e.first_s + e.cold_start_s) * gpa for e in engines)  # type: ignore[operator]
+            burst = sum((min(e.last_s, generation) - e.first_s + e.cold_start_s) * gpa for e in engines if e.burst)  # type: ignore[operator]
+            tokens = float((batch.prompt_lengths * batch.n_samples)[keep].sum() + lengths[sample_keep].sum())
+            prepare_s, learn_s = tokens * prep_rate / g, tokens * learn_rate / g
+            time_s = generation + prepare_s + learn_s + u.sync_s
+            report = rep.model_copy(
+                update={
+                    "generation_s": generation,
+                    "time_s": time_s,
+                    "prepare_s": prepare_s,
+                    "learn_s": learn_s,
+                    "gpu_seconds": decode + u.prefill_s + g * (prepare_s + learn_s + u.sync_s),
+                    "gpu_seconds_serverful": g * time_s + burst,
+                    "samples": int(sample_keep.sum()),
+                    "response_tokens": int(lengths[sample_keep].sum()),
+                    "groups_trained": int(keep.sum()),
+                    "deferred_prompts": len(rounds.deferred),
+                    "estimate_error": None if not rnd.long and len(trained_rows) < len(batch) else rep.estimate_error,
+                }
+            )
+            chosen = next((e for e in plan.candidates if e.num_actors == plan.num_actors), None)
+            out.append(SimulatedStep(report, plan, chosen, u.extra["preemptions"], None, outcome))
+            if on_step is not None:
+                on_step(report)
+            r += 1
+        return SimulationResult(config.name, out)
 
     # -- partial rollouts (a straggler policy with a token budget) -----------------------------------------
     def run_carry(

@@ -1,0 +1,87 @@
+"""Tail batching's rounds: which prompts each step starts, and which it defers (RollPacker-style, on-policy).
+
+The prompts come as a stream (a workload's steps, or a dataloader). A short round starts
+``ceil((1 + over_provision) * B)`` fresh prompts; the step trains the first B groups to finish and aborts the
+others, whose prompts are deferred (their tokens are dropped: nothing from older weights ever trains). Once B
+prompts are deferred, a long round starts B of them and trains all it started. When the stream runs dry, the
+deferred prompts fill the short rounds, and the last round trains whatever is left. So every round but the
+last trains exactly B groups, every prompt trains exactly once, and the long tails wait for each other in
+their own rounds instead of each step waiting for its own.
+
+``TailRounds`` keeps that account for any backend; prompts are opaque references.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from rlhfless_sdk.api.errors import RlhflessError
+
+
+class TailError(RlhflessError):
+    """A round's outcome names prompts the round did not start, or trains more than it may."""
+
+
+@dataclass
+class Round:
+    prompts: list[Hashable]  # what the round starts, deferred ones first
+    long: bool  # a round of deferred prompts only: all of them train
+    train: int  # how many groups it trains (B, or fewer at the end of the stream)
+
+
+class TailRounds:
+    def __init__(self, batch_size: int, stream: Sequence[Hashable]) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.batch_size = batch_size
+        self.fresh: deque[Hashable] = deque(stream)
+        self.deferred: deque[Hashable] = deque()
+        self._round: Round | None = None
+
+    def done(self) -> bool:
+        return not self.fresh and not self.deferred
+
+    def next(self, over_provision: float) -> Round:
+        """The next round's prompts; ``over_provision`` >= 0 (0: every started group trains)."""
+        if self.done():
+            raise TailError("no prompt left to start")
+        b = self.batch_size
+        if len(self.deferred) >= b:  # a long round: B deferred prompts, all of which train
+            prompts = [self.deferred.popleft() for _ in range(b)]
+            self._round = Round(prompts, True, b)
+            return self._round
+        if len(self.fresh) + len(self.deferred) <= b:  # the end of the stream: everything left, all trains
+            prompts = [*self.deferred, *self.fresh]
+            self.deferred.clear()
+            self.fresh.clear()
+            self._round = Round(prompts, True, len(prompts))
+            return self._round
+        start = max(math.ceil((1.0 + over_provision) * b), b)
+        prompts = [self.fresh.popleft() for _ in range(min(start, len(self.fresh)))]
+        if len(prompts) < b:  # the stream runs dry: the deferred prompts fill the round (and may be deferred again)
+            while len(prompts) < b + (start - b) and self.deferred:
+                prompts.insert(0, self.deferred.popleft())
+        self._round = Round(prompts, False, b)
+        return self._round
+
+    def settle(self, trained: Sequence[Hashable]) -> list[Hashable]:
+        """The round's trained prompts (the first to finish); returns the ones deferred."""
+        r = self._round
+        if r is None:
+            raise TailError("settle without a round")
+        started = set(r.prompts)
+        done = set(trained)
+        if len(done) != len(trained) or not done <= started or len(done) != r.train:
+            raise TailError(
+                f"a round that started {len(r.prompts)} prompts must train {r.train} of them once each; "
+                f"got {len(trained)} ({len(done - started)} not started)"
+            )
+        aborted = [p for p in r.prompts if p not in done]
+        if r.long and aborted:
+            raise TailError("a long round trains everything it started")
+        self.deferred.extend(aborted)
+        self._round = None
+        return aborted
