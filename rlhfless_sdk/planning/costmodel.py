@@ -28,6 +28,22 @@ def shared_prefix_per_prompt(batch: PromptBatch, prefill: PrefillPlan) -> np.nda
     return np.asarray(prefill.group_prefix_tokens, dtype=np.int64)[np.asarray(prefill.prompt_group, dtype=np.int64)]
 
 
+def start_up_and_prefill(
+    prof: TimePerTokenProfile, cold: int, prefill: PrefillPlan, warm_actors: int
+) -> tuple[float, float, float]:
+    """(start-up seconds added to the step, the prefill actor's seconds, GPU-seconds of both beyond the decode
+    actors' work) for ``cold`` cold decode actors: one start-up in time when anything is cold, billed per cold
+    actor; the prefill actor is cold when no actor is warm."""
+    shared = float(prefill.prefill_actor_tokens) if prefill.prompt_group else 0.0
+    prefill_actor_s = prof.prefill_per_new_token_s * shared if shared else 0.0
+    prefill_cold = prof.cold_start_s if prefill_actor_s and not warm_actors else 0.0
+    start_up = prof.cold_start_s if cold or prefill_cold else 0.0
+    extra = prof.gpus_per_actor * cold * prof.cold_start_s
+    if prefill_actor_s:
+        extra += prefill_actor_s + prefill_cold
+    return start_up, prefill_actor_s, extra
+
+
 class AnalyticCostModel:
     """Closed-form estimate of a step under continuous batching; see the module docstring for the formulas."""
 
@@ -104,17 +120,12 @@ class AnalyticCostModel:
         prof = self.profile
         busy = self.actor_busy_s(batch, predicted, sample_actor, num_actors, prefill)
         used = int(np.count_nonzero(busy))
-        shared = float(prefill.prefill_actor_tokens) if prefill.prompt_group else 0.0
-        prefill_actor_s = prof.prefill_per_new_token_s * shared if shared else 0.0
+        cold = int(np.count_nonzero(busy[warm_actors:]))
+        start_up, prefill_actor_s, extra = start_up_and_prefill(prof, cold, prefill, warm_actors)
         decode = float(busy.max(initial=0.0))
         if migrates and used:
             longest = float(np.max(predicted, initial=0.0)) * prof.decode_base_s
             decode = min(decode, max(float(busy[busy > 0].mean()), longest))
-        cold = int(np.count_nonzero(busy[warm_actors:]))
-        prefill_cold = prof.cold_start_s if prefill_actor_s and not warm_actors else 0.0
-        start_up = prof.cold_start_s if cold or prefill_cold else 0.0
         time_s = start_up + prefill_actor_s + decode
-        gpu_seconds = prof.gpus_per_actor * (float(busy.sum()) + cold * prof.cold_start_s)
-        if prefill_actor_s:
-            gpu_seconds += prefill_actor_s + prefill_cold
+        gpu_seconds = prof.gpus_per_actor * float(busy.sum()) + extra
         return CandidateEstimate(num_actors=num_actors, time_s=time_s, gpu_seconds=gpu_seconds)

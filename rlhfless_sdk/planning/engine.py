@@ -18,7 +18,7 @@ import numpy as np
 
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.records import CandidateEstimate, PrefillPlan, TimePerTokenProfile
-from rlhfless_sdk.planning.costmodel import shared_prefix_per_prompt
+from rlhfless_sdk.planning.costmodel import shared_prefix_per_prompt, start_up_and_prefill
 
 QUEUED, RUNNING, DONE = 0, 1, 2
 
@@ -412,14 +412,9 @@ class EngineCostModel:
         decode, billed, used, busy = self._decode(batch, lengths, actor, num_actors, prefill)
         if migrates and used:  # cut-and-migrate sheds the slowest engine's tail down to the mean busy time
             decode = min(decode, max(busy, float(lengths.max(initial=0)) * prof.decode_base_s))
-        shared = float(prefill.prefill_actor_tokens) if prefill.prompt_group else 0.0
-        prefill_actor_s = prof.prefill_per_new_token_s * shared if shared else 0.0
         cold = sum(1 for a in used if a >= warm_actors)
-        prefill_cold = prof.cold_start_s if prefill_actor_s and not warm_actors else 0.0
-        start_up = prof.cold_start_s if cold or prefill_cold else 0.0
-        gpu_seconds = prof.gpus_per_actor * (billed + cold * prof.cold_start_s)
-        if prefill_actor_s:
-            gpu_seconds += prefill_actor_s + prefill_cold
+        start_up, prefill_actor_s, extra = start_up_and_prefill(prof, cold, prefill, warm_actors)
+        gpu_seconds = prof.gpus_per_actor * billed + extra
         return CandidateEstimate(
             num_actors=num_actors, time_s=start_up + prefill_actor_s + decode, gpu_seconds=gpu_seconds
         )

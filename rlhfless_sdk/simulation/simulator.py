@@ -467,19 +467,7 @@ class Simulator:
             planner.warm_actors = len(self.warm)
             plan = planner.plan(ws.batch, step=ws.step)
             relative = [(max(a - start, 0.0), b - max(a, start)) for a, b in pauses if b > start]
-            backend = SimulatedBackend(
-                prof,
-                gen_cluster,
-                ws,
-                plan,
-                max_tokens=self.max_tokens,
-                checks_per_step=self.checks_per_step,
-                migrates=config.migrates(),
-                warm=self.warm,
-                warm_prefill=self.warm_prefill,
-                algo=self.run_algo,
-                pauses=relative,
-            )
+            backend = self.backend(planner, ws, plan, cluster=gen_cluster, pauses=relative)
             outcome = StepController(planner, backend, ws.batch, plan, step=ws.step).run(observe=True)
             self.warm = frozenset(a for a, e in enumerate(outcome.usage.engines) if e.first_s is not None)
             self.warm_prefill = self.warm_prefill or outcome.usage.prefill_s > 0
@@ -540,18 +528,7 @@ class Simulator:
             batch, lengths = _round_batch(steps_in, rnd.prompts)
             planner.warm_actors = len(self.warm)
             plan = planner.plan(batch, step=r)
-            backend = SimulatedBackend(
-                self.profile,
-                self.cluster,
-                WorkloadStep(step=r, batch=batch, lengths=lengths),
-                plan,
-                max_tokens=self.max_tokens,
-                checks_per_step=self.checks_per_step,
-                migrates=config.migrates(),
-                warm=self.warm,
-                warm_prefill=self.warm_prefill,
-                algo=self.run_algo,
-            )
+            backend = self.backend(planner, WorkloadStep(step=r, batch=batch, lengths=lengths), plan)
             outcome = StepController(planner, backend, batch, plan, step=r).run(observe=False)
             finish = np.asarray(backend.s.finish_time)
             done_at = np.maximum.reduceat(finish, batch.sample_offsets[:-1]) if len(batch) else np.zeros(0)
@@ -682,11 +659,19 @@ class Simulator:
         self.warm_prefill = self.warm_prefill or outcome.usage.prefill_s > 0
         return SimulatedStep(outcome.report, plan, chosen, outcome.usage.extra["preemptions"], front, outcome)
 
-    def execute(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, *, observe: bool = False) -> StepOutcome:
-        """Run one step of ``plan`` through the step controller on the simulated backend."""
-        backend = SimulatedBackend(
+    def backend(
+        self,
+        planner: StepPlanner,
+        ws: WorkloadStep,
+        plan: StepPlan,
+        *,
+        cluster: Cluster | None = None,
+        pauses: Sequence[tuple[float, float]] = (),
+    ) -> SimulatedBackend:
+        """The simulated engines for one step of ``plan``, warm where the previous step left them."""
+        return SimulatedBackend(
             self.profile,
-            self.cluster,
+            cluster or self.cluster,
             ws,
             plan,
             max_tokens=self.max_tokens,
@@ -695,7 +680,12 @@ class Simulator:
             warm=self.warm,
             warm_prefill=self.warm_prefill,
             algo=self.run_algo,
+            pauses=pauses,
         )
+
+    def execute(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, *, observe: bool = False) -> StepOutcome:
+        """Run one step of ``plan`` through the step controller on the simulated backend."""
+        backend = self.backend(planner, ws, plan)
         return StepController(planner, backend, ws.batch, plan, step=ws.step).run(observe=observe)
 
     def frontier(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, report: StepReport) -> list[dict]:
