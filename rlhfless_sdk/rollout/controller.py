@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -102,6 +102,51 @@ class StepUsage:
     learn_s: float = 0.0
     sync_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)  # backend-specific figures (preemptions, ...)
+    learner_gpus: int | None = None  # GPUs that score and learn (default: all ``gpus``; fewer when disaggregated)
+    step_s: float | None = None  # the step's wall time when learning overlaps generation (default: their sum)
+
+
+def billing(u: StepUsage) -> dict[str, Any]:
+    """The step's time and cost figures from what the backend measured: one formula for every backend and
+    every way of running steps (synchronous, an async pipeline, partial rollouts, tail batching)."""
+    g, gpa = u.gpus, u.gpus_per_engine
+    learners = g if u.learner_gpus is None else u.learner_gpus
+    generation = u.generation_s
+    used = [e for e in u.engines if e.first_s is not None]
+    time_s = generation + u.prepare_s + u.learn_s + u.sync_s if u.step_s is None else u.step_s
+    # An engine is billed from its first work to its last token, plus its start-up when it was cold; the
+    # backend delays a cold engine's first work by that start-up, so the start-up is in the step's time too.
+    decode_gpu_s = sum((e.last_s - e.first_s + e.cold_start_s) * gpa for e in used)  # type: ignore[operator]
+    serverless = decode_gpu_s + u.prefill_s + learners * (u.prepare_s + u.learn_s) + g * u.sync_s
+    burst_gpu_s = sum((e.last_s - e.first_s + e.cold_start_s) * gpa for e in used if e.burst)  # type: ignore[operator]
+    busy = np.array([e.busy_s for e in used]) if used else np.zeros(1)
+    decode_gpus = max(len(used), 1) * gpa
+    idle = 1.0 - float(busy.sum()) * gpa / (decode_gpus * generation) if generation > 0 else 0.0
+    return {
+        "time_s": time_s,
+        "generation_s": generation,
+        "prepare_s": u.prepare_s,
+        "learn_s": u.learn_s,
+        "gpu_seconds": serverless,
+        "gpu_seconds_serverful": g * time_s + burst_gpu_s,  # burst engines are paid on top of the fleet
+        "idle_fraction": min(max(idle, 0.0), 1.0),
+        "imbalance": float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0,
+        "actor_busy_s": [e.busy_s for e in u.engines],
+        "cold_starts": sum(1 for e in used if e.cold_start_s > 0),
+    }
+
+
+def stopped_at(u: StepUsage, t: float) -> StepUsage:
+    """``u`` for a step whose engines stopped at ``t`` seconds (a round cut once enough groups finished): no
+    engine works or is billed past ``t``; one that had not started by then did no work."""
+    engines = []
+    for e in u.engines:
+        if e.first_s is None or e.first_s >= t:
+            engines.append(replace(e, first_s=None, busy_s=0.0, last_s=0.0))
+        else:
+            last = min(e.last_s, t)
+            engines.append(replace(e, last_s=last, busy_s=min(e.busy_s, last - e.first_s)))
+    return replace(u, engines=engines, generation_s=min(u.generation_s, t))
 
 
 class RolloutBackend(Protocol):
@@ -397,19 +442,9 @@ class StepController:
         ]
 
     def _report(self, u: StepUsage) -> StepReport:
-        """One formula per figure, whichever backend ran the step."""
-        g, gpa = u.gpus, u.gpus_per_engine
+        """The step's report: ``billing``'s figures plus what the controller saw."""
+        bill = billing(u)
         generation = u.generation_s
-        used = [e for e in u.engines if e.first_s is not None]
-        time_s = generation + u.prepare_s + u.learn_s + u.sync_s
-        # An engine is billed from its first work to its last token, plus its start-up when it was cold; the
-        # backend delays a cold engine's first work by that start-up, so the start-up is in the step's time too.
-        decode_gpu_s = sum((e.last_s - e.first_s + e.cold_start_s) * gpa for e in used)  # type: ignore[operator]
-        serverless = decode_gpu_s + u.prefill_s + g * (u.prepare_s + u.learn_s + u.sync_s)
-        burst_gpu_s = sum((e.last_s - e.first_s + e.cold_start_s) * gpa for e in used if e.burst)  # type: ignore[operator]
-        busy = np.array([e.busy_s for e in used]) if used else np.zeros(1)
-        decode_gpus = max(len(used), 1) * gpa
-        idle = 1.0 - float(busy.sum()) * gpa / (decode_gpus * generation) if generation > 0 else 0.0
         pred = np.asarray(self.predicted)
         mae = float(np.abs(pred - np.asarray(self.length)).mean()) if len(pred) else 0.0
         chosen = self.plan.estimate or next(
@@ -419,24 +454,15 @@ class StepController:
         return StepReport(
             step=self.step,
             scheduler=self.planner.config.name,
-            time_s=time_s,
-            generation_s=generation,
-            prepare_s=u.prepare_s,
-            learn_s=u.learn_s,
-            gpu_seconds=serverless,
-            gpu_seconds_serverful=g * time_s + burst_gpu_s,
-            idle_fraction=min(max(idle, 0.0), 1.0),
-            imbalance=float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0,
+            **bill,
             prefill_tokens_saved=u.prefill_tokens_saved,
             migrations=self.migrations,
             num_actors=self.plan.num_actors,
             samples=len(self.state),
             response_tokens=sum(self.length),
-            actor_busy_s=[e.busy_s for e in u.engines],
             prediction_mae=mae,
             estimated_generation_s=estimate,
             estimate_error=estimate / generation - 1.0 if estimate is not None and generation > 0 else None,
-            cold_starts=sum(1 for e in used if e.cold_start_s > 0),
             planner_ms=self.plan.planner_ms,
             fallbacks=self.fallbacks,
         )

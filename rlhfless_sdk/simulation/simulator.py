@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,8 @@ from rlhfless_sdk.rollout.controller import (
     StepController,
     StepOutcome,
     StepUsage,
+    billing,
+    stopped_at,
 )
 from rlhfless_sdk.rollout.tail import TailRounds
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
@@ -457,9 +459,8 @@ class Simulator:
             learner_gpus=0,
             check_model=self.check_model,
         )
-        prep_rate, learn_rate = prof.learner_rates(self.run_algo)
         token_counts = [float(ws.batch.prompt_lengths @ ws.batch.n_samples + ws.lengths.sum()) for ws in workload.steps]
-        train_s = [t * (prep_rate + learn_rate) / learners for t in token_counts]
+        train_s = [sum(self._learning(t, learners)) for t in token_counts]
         done: dict[int, tuple[StepPlan, StepOutcome, list[int]]] = {}
 
         def generate(k: int, start: float, pauses: list[tuple[float, float]]) -> float:
@@ -469,8 +470,7 @@ class Simulator:
             relative = [(max(a - start, 0.0), b - max(a, start)) for a, b in pauses if b > start]
             backend = self.backend(planner, ws, plan, cluster=gen_cluster, pauses=relative)
             outcome = StepController(planner, backend, ws.batch, plan, step=ws.step).run(observe=True)
-            self.warm = frozenset(a for a, e in enumerate(outcome.usage.engines) if e.first_s is not None)
-            self.warm_prefill = self.warm_prefill or outcome.usage.prefill_s > 0
+            self.keep_warm(outcome.usage)
             done[k] = (plan, outcome, backend.tokens_before_pauses)
             return start + outcome.usage.generation_s
 
@@ -483,17 +483,11 @@ class Simulator:
             total = int(ws.lengths.sum())
             stale, oldest = token_ages(k, b.version, before, total)
             step_s = b.sync_end - (times[k - 1].sync_end if k else 0.0)
-            gpa = u.gpus_per_engine
-            decode = sum((e.last_s - e.first_s + e.cold_start_s) * gpa for e in u.engines if e.first_s is not None)
-            prepare_s = token_counts[k] * prep_rate / learners
-            learn_s = token_counts[k] * learn_rate / learners
+            prepare_s, learn_s = self._learning(token_counts[k], learners)
+            usage = replace(u, gpus=g, learner_gpus=learners, prepare_s=prepare_s, learn_s=learn_s, step_s=step_s)
             report = rep.model_copy(
                 update={
-                    "time_s": step_s,
-                    "prepare_s": prepare_s,
-                    "learn_s": learn_s,
-                    "gpu_seconds": decode + u.prefill_s + learners * (prepare_s + learn_s) + g * prof.weight_sync_s,
-                    "gpu_seconds_serverful": g * step_s,
+                    **billing(usage),
                     "stale_token_fraction": stale / total if total else 0.0,
                     "max_token_age_steps": oldest,
                 }
@@ -504,6 +498,16 @@ class Simulator:
             if on_step is not None:
                 on_step(report)
         return SimulationResult(config.name, steps, rollout_gpus=r)
+
+    def keep_warm(self, usage: StepUsage) -> None:
+        """The engines (and the prefill actor) that worked in a step stay warm for the next one."""
+        self.warm = frozenset(a for a, e in enumerate(usage.engines) if e.first_s is not None)
+        self.warm_prefill = self.warm_prefill or usage.prefill_s > 0
+
+    def _learning(self, tokens: float, gpus: int) -> tuple[float, float]:
+        """(scoring, learning) seconds of ``tokens`` (prompt + response) on ``gpus`` GPUs, for the run's algorithm."""
+        prepare, learn = self.profile.learner_rates(self.run_algo)
+        return tokens * prepare / gpus, tokens * learn / gpus
 
     # -- tail batching (a straggler policy that over-provisions) ---------------------------------------------
     def run_tail(
@@ -518,8 +522,7 @@ class Simulator:
         if b == 0:
             return SimulationResult(config.name, [])
         rounds = TailRounds(b, [(k, i) for k, ws in enumerate(steps_in) for i in range(len(ws.batch))])
-        g, gpa = self.cluster.total_gpus, self.profile.gpus_per_actor
-        prep_rate, learn_rate = self.profile.learner_rates(self.run_algo)
+        g = self.cluster.total_gpus
         out: list[SimulatedStep] = []
         r = 0
         while not rounds.done():
@@ -541,23 +544,14 @@ class Simulator:
             sample_keep = np.repeat(keep, batch.n_samples)
             trained_samples = [x for x, k in zip(outcome.samples, sample_keep.tolist(), strict=True) if k]
             planner.observe(trained_samples)
-            self.warm = frozenset(a for a, e in enumerate(outcome.usage.engines) if e.first_s is not None)
+            self.keep_warm(outcome.usage)
             rep, u = outcome.report, outcome.usage
-            generation = min(rep.generation_s, stop)
-            engines = [e for e in u.engines if e.first_s is not None and e.first_s < generation]
-            decode = sum((min(e.last_s, generation) - e.first_s + e.cold_start_s) * gpa for e in engines)  # type: ignore[operator]
-            burst = sum((min(e.last_s, generation) - e.first_s + e.cold_start_s) * gpa for e in engines if e.burst)  # type: ignore[operator]
             tokens = float((batch.prompt_lengths * batch.n_samples)[keep].sum() + lengths[sample_keep].sum())
-            prepare_s, learn_s = tokens * prep_rate / g, tokens * learn_rate / g
-            time_s = generation + prepare_s + learn_s + u.sync_s
+            prepare_s, learn_s = self._learning(tokens, g)
+            usage = replace(stopped_at(u, stop), prepare_s=prepare_s, learn_s=learn_s)
             report = rep.model_copy(
                 update={
-                    "generation_s": generation,
-                    "time_s": time_s,
-                    "prepare_s": prepare_s,
-                    "learn_s": learn_s,
-                    "gpu_seconds": decode + u.prefill_s + g * (prepare_s + learn_s + u.sync_s),
-                    "gpu_seconds_serverful": g * time_s + burst,
+                    **billing(usage),
                     "samples": int(sample_keep.sum()),
                     "response_tokens": int(lengths[sample_keep].sum()),
                     "groups_trained": int(keep.sum()),
@@ -584,7 +578,6 @@ class Simulator:
         book = CarryBook()
         truth: dict[tuple[int, int], int] = {}
         g = self.cluster.total_gpus
-        prep_rate, learn_rate = self.profile.learner_rates(self.run_algo)
         steps: list[SimulatedStep] = []
         work: list[WorkloadStep | None] = [*workload.steps, None]  # None: the final step, carried samples only
         for k, ws in enumerate(work):
@@ -615,24 +608,16 @@ class Simulator:
             ]
             piece_ws = WorkloadStep(step=step_no, batch=batch, lengths=np.asarray(targets, dtype=np.int64))
             outcome = self.execute(planner, piece_ws, plan)
-            self.warm = frozenset(a for a, e in enumerate(outcome.usage.engines) if e.first_s is not None)
+            self.keep_warm(outcome.usage)
             ended = [p.generated + t >= tt for p, t, tt in zip(pieces, targets, total, strict=True)]
             settled = book.settle(k, [s.response_length for s in outcome.samples], ended)
             planner.observe(settled.finished)
             planner.note_error(outcome.report.estimate_error)
             rep, u = outcome.report, outcome.usage
-            trained = float(settled.trained_prompt_and_response_tokens)
-            prepare_s, learn_s = trained * prep_rate / g, trained * learn_rate / g
-            time_s = rep.generation_s + prepare_s + learn_s + u.sync_s
-            learner_before = g * (rep.prepare_s + rep.learn_s + u.sync_s)
-            burst_gpu_s = rep.gpu_seconds_serverful - g * rep.time_s  # serverless engines beyond the fleet
+            prepare_s, learn_s = self._learning(float(settled.trained_prompt_and_response_tokens), g)
             report = rep.model_copy(
                 update={
-                    "time_s": time_s,
-                    "prepare_s": prepare_s,
-                    "learn_s": learn_s,
-                    "gpu_seconds": rep.gpu_seconds - learner_before + g * (prepare_s + learn_s + u.sync_s),
-                    "gpu_seconds_serverful": g * time_s + burst_gpu_s,
+                    **billing(replace(u, prepare_s=prepare_s, learn_s=learn_s)),
                     "response_tokens": settled.trained_tokens,
                     "stale_token_fraction": settled.stale_tokens / settled.trained_tokens
                     if settled.trained_tokens
@@ -655,8 +640,7 @@ class Simulator:
         outcome = self.execute(planner, ws, plan, observe=True)
         chosen = next((e for e in plan.candidates if e.num_actors == plan.num_actors), None)
         front = self.frontier(planner, ws, plan, outcome.report) if frontier else None
-        self.warm = frozenset(a for a, e in enumerate(outcome.usage.engines) if e.first_s is not None)
-        self.warm_prefill = self.warm_prefill or outcome.usage.prefill_s > 0
+        self.keep_warm(outcome.usage)
         return SimulatedStep(outcome.report, plan, chosen, outcome.usage.extra["preemptions"], front, outcome)
 
     def backend(
