@@ -41,7 +41,7 @@ def test_every_sample_trains_once_with_all_its_tokens(steps, budgets):
         batch, _pred, caps = book.pieces(new, np.full(len(groups), 50.0), budget=budget)
         assert batch.total_samples == n_carried + sum(len(g) for g in groups)
         assert (caps[:n_carried] == np.inf).all()
-        pieces = book._step_pieces
+        pieces = book.step_pieces
         for p, length in zip(pieces[n_carried:], [x for g in groups for x in g], strict=True):
             truth[(p.group, p.sample_index)] = length
         made, ended = [], []

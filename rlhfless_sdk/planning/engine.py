@@ -360,16 +360,15 @@ class EngineCostModel:
         batch: PromptBatch,
         predicted: np.ndarray,
         spread: LengthSpread,
-        draw: int = 0,
         caps: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Per-sample lengths (prompt order) for an estimate; draw ``draw`` is the same for every candidate.
+        """Per-sample lengths (prompt order) for an estimate: the same draw for every candidate.
         ``caps`` (per prompt) bounds them further (a partial rollout's token budget)."""
         prompt_of = batch.sample_prompt_index()
         pred = np.asarray(predicted, dtype=np.float64)
         if pred.shape[0] == len(batch):  # one prediction per prompt: each of its samples
             pred = pred[prompt_of]
-        out = pred * spread.scale * spread.factors(prompt_of, seed=draw)
+        out = pred * spread.scale * spread.factors(prompt_of)
         cap = np.full(out.shape, float(max(spread.cap or int(self.profile.kv_capacity_tokens), 1)))
         if caps is not None:
             cap = np.minimum(cap, np.maximum(np.asarray(caps, dtype=np.float64)[prompt_of], 1.0))

@@ -265,7 +265,6 @@ class StepPlanner:
         Either way every policy's output is checked and a failing policy falls back to its baseline.
         """
         t0 = time.perf_counter()
-        self._caps = None if length_caps is None else np.asarray(length_caps, dtype=np.float64)
         self._planned_with_spread = self.spread is not None
         fallbacks: list[str] = []
         for kind in _PLAN_KINDS:
@@ -315,7 +314,7 @@ class StepPlanner:
             # no step measured yet: nothing is known about the estimates' error, so count it as 100%
             u = float(np.median(self.estimate_errors)) if self.estimate_errors else 1.0
             estimates = [
-                self.check(batch, pred, assignments[e.num_actors], e.num_actors, prefill).model_copy(
+                self.check(batch, pred, assignments[e.num_actors], e.num_actors, prefill, length_caps).model_copy(
                     update={"uncertainty": u}
                 )
                 for e in estimates
@@ -359,7 +358,7 @@ class StepPlanner:
         estimate = None
         if self.check_model is not None:
             estimate = next(e for e in estimates if e.num_actors == chosen) if checked else None
-            estimate = estimate or self.check(batch, pred, sample_actor, chosen, prefill)
+            estimate = estimate or self.check(batch, pred, sample_actor, chosen, prefill, length_caps)
         return StepPlan.model_construct(
             step=step,
             scheduler=self.config.name,
@@ -409,8 +408,10 @@ class StepPlanner:
         sample_actor: np.ndarray,
         n: int,
         prefill: PrefillPlan,
+        caps: np.ndarray | None = None,
     ) -> CandidateEstimate:
-        """The check model's estimate of one candidate plan (the same length draw for every candidate)."""
+        """The check model's estimate of one candidate plan (the same length draw for every candidate);
+        ``caps`` (per prompt) bounds its lengths."""
         assert self.check_model is not None
         migrates = self.config.migrates() and getattr(self.policies["scaler"], "wants_migration_estimates", False)
         return self.check_model.estimate(
@@ -422,7 +423,7 @@ class StepPlanner:
             migrates=migrates,
             warm_actors=self.warm_actors,
             spread=self.spread,
-            caps=getattr(self, "_caps", None),
+            caps=caps,
         )
 
     def note_error(self, estimate_error: float | None) -> None:

@@ -83,7 +83,7 @@ class CarryBook:
         self.carried: list[Piece] = []
         self.groups: dict[int, Group] = {}
         self._launched = 0
-        self._step_pieces: list[Piece] = []
+        self.step_pieces: list[Piece] = []  # the current step's samples, in its batch order
 
     def pieces(
         self,
@@ -120,7 +120,7 @@ class CarryBook:
                 plen.append(int(new.prompt_lengths[i]))
                 n.append(k)
                 pred.append(float(new_pred[i]) if budget is None else min(float(new_pred[i]), float(budget)))
-        self._step_pieces = pieces
+        self.step_pieces = pieces
         # a carried sample's prompt is its prompt plus its tokens, which only a real backend holds: no token ids
         tokens = new.token_flat if new is not None and not self.carried else None
         batch = PromptBatch(
@@ -139,7 +139,7 @@ class CarryBook:
     def settle(self, step: int, lengths: list[int], ended: list[bool]) -> Settlement:
         """``lengths[i]``: tokens the step's i-th sample (batch order) generated; ``ended[i]``: whether its
         sample ended (else it is carried)."""
-        pieces = self._step_pieces
+        pieces = self.step_pieces
         if len(lengths) != len(pieces) or len(ended) != len(pieces):
             raise CarryError(f"step {step} had {len(pieces)} samples; the backend reported {len(lengths)}")
         self.carried = []

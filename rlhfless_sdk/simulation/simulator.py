@@ -595,7 +595,7 @@ class Simulator:
             batch, piece_pred, caps = book.pieces(
                 new, pred, budget=budget, remaining=remaining, cap=spread.cap if spread and spread.cap else None
             )
-            pieces = book._step_pieces
+            pieces = book.step_pieces
             if ws is not None:
                 for piece, length in zip(pieces[n_carried:], ws.lengths.tolist(), strict=True):
                     truth[(piece.group, piece.sample_index)] = int(length)
