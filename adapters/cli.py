@@ -103,12 +103,9 @@ def demo_cmd(
     # everything the run needs is checked before the model loads and the engines start
     registry = get_plugin_manager().registry
     for name in schedulers:
-        if registry.scheduler(name).pipeline.mode != "sync":  # an unknown name: one line, exit 2
-            raise click.BadParameter(
-                f"{name!r} models OpenRLHF's async mode, which only the simulator runs; the demo's steps are "
-                "synchronous",
-                param_hint="'--scheduler'",
-            )
+        refused = registry.scheduler(name).simulator_only()  # an unknown name: one line, exit 2
+        if refused is not None:
+            raise click.BadParameter(refused, param_hint="'--scheduler'")
     if prompts_file is not None:
         try:
             load_questions(prompts_file, num_prompts)

@@ -61,11 +61,9 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
         config = registry.scheduler(name)  # an unknown name lists the valid ones
         if name == "openrlhf":
             return None
-    if config.pipeline.mode != "sync":
-        raise SystemExit(
-            f"error: scheduler {config.name!r} models OpenRLHF's async mode for the simulator (pipeline: async); "
-            "on OpenRLHF pass --train.async_enable (and --train.partial_rollout_enable) with --scheduler openrlhf"
-        )
+    refused = config.simulator_only()
+    if refused is not None:
+        raise SystemExit(f"error: {refused}")
     profile = load_profile(ours.get("--scheduler.profile", "qwen2.5-7b-l40s"))
     report = str(Path(ours.get("--scheduler.report", "rlhfless_steps.jsonl")).resolve())
     return {"scheduler": config.model_dump(mode="json"), "profile": profile.model_dump(mode="json"), "report": report}

@@ -127,11 +127,15 @@ def test_tail_rounds_refuse_a_wrong_account():
         rounds.settle(["a"])  # must train 2
 
 
-def test_tail_batching_in_the_simulator_is_on_policy_and_trains_every_group_once(registry):
+@pytest.mark.parametrize("preset", [None, "rlhfless-onpolicy"])
+def test_tail_batching_in_the_simulator_is_on_policy_and_trains_every_group_once(registry, preset):
     work = synthetic_workload(SyntheticWorkload(20, 4, seed=7, median_length=300, max_length=2048), 4)
-    config = registry.scheduler("openrlhf").derive(
-        name="tail-test", straggler={"name": "tail-batch", "params": {"over_provision": 0.5}}
-    )
+    if preset is None:
+        config = registry.scheduler("openrlhf").derive(
+            name="tail-test", straggler={"name": "tail-batch", "params": {"over_provision": 0.5}}
+        )
+    else:  # the shipped on-policy preset: per-sample dispatch, deadline scaler with burst actors beyond the fleet
+        config = registry.scheduler(preset)
     res = Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 4), registry=registry).run(config, work)
     reports = res.reports
     assert sum(r.groups_trained for r in reports) == sum(len(ws.batch) for ws in work.steps)

@@ -66,6 +66,13 @@ def test_an_async_preset_is_refused_with_the_openrlhf_flags_to_use():
         resolve({"--scheduler": "openrlhf-async"})
 
 
+@pytest.mark.parametrize("name", ["rlhfless-fast", "rlhfless-onpolicy"])
+def test_a_straggler_preset_is_refused_until_real_engines_carry_samples(name):
+    # running it would silently drop its straggler policy: refused at launch instead, naming the policy
+    with pytest.raises(SystemExit, match=r"straggler policy '(partial|tail-batch)'.*rlhfless simulate"):
+        resolve({"--scheduler": name})
+
+
 def test_rollout_internals_of_the_installed_openrlhf():
     checked = check_internals()
     assert "openrlhf.trainer.ray.vllm_engine.RolloutRayActor.generate_responses" in checked

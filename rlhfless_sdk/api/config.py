@@ -119,6 +119,23 @@ class SchedulerConfig(_WithPolicies):  # type: ignore[misc,valid-type]
         """Whether the step controller consults a migrator while the step runs."""
         return self.policy("migrator").name != "none"
 
+    def simulator_only(self) -> str | None:
+        """Why real engines cannot run this scheduler yet (None: they can): OpenRLHF's async pipeline is
+        modelled for the simulator, and straggler policies (partial rollouts, tail batching) carry or re-run
+        samples across steps, which only the simulator does so far."""
+        if self.pipeline.mode != "sync":
+            return (
+                f"scheduler {self.name!r} models OpenRLHF's async mode for the simulator (pipeline: async); "
+                "on OpenRLHF pass --train.async_enable (and --train.partial_rollout_enable) with --scheduler openrlhf"
+            )
+        straggler = self.policy("straggler").name
+        if straggler != "none":
+            return (
+                f"scheduler {self.name!r} uses the straggler policy {straggler!r}, which carries or re-runs samples "
+                "across steps; only `rlhfless simulate` runs it so far"
+            )
+        return None
+
 
 def _dotted(loc: tuple[Any, ...]) -> str:
     out = ""
