@@ -42,6 +42,8 @@ from rlhfless_policies.scalers import (
     FixedScaler,
 )
 from rlhfless_policies.stragglers import (
+    BatchCutParams,
+    BatchCutPartialRollout,
     NoStragglerPolicy,
     PartialParams,
     PartialRollout,
@@ -88,6 +90,7 @@ POLICIES: dict[str, list[tuple]] = {
     "straggler": [
         ("none", NoStragglerPolicy, NoParams),
         ("partial", PartialRollout, PartialParams),
+        ("partial-batch", BatchCutPartialRollout, BatchCutParams),
         ("tail-batch", TailBatching, TailBatchParams),
     ],
     "placer": [

@@ -68,3 +68,37 @@ class TailBatching:
 
     def over_provision(self, step: int) -> float:
         return self.extra
+
+
+class BatchCutParams(Record):
+    over_provision: float = Field(
+        default=0.25,
+        ge=0.0,
+        le=1.0,
+        description="Extra share of B groups in flight: the groups a step does not train, carried into the next.",
+    )
+
+
+class BatchCutPartialRollout:
+    """Beyond the paper: partial rollouts cut when B groups are done (APRIL), at most one step stale.
+
+    A step has (1 + ``over_provision``) x B groups in flight: every group carried from the step before, which
+    trains in this one, plus fresh ones. The step ends as soon as B groups are complete (the carried ones and
+    the first fresh ones to finish); every other sample is cut there and carried, with its tokens, into the
+    next step, where its group finishes and trains. So each step trains exactly B groups, the long tail of a
+    step never waits for its longest fresh samples, and no token is more than one weight update old.
+    """
+
+    description = "partial rollouts cut when B groups are done (APRIL): exactly B groups a step, 1 step stale"
+
+    def __init__(self, params: BatchCutParams | None = None) -> None:
+        self.extra = (params or BatchCutParams()).over_provision
+
+    def segment_tokens(self, step: int) -> int | None:
+        return None
+
+    def over_provision(self, step: int) -> float:
+        return self.extra
+
+    def keeps_tokens(self, step: int) -> bool:
+        return True

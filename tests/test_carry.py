@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -144,3 +146,86 @@ def test_tail_batching_in_the_simulator_is_on_policy_and_trains_every_group_once
     assert all(r.stale_token_fraction == 0 and r.max_token_age_steps == 0 for r in reports)
     assert any(r.deferred_prompts for r in reports)  # short rounds deferred their slowest groups
     assert reports[-1].deferred_prompts == 0
+
+
+# -- partial rollouts cut when B groups are done (APRIL) ------------------------------------------------------
+@given(
+    groups=st.lists(st.lists(st.integers(1, 300), min_size=1, max_size=4), max_size=40),
+    b=st.integers(1, 8),
+    over=st.floats(0.0, 1.0),
+    data=st.data(),
+)
+def test_batch_cut_trains_exactly_b_groups_a_step_and_loses_no_token(groups, b, over, data):
+    """The batch-cut rule on the carry book, whatever finishes first and however far the others got: every step
+    but the last trains exactly B groups (all carried ones, then fresh ones), every group trains once with all
+    n samples in order, each sample's pieces add up to its length, and no token is more than one step old."""
+    book = CarryBook()
+    stream = list(enumerate(groups))
+    truth: dict[tuple[int, int], int] = {}
+    trained, sizes = [], []
+    k = 0
+    while stream or book.open_groups:
+        held = book.open_group_ids()
+        assert len(held) <= b  # what a step does not train is at most over_provision x B <= B
+        fresh = stream[: max(math.ceil((1 + over) * b) - len(held), 0)]
+        stream = stream[len(fresh) :]
+        new = None
+        if fresh:
+            new = PromptBatch(
+                uids=[f"p{i}" for i, _ in fresh],
+                prompt_lengths=np.full(len(fresh), 5),
+                n_samples=np.array([len(g) for _, g in fresh]),
+            )
+        n_carried = len(book.carried)
+        book.pieces(new, np.full(len(fresh), 50.0))
+        pieces = book.step_pieces
+        for p, length in zip(pieces[n_carried:], [x for _, g in fresh for x in g], strict=True):
+            truth[(p.group, p.sample_index)] = length
+        fresh_groups = sorted({p.group for p in pieces[n_carried:]})
+        if len(held) + len(fresh_groups) <= b:
+            train = set(held) | set(fresh_groups)
+        else:
+            order = data.draw(st.permutations(fresh_groups))  # the order fresh groups would complete in
+            train = set(held) | set(order[: b - len(held)])
+        made, ended = [], []
+        for p in pieces:
+            left = truth[(p.group, p.sample_index)] - p.generated
+            tokens = left if p.group in train else data.draw(st.integers(0, left))  # cut wherever it was
+            made.append(tokens)
+            ended.append(tokens == left)
+        settled = book.settle(k, made, ended, train=train)
+        assert settled.max_age <= 1
+        sizes.append(len(settled.trained))
+        trained += settled.trained
+        k += 1
+        assert k <= len(groups) + 2
+    assert all(s == b for s in sizes[:-1]) and all(s <= b for s in sizes)
+    assert sorted((g.uid, g.lengths) for g in trained) == sorted((f"p{i}", g) for i, g in enumerate(groups))
+    for g in trained:
+        for length, pieces in zip(g.lengths, g.steps, strict=True):
+            assert sum(t for _, t in pieces) == length
+
+
+def test_the_carry_book_refuses_to_train_an_open_group():
+    book = CarryBook()
+    book.pieces(PromptBatch(uids=["a", "b"], prompt_lengths=np.array([3, 3]), n_samples=np.array([2, 1])))
+    with pytest.raises(CarryError, match="may not train"):
+        book.settle(0, [5, 2, 4], [True, False, True], train={0})  # group 0's second sample was cut
+
+
+@pytest.mark.parametrize("preset", [None, "rlhfless-fast"])
+def test_batch_cut_partial_rollouts_in_the_simulator_train_b_groups_a_step(registry, preset):
+    work = synthetic_workload(SyntheticWorkload(20, 4, seed=3, median_length=300, max_length=2048), 4)
+    if preset is None:
+        config = registry.scheduler("openrlhf").derive(
+            name="cut-test", straggler={"name": "partial-batch", "params": {"over_provision": 0.5}}
+        )
+    else:
+        config = registry.scheduler(preset)
+    res = Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 4), registry=registry).run(config, work)
+    reports = res.reports
+    assert [r.groups_trained for r in reports] == [20] * len(reports)  # 80 prompts, B = 20: exactly B a step
+    assert sum(r.response_tokens for r in reports) == sum(int(ws.lengths.sum()) for ws in work.steps)
+    assert reports[0].stale_token_fraction == 0 and max(r.max_token_age_steps for r in reports) == 1
+    assert any(r.carried_samples for r in reports[:-1]) and reports[-1].carried_samples == 0
+    assert 0 < res.totals()["stale_token_fraction"] < 1

@@ -69,7 +69,7 @@ def test_an_async_preset_is_refused_with_the_openrlhf_flags_to_use():
 @pytest.mark.parametrize("name", ["rlhfless-fast", "rlhfless-onpolicy"])
 def test_a_straggler_preset_is_refused_until_real_engines_carry_samples(name):
     # running it would silently drop its straggler policy: refused at launch instead, naming the policy
-    with pytest.raises(SystemExit, match=r"straggler policy '(partial|tail-batch)'.*rlhfless simulate"):
+    with pytest.raises(SystemExit, match=r"straggler policy '(partial-batch|tail-batch)'.*rlhfless simulate"):
         resolve({"--scheduler": name})
 
 

@@ -95,6 +95,11 @@ KINDS: tuple[PolicyKind, ...] = (
                 "over_provision",
                 "over_provision(step): start that many more groups than train; the slowest are re-run later",
             ),
+            (
+                "keeps_tokens",
+                "keeps_tokens(step) -> True: with over_provision, the groups not trained keep their tokens and "
+                "finish in the next step (partial rollouts cut at the B-th group) instead of re-running",
+            ),
         ),
         optional=True,
     ),

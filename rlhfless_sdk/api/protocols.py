@@ -122,6 +122,8 @@ class StragglerPolicy(Protocol):
 
     # Optional (tail batching): ``over_provision(step) -> float`` >= 0, the extra share of groups a step starts;
     # the step trains the first B groups to finish and re-runs the rest from scratch later (on-policy).
+    # Optional with it: ``keeps_tokens(step) -> bool``; True: the groups not trained keep their tokens, are
+    # continued in the next step and train there (partial rollouts cut when B groups are done, APRIL-style).
 
 
 @runtime_checkable

@@ -401,6 +401,20 @@ class StepPlanner:
 
         return self.call("straggler", fallbacks, ask, check_extra)
 
+    def keeps_tokens(self, step: int, fallbacks: list[str]) -> bool:
+        """Whether an over-provisioning straggler policy carries its untrained groups' tokens into the next step
+        (partial rollouts cut at the B-th group) rather than re-running them (tail batching)."""
+
+        def check(x: Any) -> bool:
+            if not isinstance(x, bool | np.bool_):
+                raise InvalidPolicyOutput(f"keeps_tokens must be a bool, got {x!r}")
+            return bool(x)
+
+        def ask(p: Any) -> Any:
+            return p.keeps_tokens(step) if hasattr(p, "keeps_tokens") else False
+
+        return self.call("straggler", fallbacks, ask, check)
+
     def check(
         self,
         batch: PromptBatch,

@@ -17,7 +17,7 @@ ended sample belongs to exactly one group, and a group is returned once, when it
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,9 +136,12 @@ class CarryBook:
             caps[len(self.carried) :] = float(budget)
         return batch, np.asarray(pred, dtype=np.float64), caps
 
-    def settle(self, step: int, lengths: list[int], ended: list[bool]) -> Settlement:
+    def settle(
+        self, step: int, lengths: list[int], ended: list[bool], train: Collection[int] | None = None
+    ) -> Settlement:
         """``lengths[i]``: tokens the step's i-th sample (batch order) generated; ``ended[i]``: whether its
-        sample ended (else it is carried)."""
+        sample ended (else it is carried). ``train``: the groups that train now (each must be complete; a
+        complete group not named stays open and must be named by a later step); default: every complete one."""
         pieces = self.step_pieces
         if len(lengths) != len(pieces) or len(ended) != len(pieces):
             raise CarryError(f"step {step} had {len(pieces)} samples; the backend reported {len(lengths)}")
@@ -175,6 +178,11 @@ class CarryBook:
                 carried = Piece(piece.group, piece.uid, piece.sample_index, piece.prompt_length, total, piece.predicted)
                 carried.steps = list(piece.steps)
                 self.carried.append(carried)
+        if train is not None:
+            unknown = [g for g in train if g not in self.groups or len(self.groups[g].lengths) != self.groups[g].n]
+            if unknown:
+                raise CarryError(f"step {step} may not train group(s) {sorted(unknown)[:5]}: open or unknown")
+            done = list(train)
         trained = []
         stale = tokens_all = age = 0
         for g in sorted(set(done)):
@@ -193,3 +201,7 @@ class CarryBook:
     @property
     def open_groups(self) -> int:
         return len(self.groups)
+
+    def open_group_ids(self) -> list[int]:
+        """Groups launched and not trained yet (carried samples, or complete and held), oldest first."""
+        return sorted(self.groups)

@@ -395,7 +395,10 @@ class Simulator:
                     f"scheduler {config.name!r}: a straggler policy with the async pipeline is not simulated yet"
                 )
             return self.run_async(config, workload, on_step)
-        if carries and hasattr(self.registry.create("straggler", config.policy("straggler")), "over_provision"):
+        policy = self.registry.create("straggler", config.policy("straggler")) if carries else None
+        if policy is not None and hasattr(policy, "over_provision"):
+            if hasattr(policy, "keeps_tokens"):
+                return self.run_cut(config, workload, on_step)
             return self.run_tail(config, workload, on_step)
         if carries:
             return self.run_carry(config, workload, on_step)
@@ -565,6 +568,110 @@ class Simulator:
                 on_step(report)
             r += 1
         return SimulationResult(config.name, out)
+
+    # -- partial rollouts cut when B groups are done (APRIL) ------------------------------------------------
+    def run_cut(
+        self, config: SchedulerConfig, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
+    ) -> SimulationResult:
+        """Steps with (1 + over_provision) x B groups in flight, cut when B are complete: every group carried
+        from the step before trains, plus the first fresh ones to finish; every other sample is cut at that
+        instant and carried with its tokens (``rlhfless_sdk.rollout.carry``). The simulated step is run whole
+        and cut at that instant (what happens after it cannot change what happened before): the tokens each
+        sample had by then come from the same engines run again up to it. Prompts come as a stream (the
+        workload's steps in order); once it runs dry, the last step trains what is left (B or fewer)."""
+        if config.migrates():
+            raise RlhflessError(f"scheduler {config.name!r}: cut-and-migrate with a batch-cut straggler policy")
+        planner = self.planner(config)
+        steps_in = workload.steps
+        b = max((len(ws.batch) for ws in steps_in), default=0)
+        stream = deque((k, i) for k, ws in enumerate(steps_in) for i in range(len(ws.batch)))
+        book = CarryBook()
+        truth: dict[tuple[int, int], int] = {}
+        g = self.cluster.total_gpus
+        out: list[SimulatedStep] = []
+        r = 0
+        while stream or book.open_groups:
+            fallbacks: list[str] = []
+            held = book.open_group_ids()  # carried from the step before: they all train in this one
+            fresh = min(max(math.ceil((1.0 + planner.over_provision(r, fallbacks)) * b) - len(held), 0), len(stream))
+            refs = [stream.popleft() for _ in range(fresh)]
+            new, new_lengths = _round_batch(steps_in, refs) if refs else (None, np.zeros(0, dtype=np.int64))
+            pred = planner.predict(new, fallbacks) if new is not None else None
+            n_carried = len(book.carried)
+            spread = planner.spread
+            remaining = (lambda t, h, sp=spread: sp.remaining(t, h) / sp.scale) if spread is not None else None
+            batch, piece_pred, caps = book.pieces(
+                new, pred, remaining=remaining, cap=spread.cap if spread and spread.cap else None
+            )
+            pieces = book.step_pieces
+            for piece, length in zip(pieces[n_carried:], new_lengths.tolist(), strict=True):
+                truth[(piece.group, piece.sample_index)] = int(length)
+            planner.warm_actors = len(self.warm)
+            plan = planner.plan(batch, step=r, predicted=piece_pred, segment_tokens=None, length_caps=caps)
+            total = [truth[(p.group, p.sample_index)] for p in pieces]
+            piece_ws = WorkloadStep(
+                step=r,
+                batch=batch,
+                lengths=np.asarray([t - p.generated for p, t in zip(pieces, total, strict=True)], dtype=np.int64),
+            )
+            backend = self.backend(planner, piece_ws, plan)
+            outcome = StepController(planner, backend, batch, plan, step=r).run(observe=False)
+            done_at = dict.fromkeys(held, 0.0)
+            for piece, t in zip(pieces, backend.s.finish_time, strict=True):
+                done_at[piece.group] = max(done_at[piece.group], t) if piece.group in done_at else t
+            fresh_groups = sorted({p.group for p in pieces[n_carried:]})
+            if len(held) + len(fresh_groups) <= b:
+                train, stop = set(done_at), math.inf  # the end of the stream: everything in flight trains
+            else:
+                first = sorted(fresh_groups, key=lambda x: (done_at[x], x))[: max(b - len(held), 0)]
+                train = set(held) | set(first)
+                stop = max(done_at[x] for x in train)
+            made = self._tokens_at(planner, piece_ws, plan, stop) if math.isfinite(stop) else list(piece_ws.lengths)
+            ended = [p.generated + m >= t for p, m, t in zip(pieces, made, total, strict=True)]
+            settled = book.settle(r, [int(m) for m in made], ended, train=train)
+            planner.observe(settled.finished)
+            self.keep_warm(outcome.usage)
+            rep, u = outcome.report, outcome.usage
+            prepare_s, learn_s = self._learning(float(settled.trained_prompt_and_response_tokens), g)
+            report = rep.model_copy(
+                update={
+                    **billing(replace(stopped_at(u, stop), prepare_s=prepare_s, learn_s=learn_s)),
+                    "samples": sum(len(x.lengths) for x in settled.trained),
+                    "response_tokens": settled.trained_tokens,
+                    "stale_token_fraction": settled.stale_tokens / settled.trained_tokens
+                    if settled.trained_tokens
+                    else 0.0,
+                    "max_token_age_steps": settled.max_age,
+                    "groups_trained": len(settled.trained),
+                    "carried_samples": settled.carried,
+                    "estimate_error": rep.estimate_error if not math.isfinite(stop) else None,
+                }
+            )
+            chosen = next((e for e in plan.candidates if e.num_actors == plan.num_actors), None)
+            out.append(SimulatedStep(report, plan, chosen, u.extra["preemptions"], None, outcome))
+            if on_step is not None:
+                on_step(report)
+            r += 1
+        return SimulationResult(config.name, out)
+
+    def _tokens_at(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, t: float) -> list[int]:
+        """Each sample's tokens at time ``t`` of a step run as the step controller dispatches it (no migration)."""
+        backend = self.backend(planner, ws, plan)
+        live = backend.engines()
+        engines = [live[a % len(live)] for a in plan.assignment]
+        order = plan.order or range(len(engines))
+        backend.start(order, [engines[i] for i in order])
+        s = backend.s
+        for actor in backend.actors:
+            actor.run_until(s, t)
+        made = list(s.generated)
+        for actor in backend.actors:
+            for sid in actor.stack:
+                made[sid] = actor.gen_now(s, sid)
+        for sid, st_ in enumerate(s.state):
+            if st_ == DONE:
+                made[sid] = s.target[sid]
+        return made
 
     # -- partial rollouts (a straggler policy with a token budget) -----------------------------------------
     def run_carry(
