@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhfless_sdk.api.batch import PromptBatch
@@ -229,3 +229,33 @@ def test_batch_cut_partial_rollouts_in_the_simulator_train_b_groups_a_step(regis
     assert reports[0].stale_token_fraction == 0 and max(r.max_token_age_steps for r in reports) == 1
     assert any(r.carried_samples for r in reports[:-1]) and reports[-1].carried_samples == 0
     assert 0 < res.totals()["stale_token_fraction"] < 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    prompts=st.integers(1, 30),
+    n=st.integers(1, 4),
+    steps=st.integers(1, 3),
+    seed=st.integers(0, 10_000),
+    over=st.sampled_from([0.0, 0.3, 1.0]),
+    keeps=st.booleans(),
+)
+def test_over_provisioning_runs_train_every_group_once_b_a_step(registry_with, prompts, n, steps, seed, over, keeps):
+    """Batch-cut partial rollouts and tail batching on random workloads: B groups a step (the last: what is left),
+    every prompt's response tokens trained once, partial ones at most one update stale, tail batching never."""
+    registry = registry_with()
+    work = synthetic_workload(SyntheticWorkload(prompts, n, seed=seed, median_length=200, max_length=1024), steps)
+    name = "partial-batch" if keeps else "tail-batch"
+    config = registry.scheduler("openrlhf").derive(
+        name="prop", straggler={"name": name, "params": {"over_provision": over}}
+    )
+    reports = (
+        Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 2), registry=registry)
+        .run(config, work)
+        .reports
+    )
+    trained = [r.groups_trained for r in reports]
+    assert all(t == prompts for t in trained[:-1]) and 0 < trained[-1] <= prompts
+    assert sum(trained) == prompts * steps
+    assert sum(r.response_tokens for r in reports) == sum(int(ws.lengths.sum()) for ws in work.steps)
+    assert max(r.max_token_age_steps for r in reports) <= (1 if keeps else 0)
