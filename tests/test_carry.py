@@ -250,9 +250,7 @@ def test_over_provisioning_runs_train_every_group_once_b_a_step(registry_with, p
         name="prop", straggler={"name": name, "params": {"over_provision": over}}
     )
     reports = (
-        Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 2), registry=registry)
-        .run(config, work)
-        .reports
+        Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 2), registry=registry).run(config, work).reports
     )
     trained = [r.groups_trained for r in reports]
     assert all(t == prompts for t in trained[:-1]) and 0 < trained[-1] <= prompts
