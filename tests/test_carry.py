@@ -17,6 +17,12 @@ from rlhfless_sdk.simulation.simulator import Simulator
 from rlhfless_sdk.simulation.traces import synthetic_workload
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
+
+def with_straggler(registry, name: str, **params):
+    """OpenRLHF's scheduler with one straggler policy: what each straggler test runs, beside the shipped presets."""
+    return registry.scheduler("openrlhf").derive(name=f"{name}-test", straggler={"name": name, "params": params})
+
+
 step_groups = st.lists(st.lists(st.integers(1, 300), min_size=1, max_size=4), max_size=5)
 
 
@@ -74,9 +80,7 @@ def test_a_backend_that_misreports_is_refused():
 
 def test_partial_rollouts_in_the_simulator_train_every_group_once(registry):
     work = synthetic_workload(SyntheticWorkload(24, 4, seed=2, median_length=300, max_length=2048), 3)
-    config = registry.scheduler("openrlhf").derive(
-        name="partial-test", straggler={"name": "partial", "params": {"segment_tokens": 256}}
-    )
+    config = with_straggler(registry, "partial", segment_tokens=256)
     sim = Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 4), registry=registry)
     res = sim.run(config, work)
     reports = res.reports
@@ -132,12 +136,8 @@ def test_tail_rounds_refuse_a_wrong_account():
 @pytest.mark.parametrize("preset", [None, "rlhfless-onpolicy"])
 def test_tail_batching_in_the_simulator_is_on_policy_and_trains_every_group_once(registry, preset):
     work = synthetic_workload(SyntheticWorkload(20, 4, seed=7, median_length=300, max_length=2048), 4)
-    if preset is None:
-        config = registry.scheduler("openrlhf").derive(
-            name="tail-test", straggler={"name": "tail-batch", "params": {"over_provision": 0.5}}
-        )
-    else:  # the shipped on-policy preset: per-sample dispatch, deadline scaler with burst actors beyond the fleet
-        config = registry.scheduler(preset)
+    # the shipped on-policy preset: per-sample dispatch, deadline scaler with burst actors beyond the fleet
+    config = registry.scheduler(preset) if preset else with_straggler(registry, "tail-batch", over_provision=0.5)
     res = Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 4), registry=registry).run(config, work)
     reports = res.reports
     assert sum(r.groups_trained for r in reports) == sum(len(ws.batch) for ws in work.steps)
@@ -216,12 +216,7 @@ def test_the_carry_book_refuses_to_train_an_open_group():
 @pytest.mark.parametrize("preset", [None, "rlhfless-fast"])
 def test_batch_cut_partial_rollouts_in_the_simulator_train_b_groups_a_step(registry, preset):
     work = synthetic_workload(SyntheticWorkload(20, 4, seed=3, median_length=300, max_length=2048), 4)
-    if preset is None:
-        config = registry.scheduler("openrlhf").derive(
-            name="cut-test", straggler={"name": "partial-batch", "params": {"over_provision": 0.5}}
-        )
-    else:
-        config = registry.scheduler(preset)
+    config = registry.scheduler(preset) if preset else with_straggler(registry, "partial-batch", over_provision=0.5)
     res = Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 4), registry=registry).run(config, work)
     reports = res.reports
     assert [r.groups_trained for r in reports] == [20] * len(reports)  # 80 prompts, B = 20: exactly B a step
@@ -245,10 +240,7 @@ def test_over_provisioning_runs_train_every_group_once_b_a_step(registry_with, p
     every prompt's response tokens trained once, partial ones at most one update stale, tail batching never."""
     registry = registry_with()
     work = synthetic_workload(SyntheticWorkload(prompts, n, seed=seed, median_length=200, max_length=1024), steps)
-    name = "partial-batch" if keeps else "tail-batch"
-    config = registry.scheduler("openrlhf").derive(
-        name="prop", straggler={"name": name, "params": {"over_provision": over}}
-    )
+    config = with_straggler(registry, "partial-batch" if keeps else "tail-batch", over_provision=over)
     reports = (
         Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 2), registry=registry).run(config, work).reports
     )

@@ -320,6 +320,10 @@ class StepPlan(Record):
     fallbacks: list[str] = Field(default_factory=list, description="Policies replaced by their baseline this step.")
     planner_ms: NonNegativeFloat = 0.0
 
+    def chosen_candidate(self) -> CandidateEstimate | None:
+        """The cost model's estimate of the chosen actor count, if the plan has one."""
+        return next((e for e in self.candidates if e.num_actors == self.num_actors), None)
+
     @model_validator(mode="after")
     def _actors_in_range(self) -> StepPlan:
         if self.assignment and max(self.assignment) >= self.num_actors:

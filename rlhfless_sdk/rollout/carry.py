@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -74,6 +75,17 @@ class Settlement:
     @property
     def trained_prompt_and_response_tokens(self) -> int:
         return sum(g.prompt_length * len(g.lengths) + sum(g.lengths) for g in self.trained)
+
+    def report_fields(self) -> dict[str, Any]:
+        """What the step report says of the trained groups: their response tokens, the stale share and largest
+        age of those tokens, how many groups trained and how many samples are carried on."""
+        return {
+            "response_tokens": self.trained_tokens,
+            "stale_token_fraction": self.stale_tokens / self.trained_tokens if self.trained_tokens else 0.0,
+            "max_token_age_steps": self.max_age,
+            "groups_trained": len(self.trained),
+            "carried_samples": self.carried,
+        }
 
 
 class CarryBook:

@@ -243,13 +243,7 @@ class StepController:
     # -- the step --------------------------------------------------------------------------------------------
     def run(self, *, observe: bool = True) -> StepOutcome:
         """Dispatch, drive to the end, regroup, report; feed the samples to the predictor when ``observe``."""
-        live = self.backend.engines()
-        if not live and self.unfinished:
-            raise NoEngineLeft("no engine can take work; cannot generate")
-        engines = [live[a % len(live)] for a in self.plan.assignment]
-        self._place_all(engines)
-        order = self.plan.order or range(len(engines))  # the assigner's dispatch order, else batch order
-        self.backend.start(order, [engines[i] for i in order])
+        self.dispatch()
         migrates = self.planner.config.migrates()
         while self.unfinished:
             poll = self.backend.poll()
@@ -269,6 +263,16 @@ class StepController:
         if observe:
             self.planner.note_error(report.estimate_error)
         return StepOutcome(report, samples, self.outputs, self.pieces, usage)
+
+    def dispatch(self) -> None:
+        """Start every sample on the engine the plan assigned it (modulo the live engines), in the plan's order."""
+        live = self.backend.engines()
+        if not live and self.unfinished:
+            raise NoEngineLeft("no engine can take work; cannot generate")
+        engines = [live[a % len(live)] for a in self.plan.assignment]
+        self._place_all(engines)
+        order = self.plan.order or range(len(engines))  # the assigner's dispatch order, else batch order
+        self.backend.start(order, [engines[i] for i in order])
 
     def sample_id(self, uid: str, sample_index: int) -> int:
         i = self.prompt_index.get(uid)
@@ -447,9 +451,7 @@ class StepController:
         generation = u.generation_s
         pred = np.asarray(self.predicted)
         mae = float(np.abs(pred - np.asarray(self.length)).mean()) if len(pred) else 0.0
-        chosen = self.plan.estimate or next(
-            (c for c in self.plan.candidates if c.num_actors == self.plan.num_actors), None
-        )
+        chosen = self.plan.estimate or self.plan.chosen_candidate()
         estimate = chosen.time_s if chosen is not None else None
         return StepReport(
             step=self.step,

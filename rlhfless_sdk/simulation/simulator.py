@@ -148,7 +148,7 @@ class SimulatedBackend:
         start = np.maximum(start, cold)  # a cold actor boots while the prefill actor works
         self.cold = cold
         self.actors = [EngineModel(a, profile, self.node_of.get(("decode", a), ""), float(start[a])) for a in range(n)]
-        chosen = next((e for e in plan.candidates if e.num_actors == n), None)
+        chosen = plan.chosen_candidate()
         self.interval = max((chosen.time_s if chosen else 1.0) / checks_per_step, 1e-3)
         self.checks_per_step = checks_per_step
         self.tau = float(start.max(initial=0.0)) + self.interval
@@ -201,8 +201,7 @@ class SimulatedBackend:
         """Apply every weight-broadcast pause that begins before ``limit``: engines with work stop for it."""
         while self.pauses and self.pauses[0][0] <= limit:
             at, seconds = self.pauses.popleft()
-            for actor in self.actors:
-                actor.run_until(self.s, at)
+            self.advance_to(at)
             if all(a.idle() for a in self.actors) and all(st == DONE for st in self.s.state):
                 self.pauses.clear()  # the batch finished before the broadcast
                 return
@@ -215,8 +214,7 @@ class SimulatedBackend:
         if self.migrates:
             now = self.tau
             self._pause_until(now)
-            for actor in self.actors:
-                actor.run_until(self.s, now)
+            self.advance_to(now)
             self.checks += 1
             if self.checks % (4 * self.checks_per_step) == 0:
                 self.interval *= 2  # the plan was far off: check less often rather than forever
@@ -224,17 +222,33 @@ class SimulatedBackend:
         else:
             now = math.inf
             self._pause_until(now)
-            for actor in self.actors:
-                actor.run_until(self.s, now)
+            self.advance_to(now)
         self._now = now
         s = self.s
         finished = [Finished(sid, s.target[sid]) for sid in s.events]
         s.events.clear()
         return Poll(finished=finished)
 
+    def advance_to(self, t: float) -> None:
+        """Every engine runs until its clock reaches ``t`` (or it runs out of work)."""
+        for actor in self.actors:
+            actor.run_until(self.s, t)
+
     def progress(self) -> dict[int, EngineStatus]:
         s = self.s
         return {a.aid: EngineStatus(a.generated, {sid: a.gen_now(s, sid) for sid in a.stack}) for a in self.actors}
+
+    def tokens_now(self) -> list[int]:
+        """Each sample's response tokens so far: all of a finished one's, a running one's, a queued one's kept."""
+        s = self.s
+        made = list(s.generated)
+        for actor in self.actors:
+            for sid in actor.stack:
+                made[sid] = actor.gen_now(s, sid)
+        for sid, state in enumerate(s.state):
+            if state == DONE:
+                made[sid] = s.target[sid]
+        return made
 
     def cut(self, engine: int, sample: int) -> int | None:
         s = self.s
@@ -299,6 +313,12 @@ class SimulatedStep:
     preemptions: int = 0
     frontier: list[dict] | None = None  # every candidate N: predicted and simulated (time, GPU-seconds)
     outcome: StepOutcome | None = None  # per sample: final actor, migrations, the pieces of its tokens
+
+    @classmethod
+    def of(
+        cls, report: StepReport, plan: StepPlan, outcome: StepOutcome, frontier: list[dict] | None = None
+    ) -> SimulatedStep:
+        return cls(report, plan, plan.chosen_candidate(), outcome.usage.extra["preemptions"], frontier, outcome)
 
 
 @dataclass
@@ -495,8 +515,7 @@ class Simulator:
                     "max_token_age_steps": oldest,
                 }
             )
-            chosen = next((e for e in plan.candidates if e.num_actors == plan.num_actors), None)
-            sim = SimulatedStep(report, plan, chosen, u.extra["preemptions"], None, outcome)
+            sim = SimulatedStep.of(report, plan, outcome)
             steps.append(sim)
             if on_step is not None:
                 on_step(report)
@@ -562,8 +581,7 @@ class Simulator:
                     "estimate_error": None if not rnd.long and len(trained_rows) < len(batch) else rep.estimate_error,
                 }
             )
-            chosen = next((e for e in plan.candidates if e.num_actors == plan.num_actors), None)
-            out.append(SimulatedStep(report, plan, chosen, u.extra["preemptions"], None, outcome))
+            out.append(SimulatedStep.of(report, plan, outcome))
             if on_step is not None:
                 on_step(report)
             r += 1
@@ -596,19 +614,10 @@ class Simulator:
             fresh = min(max(math.ceil((1.0 + planner.over_provision(r, fallbacks)) * b) - len(held), 0), len(stream))
             refs = [stream.popleft() for _ in range(fresh)]
             new, new_lengths = _round_batch(steps_in, refs) if refs else (None, np.zeros(0, dtype=np.int64))
-            pred = planner.predict(new, fallbacks) if new is not None else None
-            n_carried = len(book.carried)
-            spread = planner.spread
-            remaining = (lambda t, h, sp=spread: sp.remaining(t, h) / sp.scale) if spread is not None else None
-            batch, piece_pred, caps = book.pieces(
-                new, pred, remaining=remaining, cap=spread.cap if spread and spread.cap else None
+            batch, plan, total, n_carried = self._plan_pieces(
+                planner, book, new, new_lengths, truth, r, None, fallbacks
             )
             pieces = book.step_pieces
-            for piece, length in zip(pieces[n_carried:], new_lengths.tolist(), strict=True):
-                truth[(piece.group, piece.sample_index)] = int(length)
-            planner.warm_actors = len(self.warm)
-            plan = planner.plan(batch, step=r, predicted=piece_pred, segment_tokens=None, length_caps=caps)
-            total = [truth[(p.group, p.sample_index)] for p in pieces]
             piece_ws = WorkloadStep(
                 step=r,
                 batch=batch,
@@ -636,42 +645,52 @@ class Simulator:
             report = rep.model_copy(
                 update={
                     **billing(replace(stopped_at(u, stop), prepare_s=prepare_s, learn_s=learn_s)),
+                    **settled.report_fields(),
                     "samples": sum(len(x.lengths) for x in settled.trained),
-                    "response_tokens": settled.trained_tokens,
-                    "stale_token_fraction": settled.stale_tokens / settled.trained_tokens
-                    if settled.trained_tokens
-                    else 0.0,
-                    "max_token_age_steps": settled.max_age,
-                    "groups_trained": len(settled.trained),
-                    "carried_samples": settled.carried,
                     "estimate_error": rep.estimate_error if not math.isfinite(stop) else None,
                 }
             )
-            chosen = next((e for e in plan.candidates if e.num_actors == plan.num_actors), None)
-            out.append(SimulatedStep(report, plan, chosen, u.extra["preemptions"], None, outcome))
+            out.append(SimulatedStep.of(report, plan, outcome))
             if on_step is not None:
                 on_step(report)
             r += 1
         return SimulationResult(config.name, out)
 
+    def _plan_pieces(
+        self,
+        planner: StepPlanner,
+        book: CarryBook,
+        new: PromptBatch | None,
+        new_lengths: np.ndarray,
+        truth: dict[tuple[int, int], int],
+        step: int,
+        budget: int | None,
+        fallbacks: list[str],
+    ) -> tuple[PromptBatch, StepPlan, list[int], int]:
+        """A carrying step's work (``book.pieces``: carried samples, then ``new``'s groups) planned; records the
+        new samples' true lengths in ``truth``. Returns the batch, its plan, each piece's true total length and
+        how many pieces are carried samples."""
+        pred = planner.predict(new, fallbacks) if new is not None else None
+        n_carried = len(book.carried)
+        spread = planner.spread
+        # a carried sample's expected remainder, in the predictor's units (the check model scales them again)
+        remaining = (lambda t, h, sp=spread: sp.remaining(t, h) / sp.scale) if spread is not None else None
+        batch, piece_pred, caps = book.pieces(
+            new, pred, budget=budget, remaining=remaining, cap=spread.cap if spread and spread.cap else None
+        )
+        pieces = book.step_pieces
+        for piece, length in zip(pieces[n_carried:], np.asarray(new_lengths).tolist(), strict=True):
+            truth[(piece.group, piece.sample_index)] = int(length)
+        planner.warm_actors = len(self.warm)
+        plan = planner.plan(batch, step=step, predicted=piece_pred, segment_tokens=budget, length_caps=caps)
+        return batch, plan, [truth[(p.group, p.sample_index)] for p in pieces], n_carried
+
     def _tokens_at(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, t: float) -> list[int]:
-        """Each sample's tokens at time ``t`` of a step run as the step controller dispatches it (no migration)."""
+        """Each sample's tokens at time ``t`` of a step dispatched as the step controller does (no migration)."""
         backend = self.backend(planner, ws, plan)
-        live = backend.engines()
-        engines = [live[a % len(live)] for a in plan.assignment]
-        order = plan.order or range(len(engines))
-        backend.start(order, [engines[i] for i in order])
-        s = backend.s
-        for actor in backend.actors:
-            actor.run_until(s, t)
-        made = list(s.generated)
-        for actor in backend.actors:
-            for sid in actor.stack:
-                made[sid] = actor.gen_now(s, sid)
-        for sid, st_ in enumerate(s.state):
-            if st_ == DONE:
-                made[sid] = s.target[sid]
-        return made
+        StepController(planner, backend, ws.batch, plan, step=ws.step).dispatch()
+        backend.advance_to(t)
+        return backend.tokens_now()
 
     # -- partial rollouts (a straggler policy with a token budget) -----------------------------------------
     def run_carry(
@@ -692,23 +711,12 @@ class Simulator:
                 break
             fallbacks: list[str] = []
             step_no = ws.step if ws is not None else (workload.steps[-1].step + 1 if workload.steps else 0)
-            new = ws.batch if ws is not None else None
-            pred = planner.predict(new, fallbacks) if new is not None else None
-            n_carried = len(book.carried)
+            new, new_lengths = (ws.batch, ws.lengths) if ws is not None else (None, np.zeros(0, dtype=np.int64))
             budget = planner.segment_tokens(step_no, fallbacks)
-            spread = planner.spread
-            # a carried sample's expected remainder, in the predictor's units (the check model scales them again)
-            remaining = (lambda t, h, sp=spread: sp.remaining(t, h) / sp.scale) if spread is not None else None
-            batch, piece_pred, caps = book.pieces(
-                new, pred, budget=budget, remaining=remaining, cap=spread.cap if spread and spread.cap else None
+            batch, plan, total, n_carried = self._plan_pieces(
+                planner, book, new, new_lengths, truth, step_no, budget, fallbacks
             )
             pieces = book.step_pieces
-            if ws is not None:
-                for piece, length in zip(pieces[n_carried:], ws.lengths.tolist(), strict=True):
-                    truth[(piece.group, piece.sample_index)] = int(length)
-            planner.warm_actors = len(self.warm)
-            plan = planner.plan(batch, step=step_no, predicted=piece_pred, segment_tokens=budget, length_caps=caps)
-            total = [truth[(p.group, p.sample_index)] for p in pieces]
             targets = [
                 t - p.generated if (i < n_carried or budget is None) else min(t, budget)
                 for i, (p, t) in enumerate(zip(pieces, total, strict=True))
@@ -725,17 +733,10 @@ class Simulator:
             report = rep.model_copy(
                 update={
                     **billing(replace(u, prepare_s=prepare_s, learn_s=learn_s)),
-                    "response_tokens": settled.trained_tokens,
-                    "stale_token_fraction": settled.stale_tokens / settled.trained_tokens
-                    if settled.trained_tokens
-                    else 0.0,
-                    "max_token_age_steps": settled.max_age,
-                    "groups_trained": len(settled.trained),
-                    "carried_samples": settled.carried,
+                    **settled.report_fields(),
                 }
             )
-            chosen = next((e for e in plan.candidates if e.num_actors == plan.num_actors), None)
-            steps.append(SimulatedStep(report, plan, chosen, u.extra["preemptions"], None, outcome))
+            steps.append(SimulatedStep.of(report, plan, outcome))
             if on_step is not None:
                 on_step(report)
         return SimulationResult(config.name, steps)
@@ -745,10 +746,9 @@ class Simulator:
         planner.warm_actors = len(self.warm)
         plan = planner.plan(ws.batch, step=ws.step)
         outcome = self.execute(planner, ws, plan, observe=True)
-        chosen = next((e for e in plan.candidates if e.num_actors == plan.num_actors), None)
         front = self.frontier(planner, ws, plan, outcome.report) if frontier else None
         self.keep_warm(outcome.usage)
-        return SimulatedStep(outcome.report, plan, chosen, outcome.usage.extra["preemptions"], front, outcome)
+        return SimulatedStep.of(outcome.report, plan, outcome, front)
 
     def backend(
         self,
