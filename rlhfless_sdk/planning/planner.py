@@ -375,6 +375,15 @@ class StepPlanner:
             planner_ms=(time.perf_counter() - t0) * 1000.0,
         )
 
+    def _ask_straggler(self, fallbacks: list[str], method: str, step: int, default: Any, check: Callable) -> Any:
+        """The straggler policy's answer to an optional ``method(step)`` (``default`` without it), checked."""
+
+        def ask(p: Any) -> Any:
+            answer = getattr(p, method, None)
+            return default if answer is None else answer(step)
+
+        return self.call("straggler", fallbacks, ask, check)
+
     def segment_tokens(self, step: int, fallbacks: list[str]) -> int | None:
         """The straggler policy's token budget for a sample started in ``step`` (None: unlimited)."""
 
@@ -385,7 +394,7 @@ class StepPlanner:
                 raise InvalidPolicyOutput(f"segment_tokens must be None or a positive int, got {t!r}")
             return int(t)
 
-        return self.call("straggler", fallbacks, lambda p: p.segment_tokens(step), check_segment)
+        return self._ask_straggler(fallbacks, "segment_tokens", step, None, check_segment)
 
     def over_provision(self, step: int, fallbacks: list[str]) -> float:
         """The straggler policy's extra share of groups to start in ``step`` (tail batching; 0 without one)."""
@@ -396,10 +405,7 @@ class StepPlanner:
                 raise InvalidPolicyOutput(f"over_provision must be a finite number >= 0, got {x!r}")
             return value
 
-        def ask(p: Any) -> Any:
-            return p.over_provision(step) if hasattr(p, "over_provision") else 0.0
-
-        return self.call("straggler", fallbacks, ask, check_extra)
+        return self._ask_straggler(fallbacks, "over_provision", step, 0.0, check_extra)
 
     def keeps_tokens(self, step: int, fallbacks: list[str]) -> bool:
         """Whether an over-provisioning straggler policy carries its untrained groups' tokens into the next step
@@ -410,10 +416,7 @@ class StepPlanner:
                 raise InvalidPolicyOutput(f"keeps_tokens must be a bool, got {x!r}")
             return bool(x)
 
-        def ask(p: Any) -> Any:
-            return p.keeps_tokens(step) if hasattr(p, "keeps_tokens") else False
-
-        return self.call("straggler", fallbacks, ask, check)
+        return self._ask_straggler(fallbacks, "keeps_tokens", step, False, check)
 
     def check(
         self,

@@ -116,9 +116,9 @@ def billing(u: StepUsage) -> dict[str, Any]:
     time_s = generation + u.prepare_s + u.learn_s + u.sync_s if u.step_s is None else u.step_s
     # An engine is billed from its first work to its last token, plus its start-up when it was cold; the
     # backend delays a cold engine's first work by that start-up, so the start-up is in the step's time too.
-    decode_gpu_s = sum((e.last_s - e.first_s + e.cold_start_s) * gpa for e in used)  # type: ignore[operator]
-    serverless = decode_gpu_s + u.prefill_s + learners * (u.prepare_s + u.learn_s) + g * u.sync_s
-    burst_gpu_s = sum((e.last_s - e.first_s + e.cold_start_s) * gpa for e in used if e.burst)  # type: ignore[operator]
+    billed = [(e.last_s - e.first_s + e.cold_start_s) * gpa for e in used]  # type: ignore[operator]
+    serverless = sum(billed) + u.prefill_s + learners * (u.prepare_s + u.learn_s) + g * u.sync_s
+    burst_gpu_s = sum(b for b, e in zip(billed, used, strict=True) if e.burst)
     busy = np.array([e.busy_s for e in used]) if used else np.zeros(1)
     decode_gpus = max(len(used), 1) * gpa
     idle = 1.0 - float(busy.sum()) * gpa / (decode_gpus * generation) if generation > 0 else 0.0

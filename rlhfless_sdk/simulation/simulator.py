@@ -415,14 +415,13 @@ class Simulator:
                     f"scheduler {config.name!r}: a straggler policy with the async pipeline is not simulated yet"
                 )
             return self.run_async(config, workload, on_step)
-        policy = self.registry.create("straggler", config.policy("straggler")) if carries else None
-        if policy is not None and hasattr(policy, "over_provision"):
-            if hasattr(policy, "keeps_tokens"):
-                return self.run_cut(config, workload, on_step)
-            return self.run_tail(config, workload, on_step)
-        if carries:
-            return self.run_carry(config, workload, on_step)
         planner = self.planner(config)
+        if hasattr(planner.policies["straggler"], "over_provision"):  # over-provisioning: cut at B groups
+            if planner.keeps_tokens(0, []):
+                return self.run_cut(planner, workload, on_step)
+            return self.run_tail(planner, workload, on_step)
+        if carries:
+            return self.run_carry(planner, workload, on_step)
         steps = []
         for ws in workload.steps:
             sim = self.step(planner, ws, frontier=frontier)
@@ -533,12 +532,12 @@ class Simulator:
 
     # -- tail batching (a straggler policy that over-provisions) ---------------------------------------------
     def run_tail(
-        self, config: SchedulerConfig, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
+        self, planner: StepPlanner, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
     ) -> SimulationResult:
         """Rounds of ``rlhfless_sdk.rollout.tail``: a short round starts extra groups and stops when B have
         finished (the simulated step is run whole and cut at that instant: what happens after it cannot change
         what happened before); the others' tokens are dropped and their prompts deferred to a long round."""
-        planner = self.planner(config)
+        config = planner.config
         steps_in = workload.steps
         b = max((len(ws.batch) for ws in steps_in), default=0)
         if b == 0:
@@ -589,7 +588,7 @@ class Simulator:
 
     # -- partial rollouts cut when B groups are done (APRIL) ------------------------------------------------
     def run_cut(
-        self, config: SchedulerConfig, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
+        self, planner: StepPlanner, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
     ) -> SimulationResult:
         """Steps with (1 + over_provision) x B groups in flight, cut when B are complete: every group carried
         from the step before trains, plus the first fresh ones to finish; every other sample is cut at that
@@ -597,9 +596,9 @@ class Simulator:
         and cut at that instant (what happens after it cannot change what happened before): the tokens each
         sample had by then come from the same engines run again up to it. Prompts come as a stream (the
         workload's steps in order); once it runs dry, the last step trains what is left (B or fewer)."""
+        config = planner.config
         if config.migrates():
             raise RlhflessError(f"scheduler {config.name!r}: cut-and-migrate with a batch-cut straggler policy")
-        planner = self.planner(config)
         steps_in = workload.steps
         b = max((len(ws.batch) for ws in steps_in), default=0)
         stream = deque((k, i) for k, ws in enumerate(steps_in) for i in range(len(ws.batch)))
@@ -694,13 +693,13 @@ class Simulator:
 
     # -- partial rollouts (a straggler policy with a token budget) -----------------------------------------
     def run_carry(
-        self, config: SchedulerConfig, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
+        self, planner: StepPlanner, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
     ) -> SimulationResult:
         """Steps whose new samples stop at the straggler policy's token budget and finish in the next step
         (``rlhfless_sdk.rollout.carry``); a group trains in the step its last sample ends, and the learner's
         time is that of the trained groups. After the workload's last step, one more step finishes what is
         carried, so every prompt trains exactly once."""
-        planner = self.planner(config)
+        config = planner.config
         book = CarryBook()
         truth: dict[tuple[int, int], int] = {}
         g = self.cluster.total_gpus
