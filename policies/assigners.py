@@ -188,3 +188,29 @@ class WorkAssigner:
             out[i] = a
             heapq.heappush(heap, (load + w[rank], count + 1, a))
         return out
+
+
+class PullParams(WorkParams):
+    buffer: int = Field(
+        default=4,
+        ge=1,
+        description="Samples kept waiting on an engine beyond what it runs; the rest wait in the "
+        "shared queue for whichever engine frees first.",
+    )
+
+
+class PullAssigner(WorkAssigner):
+    """Beyond the paper: a shared pull queue over per-sample work.
+
+    The samples wait in one queue, longest predicted work first; an engine takes the next ones whenever fewer
+    than ``buffer`` of its own wait (it runs what it has room for), so work goes to whichever engine frees
+    first instead of being fixed to an engine at the start. ``assign`` (the same LPT as ``work``) is what the
+    cost model estimates; the step controller dispatches from the queue.
+    """
+
+    description = "shared queue, longest work first: each engine pulls when it has room (beyond the paper)"
+
+    def __init__(self, params: PullParams | None = None) -> None:
+        params = params or PullParams()
+        super().__init__(params)
+        self.pull_buffer = params.buffer

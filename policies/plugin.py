@@ -11,6 +11,8 @@ from importlib.resources import files
 from rlhfless_policies.assigners import (
     BalancedAssigner,
     LeastPendingAssigner,
+    PullAssigner,
+    PullParams,
     RoundRobinAssigner,
     SortedAssigner,
     SortedParams,
@@ -76,6 +78,7 @@ POLICIES: dict[str, list[tuple]] = {
         ("balanced", BalancedAssigner, NoParams),
         ("chunks", StaticChunksAssigner, NoParams),
         ("work", WorkAssigner, WorkParams),
+        ("work-pull", PullAssigner, PullParams),
     ],
     "migrator": [
         ("tau", TauMigrator, TauParams),

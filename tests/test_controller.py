@@ -57,6 +57,7 @@ class TokenClock:
         self.last = [0.0] * n
         self.ticks = 0
         self.log: list[tuple] = []
+        self.most_waiting = 0  # the most samples waiting on one engine when a start landed there
 
     def engines(self):
         return [e for e in range(self.n) if self.alive[e]]
@@ -64,6 +65,7 @@ class TokenClock:
     def start(self, samples, engines):
         for sid, e in zip(samples, engines, strict=True):
             assert self.alive[e], "work sent to a dead engine"
+            self.most_waiting = max(self.most_waiting, len(self.queue[e]) + 1)
             self.tokens[sid], self.where[sid] = 0, e
             self.holder.pop(sid, None)
             self.queue[e].append(sid)
@@ -121,7 +123,7 @@ class TokenClock:
 
     def progress(self):
         return {
-            e: EngineStatus(self.generated[e], {sid: self.tokens[sid] for sid in self.running[e]})
+            e: EngineStatus(self.generated[e], {sid: self.tokens[sid] for sid in self.running[e]}, len(self.queue[e]))
             for e in self.engines()
         }
 
@@ -195,9 +197,12 @@ def batch_of(n_samples):
     )
 
 
-def run_step(reg, n_samples, targets, n_engines, *, migrator="none", **backend_kw):
+def run_step(reg, n_samples, targets, n_engines, *, migrator="none", assigner="least-pending", **backend_kw):
     config = reg.scheduler("openrlhf").derive(
-        name="controller-test", migrator=migrator, scaler={"name": "fixed", "params": {"num_actors": n_engines}}
+        name="controller-test",
+        migrator=migrator,
+        assigner=assigner,
+        scaler={"name": "fixed", "params": {"num_actors": n_engines}},
     )
     planner = StepPlanner(
         config,
@@ -330,14 +335,29 @@ def steps(draw):
     return n_samples, targets, n_engines, rates, kill, draw(st.integers(2, 8)), draw(st.integers(0, 2**16))
 
 
-@given(case=steps(), rate=st.sampled_from([0.0, 0.3, 0.7]))
-def test_no_sample_lost_or_duplicated_and_tokens_conserved(reg, case, rate):
+@given(case=steps(), rate=st.sampled_from([0.0, 0.3, 0.7]), pull=st.none() | st.integers(1, 3))
+def test_no_sample_lost_or_duplicated_and_tokens_conserved(reg, case, rate, pull):
+    """Also with a shared pull queue (``pull``: its buffer): each sample starts once, whichever engine frees
+    first takes it, and no engine is given more than ``pull`` waiting samples."""
     n_samples, targets, n_engines, rates, kill, seqs, seed = case
     migrator = {"name": "random-mover", "params": {"seed": seed, "rate": rate}}
-    out, _backend, batch = run_step(
-        reg, n_samples, targets, n_engines, migrator=migrator, rates=rates, kill=kill, max_num_seqs=seqs
+    assigner = "least-pending" if pull is None else {"name": "work-pull", "params": {"buffer": pull}}
+    out, backend, batch = run_step(
+        reg,
+        n_samples,
+        targets,
+        n_engines,
+        migrator=migrator,
+        assigner=assigner,
+        rates=rates,
+        kill=kill,
+        max_num_seqs=seqs,
     )
     assert_accounted(out, batch, targets)
+    starts = [sid for kind, sid, *_ in backend.log if kind == "start"]
+    if pull is not None and not kill:  # without a death, every sample starts exactly once, at most pull waiting
+        assert sorted(starts) == list(range(len(targets)))
+        assert backend.most_waiting <= pull
     # no work was ever sent to a dead engine (the backend asserts it) and the last piece is where it finished
     assert all(p[-1][0] == s.actor_id for p, s in zip(out.pieces, out.samples, strict=True))
 

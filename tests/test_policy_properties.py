@@ -24,7 +24,7 @@ _spec.loader.exec_module(S)
 
 REG = PluginManager().registry
 #: Reference assigners documented to split a prompt's group across actors (the controller regroups it).
-SPLITS_GROUPS = {"chunks", "work"}
+SPLITS_GROUPS = {"chunks", "work", "work-pull"}  # work-pull assigns as work does (the estimate)
 PROFILE = load_profile("qwen2.5-7b-l40s")
 
 

@@ -18,7 +18,8 @@ from rlhfless_sdk.api.records import Cluster, MigrationDecision, TimePerTokenPro
 from rlhfless_sdk.cli.main import main
 from rlhfless_sdk.cli.plan_report import resolve_scheduler
 from rlhfless_sdk.cli.simulate import make_cluster
-from rlhfless_sdk.simulation.simulator import Simulator
+from rlhfless_sdk.rollout.controller import StepController
+from rlhfless_sdk.simulation.simulator import SimulatedBackend, Simulator
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep, synthetic_workload
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
@@ -420,3 +421,33 @@ def test_max_actors_lets_scaling_schedulers_burst_and_keeps_fixed_ones_on_the_fl
     fixed, fast = json.loads(res.output)["schedulers"]
     assert all(s["num_actors"] == 4 for s in fixed["steps"])
     assert all(s["num_actors"] <= 8 for s in fast["steps"])
+
+
+def test_a_shared_pull_queue_starts_every_sample_once_on_the_simulated_engines(registry):
+    """`work-pull` under KV pressure: engines take samples as they free up; every sample is generated once, to
+    its length, and an engine is never handed more than its buffer of waiting samples."""
+    starts: list[tuple[int, int, int]] = []  # (sample, engine, samples waiting there before it)
+
+    class Recording(SimulatedBackend):
+        def start(self, samples, engines):
+            for sid, e in zip(samples, engines, strict=True):
+                starts.append((sid, e, len(self.actors[e].waiting)))
+            super().start(samples, engines)
+
+    work = synthetic_workload(SyntheticWorkload(24, 4, seed=5, median_length=400, max_length=2048), 2)
+    config = registry.scheduler("openrlhf").derive(
+        name="pull-test", assigner={"name": "work-pull", "params": {"buffer": 2}}, predictor="model"
+    )
+    prof = load_profile("qwen2.5-7b-l40s").model_copy(update={"kv_capacity_tokens": 20_000})
+    sim = Simulator(prof, Cluster.uniform(1, 4), registry=registry)
+    for ws in work.steps:
+        starts.clear()
+        planner = sim.planner(config)
+        plan = planner.plan(ws.batch, step=ws.step)
+        assert plan.pull_buffer == 2
+        backend = Recording(prof, sim.cluster, ws, plan)
+        outcome = StepController(planner, backend, ws.batch, plan, step=ws.step).run()
+        assert sorted(s for s, _, _ in starts) == list(range(ws.batch.total_samples))  # each started once
+        assert max(w for _, _, w in starts) < 2  # at most the buffer waiting, this one included
+        assert [s.response_length for s in outcome.samples] == ws.lengths.tolist()
+        assert len({e for _, e, _ in starts}) == 4  # every engine pulled work

@@ -64,6 +64,11 @@ KINDS: tuple[PolicyKind, ...] = (
         summary="Register prompt assigners (``PromptAssigner``) that map prompts to decode actors.",
         capabilities=(
             ("order", "order(batch, predicted, assignment): the order to dispatch the samples in (a permutation)"),
+            (
+                "pull_buffer",
+                "pull_buffer (int attribute): dispatch from a shared queue, in that order, keeping at most this many "
+                "samples waiting on each engine; an engine that frees first takes the next",
+            ),
         ),
     ),
     PolicyKind(

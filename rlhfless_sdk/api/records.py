@@ -313,6 +313,11 @@ class StepPlan(Record):
     segment_tokens: PositiveInt | None = Field(
         default=None, description="The straggler policy's budget for a newly started sample (None: unlimited)."
     )
+    pull_buffer: NonNegativeInt | None = Field(
+        default=None,
+        description="Dispatch from a shared queue (in ``order``): at most this many samples wait on an engine; "
+        "None: every sample goes to its assigned engine at the start.",
+    )
     estimate: CandidateEstimate | None = Field(
         default=None,
         description="The chosen plan's estimate by the planner's check model (per-sample), when it has one.",

@@ -107,7 +107,7 @@ class EngineModel:
     def gen_now(self, s: EngineSamples, sid: int) -> int:
         return s.generated[sid] + (self.S - s.admit_step[sid])
 
-    def _admit(self, s: EngineSamples) -> None:
+    def admit(self, s: EngineSamples) -> None:
         p = self.prof
         new_tok = cached_tok = 0
         admitted = 0
@@ -174,7 +174,7 @@ class EngineModel:
         """Advance this actor's engine until its clock reaches ``limit`` or it runs out of work."""
         p = self.prof
         while self.t < limit:
-            self._admit(s)
+            self.admit(s)
             if self.B == 0:
                 return
             while self.heap and not self._valid(s, *self.heap[0]):

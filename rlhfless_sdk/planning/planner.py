@@ -369,11 +369,21 @@ class StepPlanner:
             placement=placement,
             candidates=estimates,
             order=order,
+            pull_buffer=self.pull_buffer(),
             segment_tokens=segment,
             estimate=estimate,
             fallbacks=fallbacks,
             planner_ms=(time.perf_counter() - t0) * 1000.0,
         )
+
+    def pull_buffer(self) -> int | None:
+        """The assigner's shared-queue buffer (``pull_buffer``), or None when it assigns every sample up front."""
+        b = getattr(self.policies["assigner"], "pull_buffer", None)
+        if b is None:
+            return None
+        if isinstance(b, bool) or not isinstance(b, int | np.integer) or b < 0:
+            raise InvalidPolicyOutput(f"{self.policy_label('assigner')}: pull_buffer must be an int >= 0, got {b!r}")
+        return int(b)
 
     def _ask_straggler(self, fallbacks: list[str], method: str, step: int, default: Any, check: Callable) -> Any:
         """The straggler policy's answer to an optional ``method(step)`` (``default`` without it), checked."""

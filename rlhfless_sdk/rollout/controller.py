@@ -14,6 +14,7 @@ Sample ids are positions in batch order (prompt after prompt, each prompt's samp
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -77,6 +78,7 @@ class EngineStatus:
 
     generated_tokens: int
     running: dict[int, int]
+    waiting: int = 0  # samples the engine holds but does not run (queued, preempted); 0 if the backend cannot say
 
 
 @dataclass(slots=True)
@@ -239,6 +241,7 @@ class StepController:
         self.migrations = 0
         self.redispatched = 0
         self.fallbacks: list[str] = list(plan.fallbacks)  # the plan's, and any of the policies run during the step
+        self.queue: deque[int] = deque()  # the shared queue: samples not started yet (``plan.pull_buffer``)
 
     # -- the step --------------------------------------------------------------------------------------------
     def run(self, *, observe: bool = True) -> StepOutcome:
@@ -254,6 +257,8 @@ class StepController:
                 self._redispatch(poll.lost)
             if self.unfinished and migrates:
                 self._migrate()
+            if self.queue:
+                self._pull()
         samples = self._samples()
         if observe:
             self.planner.observe(samples)
@@ -265,14 +270,41 @@ class StepController:
         return StepOutcome(report, samples, self.outputs, self.pieces, usage)
 
     def dispatch(self) -> None:
-        """Start every sample on the engine the plan assigned it (modulo the live engines), in the plan's order."""
+        """Start every sample on the engine the plan assigned it (modulo the live engines), in the plan's order;
+        with a shared queue (``plan.pull_buffer``), only what the engines take now (``_pull``)."""
         live = self.backend.engines()
         if not live and self.unfinished:
             raise NoEngineLeft("no engine can take work; cannot generate")
+        order = self.plan.order or range(len(self.state))  # the assigner's dispatch order, else batch order
+        if self.plan.pull_buffer is not None:
+            self.queue = deque(order)
+            self._pull()
+            return
         engines = [live[a % len(live)] for a in self.plan.assignment]
         self._place_all(engines)
-        order = self.plan.order or range(len(engines))  # the assigner's dispatch order, else batch order
         self.backend.start(order, [engines[i] for i in order])
+
+    def _pull(self) -> None:
+        """Shared queue: every live engine takes samples from the head of the queue until ``pull_buffer`` of
+        them wait there (the engine admits what it has room for), the engines with the fewest pending first;
+        rounds repeat while some engine still takes. Each sample is started exactly once."""
+        buffer = max(self.plan.pull_buffer or 0, 1)
+        while self.queue:
+            status = self.backend.progress()
+            if not status:
+                raise NoEngineLeft(f"every rollout engine has died; {len(self.queue)} queued sample(s) cannot start")
+            took = False
+            for e in sorted(status, key=lambda x: (self.pending.get(x, 0), x)):
+                want = min(buffer - status[e].waiting, len(self.queue))
+                if want <= 0:
+                    continue
+                sids = [self.queue.popleft() for _ in range(want)]
+                for sid in sids:
+                    self._place(sid, e)
+                self.backend.start(sids, [e] * len(sids))
+                took = True
+            if not took:
+                return
 
     def sample_id(self, uid: str, sample_index: int) -> int:
         i = self.prompt_index.get(uid)

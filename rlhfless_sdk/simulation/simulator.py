@@ -141,6 +141,7 @@ class SimulatedBackend:
         self.max_num_seqs = profile.max_num_seqs
         self.max_tokens = max_tokens or int(max(s.target, default=1)) or 1
         self.migrates = migrates
+        self.pulls = plan.pull_buffer is not None  # the controller feeds engines from a shared queue as they free
         n = plan.num_actors
         self.node_of = {(p.actor.role, p.actor.actor_id): p.node for p in plan.placement}
         start = self._prefill(n)
@@ -149,7 +150,8 @@ class SimulatedBackend:
         self.cold = cold
         self.actors = [EngineModel(a, profile, self.node_of.get(("decode", a), ""), float(start[a])) for a in range(n)]
         chosen = plan.chosen_candidate()
-        self.interval = max((chosen.time_s if chosen else 1.0) / checks_per_step, 1e-3)
+        checks = checks_per_step * (4 if self.pulls else 1)  # a shared queue is refilled at every check
+        self.interval = max((chosen.time_s if chosen else 1.0) / checks, 1e-3)
         self.checks_per_step = checks_per_step
         self.tau = float(start.max(initial=0.0)) + self.interval
         self.checks = 0
@@ -196,6 +198,12 @@ class SimulatedBackend:
         for sid, e in zip(samples, engines, strict=True):
             s.actor[sid] = e
             self.actors[e].waiting.append(sid)
+        if self.pulls:  # a shared queue's engine admits what it has room for now (its next scheduler step)
+            for e in set(engines):
+                actor = self.actors[e]
+                if actor.B == 0:
+                    actor.t = max(actor.t, self._now)
+                actor.admit(s)
 
     def _pause_until(self, limit: float) -> None:
         """Apply every weight-broadcast pause that begins before ``limit``: engines with work stop for it."""
@@ -211,7 +219,7 @@ class SimulatedBackend:
                     actor.t = max(actor.t, at) + seconds
 
     def poll(self) -> Poll:
-        if self.migrates:
+        if self.migrates or self.pulls:
             now = self.tau
             self._pause_until(now)
             self.advance_to(now)
@@ -236,7 +244,10 @@ class SimulatedBackend:
 
     def progress(self) -> dict[int, EngineStatus]:
         s = self.s
-        return {a.aid: EngineStatus(a.generated, {sid: a.gen_now(s, sid) for sid in a.stack}) for a in self.actors}
+        return {
+            a.aid: EngineStatus(a.generated, {sid: a.gen_now(s, sid) for sid in a.stack}, len(a.waiting))
+            for a in self.actors
+        }
 
     def tokens_now(self) -> list[int]:
         """Each sample's response tokens so far: all of a finished one's, a running one's, a queued one's kept."""
