@@ -9,7 +9,7 @@ from collections import deque
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from rlhfless_sdk import MigrationDecision, PolicySpec, Record, hookimpl
@@ -336,6 +336,9 @@ def steps(draw):
 
 
 @given(case=steps(), rate=st.sampled_from([0.0, 0.3, 0.7]), pull=st.none() | st.integers(1, 3))
+# found by the thorough profile: a cut sample's new engine and the engine holding its cut tokens die in the same
+# poll, so the backend reports it lost twice (1 token kept, then 0); it must start over once, not resume
+@example(case=([1, 1, 1], [1, 1, 2], 4, [1, 1, 1, 1], {1: [0], 2: [1, 2]}, 2, 1), rate=0.3, pull=None)
 def test_no_sample_lost_or_duplicated_and_tokens_conserved(reg, case, rate, pull):
     """Also with a shared pull queue (``pull``: its buffer): each sample starts once, whichever engine frees
     first takes it, and no engine is given more than ``pull`` waiting samples."""

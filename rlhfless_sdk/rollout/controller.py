@@ -358,7 +358,10 @@ class StepController:
         live = self.backend.engines()
         fresh: dict[int, list[int]] = {}
         resumed: list[tuple[int, int]] = []
-        for item in lost:
+        kept: dict[int, int] = {}  # a sample reported lost twice in one poll (its engine and the engine holding
+        for item in lost:  # its cut tokens both died) keeps the fewer tokens: the later report is the truth
+            kept[item.sample] = min(kept.get(item.sample, item.tokens_kept), item.tokens_kept)
+        for item in (Lost(sid, k) for sid, k in kept.items()):
             sid = item.sample
             if self.state[sid] == _DONE:
                 continue
