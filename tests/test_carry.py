@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
-from rlhfless_sdk.rollout.carry import CarryBook, CarryError
+from rlhfless_sdk.rollout.carry import CarryBook, CarryError, batch_cut
 from rlhfless_sdk.simulation.simulator import Simulator
 from rlhfless_sdk.simulation.traces import synthetic_workload
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload
@@ -182,11 +182,13 @@ def test_batch_cut_trains_exactly_b_groups_a_step_and_loses_no_token(groups, b, 
         for p, length in zip(pieces[n_carried:], [x for _, g in fresh for x in g], strict=True):
             truth[(p.group, p.sample_index)] = length
         fresh_groups = sorted({p.group for p in pieces[n_carried:]})
-        if len(held) + len(fresh_groups) <= b:
-            train = set(held) | set(fresh_groups)
-        else:
-            order = data.draw(st.permutations(fresh_groups))  # the order fresh groups would complete in
-            train = set(held) | set(order[: b - len(held)])
+        order = data.draw(st.permutations(fresh_groups))  # the order fresh groups would complete in
+        done_at = {g: float(rank) for rank, g in enumerate(order)} | dict.fromkeys(held, 0.0)
+        train, stop = batch_cut(held, fresh_groups, done_at, b)
+        assert set(held) <= train and len(train) == min(len(held) + len(fresh_groups), b)
+        if len(held) + len(fresh_groups) > b:  # the first fresh groups to complete fill the batch
+            assert train - set(held) == set(order[: b - len(held)])
+        assert stop == (math.inf if len(held) + len(fresh_groups) <= b else max(done_at[g] for g in train))
         made, ended = [], []
         for p in pieces:
             left = truth[(p.group, p.sample_index)] - p.generated

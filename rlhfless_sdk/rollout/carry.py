@@ -17,7 +17,8 @@ ended sample belongs to exactly one group, and a group is returned once, when it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import math
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,3 +218,15 @@ class CarryBook:
     def open_group_ids(self) -> list[int]:
         """Groups launched and not trained yet (carried samples, or complete and held), oldest first."""
         return sorted(self.groups)
+
+
+def batch_cut(held: Sequence[int], fresh: Sequence[int], done_at: dict[int, float], b: int) -> tuple[set[int], float]:
+    """Which groups a batch-cut step trains and when it ends (partial rollouts cut at B groups): every group
+    ``held`` from the step before, then the first ``B - len(held)`` of the ``fresh`` ones to complete
+    (``done_at``: each group's completion time; ties in launch order); everything in flight, with no cut (inf),
+    when that is B or fewer. The other samples are cut at the returned time and carried."""
+    if len(held) + len(fresh) <= b:
+        return {*held, *fresh}, math.inf
+    first = sorted(fresh, key=lambda g: (done_at[g], g))[: max(b - len(held), 0)]
+    train = {*held, *first}
+    return train, max(done_at[g] for g in train)

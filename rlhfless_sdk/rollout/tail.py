@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from rlhfless_sdk.api.errors import RlhflessError
 
 
@@ -85,3 +87,11 @@ class TailRounds:
         self.deferred.extend(aborted)
         self._round = None
         return aborted
+
+
+def first_done(done_at: np.ndarray, train: int, long: bool) -> tuple[np.ndarray, float]:
+    """A round's trained rows (``train`` of them, the first groups to complete; ties in batch order; sorted)
+    and when the round ends: when the last of them completes, or never cut (inf) for a long round."""
+    order = np.lexsort((np.arange(len(done_at)), done_at))
+    rows = np.sort(order[:train])
+    return rows, (math.inf if long else float(np.asarray(done_at)[rows].max(initial=0.0)))

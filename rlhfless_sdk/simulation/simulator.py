@@ -46,7 +46,7 @@ from rlhfless_sdk.api.records import (
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.engine import DONE, RUNNING, EngineCostModel, EngineModel, EngineSamples
 from rlhfless_sdk.planning.planner import StepPlanner
-from rlhfless_sdk.rollout.carry import CarryBook
+from rlhfless_sdk.rollout.carry import CarryBook, batch_cut
 from rlhfless_sdk.rollout.controller import (
     EngineStatus,
     EngineUsage,
@@ -58,7 +58,7 @@ from rlhfless_sdk.rollout.controller import (
     billing,
     stopped_at,
 )
-from rlhfless_sdk.rollout.tail import TailRounds
+from rlhfless_sdk.rollout.tail import TailRounds, first_done
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
 
@@ -567,9 +567,7 @@ class Simulator:
             outcome = StepController(planner, backend, batch, plan, step=r).run(observe=False)
             finish = np.asarray(backend.s.finish_time)
             done_at = np.maximum.reduceat(finish, batch.sample_offsets[:-1]) if len(batch) else np.zeros(0)
-            order = np.lexsort((np.arange(len(batch)), done_at))  # first to finish first, ties in batch order
-            trained_rows = np.sort(order[: rnd.train])
-            stop = float(done_at[trained_rows].max(initial=0.0)) if not rnd.long else math.inf
+            trained_rows, stop = first_done(done_at, rnd.train, rnd.long)
             rounds.settle([rnd.prompts[i] for i in trained_rows.tolist()])
             keep = np.zeros(len(batch), dtype=bool)
             keep[trained_rows] = True
@@ -639,12 +637,7 @@ class Simulator:
             for piece, t in zip(pieces, backend.s.finish_time, strict=True):
                 done_at[piece.group] = max(done_at[piece.group], t) if piece.group in done_at else t
             fresh_groups = sorted({p.group for p in pieces[n_carried:]})
-            if len(held) + len(fresh_groups) <= b:
-                train, stop = set(done_at), math.inf  # the end of the stream: everything in flight trains
-            else:
-                first = sorted(fresh_groups, key=lambda x: (done_at[x], x))[: max(b - len(held), 0)]
-                train = set(held) | set(first)
-                stop = max(done_at[x] for x in train)
+            train, stop = batch_cut(held, fresh_groups, done_at, b)
             made = self._tokens_at(planner, piece_ws, plan, stop) if math.isfinite(stop) else list(piece_ws.lengths)
             ended = [p.generated + m >= t for p, m, t in zip(pieces, made, total, strict=True)]
             settled = book.settle(r, [int(m) for m in made], ended, train=train)
