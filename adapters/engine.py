@@ -1,15 +1,18 @@
 """RLHFless's rollout engine: OpenRLHF's ``RolloutRayActor`` plus what a scheduler needs from a vLLM engine.
 
 It adds, without changing how OpenRLHF calls it:
-- ``generate_group``: the n samples of one prompt (or a planner-chosen subset), each under a sample key, so
+- ``generate_group``: the n samples of one prompt (or a planner-chosen subset), each under a piece key, so
   the engine can report per-sample progress and cut one sample without touching the others;
 - ``cut`` / ``continue_sample`` / ``deliver``: cut-and-migrate by tokens. The cut request is aborted in vLLM,
-  its partial tokens (and logprobs) are handed back; another engine continues from prompt + partial tokens
-  with the remaining budget; the continuation is delivered to the first engine, whose pending ``generate``
-  returns the stitched output, so OpenRLHF's executor builds the same response dict as for any sample and the
-  group stays together and in order;
+  its partial tokens (and logprobs) are handed back and it leaves this engine's progress; another engine
+  continues from prompt + partial tokens with the remaining budget, as a keyed piece of its own (visible in that
+  engine's progress, and cut again if the scheduler says so); the rest is delivered to the engine that cut it,
+  whose pending ``generate`` returns the stitched output, so OpenRLHF's executor builds the same response dict as
+  for any sample and the group stays together and in order;
 - ``warm_prefixes``: prefill shared prefixes once (prefix caching on) before the batch;
-- ``rl_stats``: per-sample progress, busy time, first/last token times and vLLM's own cached-token counts.
+- ``rl_begin_step`` / ``rl_stats``: fresh per-step accounting (per-sample progress, busy time, first/last token
+  times, response tokens, vLLM's own cached-token counts and the share of them inside a warmed prefix) and
+  whether the engine is awake; keyed work sent to a sleeping engine fails at once instead of never running.
 
 Ray forbids subclassing a remote class, so this subclasses the plain class behind it and is made remote here.
 """
@@ -35,10 +38,12 @@ _SAMPLE_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("rlhfle
 class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ignore[name-defined,misc]
     async def __init__(self, *args: Any, **kwargs: Any) -> None:
         await super().__init__(*args, **kwargs)
-        self._rl_request: dict[str, str] = {}
-        self._rl_progress: dict[str, int] = {}
-        self._rl_cut: dict[str, asyncio.Future] = {}
-        self._rl_partial: dict[str, asyncio.Future] = {}
+        self._rl_request: dict[str, str] = {}  # piece key -> vLLM request id
+        self._rl_progress: dict[str, int] = {}  # piece key -> tokens so far, for pieces running here
+        self._rl_cut: dict[str, asyncio.Future] = {}  # piece key -> the continuation, once cut
+        self._rl_partial: dict[str, asyncio.Future] = {}  # piece key -> what the cut kept (None: it had ended)
+        self._rl_warmed: set[tuple[int, ...]] = set()
+        self._rl_asleep = False
         self._rl_inflight = 0
         self._rl_busy = 0.0
         self._rl_busy_since: float | None = None
@@ -46,6 +51,7 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         self._rl_last: float | None = None
         self._rl_prompt_tokens = 0
         self._rl_cached_tokens = 0
+        self._rl_dedup_saved = 0
         self._rl_generated = 0
 
     # -- accounting --------------------------------------------------------------------------------------
@@ -65,7 +71,19 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
             self._rl_busy += now - self._rl_busy_since
             self._rl_busy_since = None
 
-    async def _run(self, prompt_token_ids: list[int], params: Any, key: str | None, mm: Any = None) -> Any:
+    def _warmed_prefix(self, prompt_token_ids: list[int]) -> int:
+        """The longest prefix of this prompt that ``warm_prefixes`` prefilled on this engine (0: none)."""
+        best = 0
+        for pre in self._rl_warmed:
+            if best < len(pre) <= len(prompt_token_ids) and tuple(prompt_token_ids[: len(pre)]) == pre:
+                best = len(pre)
+        return best
+
+    async def _run(
+        self, prompt_token_ids: list[int], params: Any, key: str | None, mm: Any = None, first_piece: bool = False
+    ) -> Any:
+        if self._rl_asleep:  # vLLM pauses a slept engine's scheduler: the request would never run
+            raise RuntimeError("rlhfless: work was sent to a sleeping rollout engine (wake it first)")
         request_id = f"rlhfless-{key or 'x'}-{uuid.uuid4().hex[:12]}"
         prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
         if mm:
@@ -78,54 +96,69 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         try:
             async for out in self.llm.generate(prompt, deepcopy(params), request_id=request_id):
                 final = out
-                if key is not None:
+                if key is not None and key in self._rl_progress:
                     self._rl_progress[key] = len(out.outputs[0].token_ids)
         finally:
             self._stop()
-        if final is not None:
+            if key is not None:
+                self._rl_progress.pop(key, None)
+                self._rl_request.pop(key, None)
+        if final is not None and key is not None:  # warm-up requests are not the step's work
+            cached = int(getattr(final, "num_cached_tokens", 0) or 0)
             self._rl_prompt_tokens += len(prompt_token_ids)
-            self._rl_cached_tokens += int(getattr(final, "num_cached_tokens", 0) or 0)
+            self._rl_cached_tokens += cached
+            if first_piece:  # a continuation's cache hits are its own partial tokens, not the dedup plan's
+                self._rl_dedup_saved += min(cached, self._warmed_prefix(prompt_token_ids))
             self._rl_generated += len(final.outputs[0].token_ids)
         return final
+
+    async def _keyed(
+        self, key: str, prompt_token_ids: list[int], params: Any, mm: Any = None, first_piece: bool = False
+    ) -> tuple[Any, list[int], list[Any] | None, str]:
+        """Run one piece of a sample under ``key``. If ``cut`` stops it, hand the partial tokens to the cutter,
+        wait for the rest (generated elsewhere, itself possibly cut again) and return the stitched whole:
+        (vLLM's final output, token ids, logprobs or None, finish reason)."""
+        final = await self._run(prompt_token_ids, params, key, mm, first_piece)
+        out = final.outputs[0]
+        cut = self._rl_cut.get(key)
+        if cut is None or out.finish_reason != "abort":
+            partial = self._rl_partial.pop(key, None)
+            if partial is not None and not partial.done():
+                partial.set_result(None)  # it finished before the cut landed
+            self._rl_cut.pop(key, None)
+            return final, list(out.token_ids), None if out.logprobs is None else list(out.logprobs), out.finish_reason
+        tokens = list(out.token_ids)
+        logprobs = None if out.logprobs is None else list(out.logprobs)
+        self._rl_partial.pop(key).set_result(
+            CutSample(
+                prompt_token_ids=list(prompt_token_ids),
+                partial=tokens,
+                partial_logprobs=logprobs,
+                remaining=max((params.max_tokens or 0) - len(tokens), 0),
+                sampling_params=params,
+            )
+        )
+        try:
+            cont: Continuation = await cut
+        finally:
+            self._rl_cut.pop(key, None)
+        if cont.token_ids and logprobs is not None and cont.logprobs is None:
+            raise RuntimeError(f"rlhfless: the continuation of {key} came back without the logprobs it was asked for")
+        if logprobs is not None:
+            logprobs = logprobs + list(cont.logprobs or [])  # a failed continuation adds no token and no logprob
+        return final, tokens + list(cont.token_ids), logprobs, cont.finish_reason
 
     # -- OpenRLHF's entry point, keyed ----------------------------------------------------------------------
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):  # type: ignore[override]
         key = _SAMPLE_KEY.get()
         if key is None:
             return await super().generate(prompt_token_ids, sampling_params, multi_modal_data)
-        final = await self._run(prompt_token_ids, sampling_params, key, multi_modal_data)
-        out = final.outputs[0]
-        cut = self._rl_cut.get(key)
-        if cut is None or out.finish_reason != "abort":
-            self._rl_progress.pop(key, None)
-            if key in self._rl_partial and not self._rl_partial[key].done():
-                self._rl_partial[key].set_result(None)  # it finished before the cut landed
-            return final
-        # Cut: hand the partial tokens to the controller, wait for the continuation, stitch.
-        partial = list(out.token_ids)
-        budget = (sampling_params.max_tokens or 0) - len(partial)
-        self._rl_partial[key].set_result(
-            CutSample(
-                prompt_token_ids=list(prompt_token_ids),
-                partial=partial,
-                partial_logprobs=None if out.logprobs is None else list(out.logprobs),
-                remaining=max(budget, 0),
-                sampling_params=sampling_params,
-            )
+        final, tokens, logprobs, reason = await self._keyed(
+            key, list(prompt_token_ids), sampling_params, multi_modal_data, first_piece=True
         )
-        cont: Continuation = await cut
-        self._rl_cut.pop(key, None)
-        self._rl_partial.pop(key, None)
-        self._rl_progress.pop(key, None)
-        logprobs = None
-        if out.logprobs is not None and cont.logprobs is not None:
-            logprobs = list(out.logprobs) + list(cont.logprobs)
-        stitched = SimpleNamespace(
-            token_ids=partial + list(cont.token_ids),
-            text="",
-            finish_reason=cont.finish_reason,
-            logprobs=logprobs,
-        )
+        if final.outputs[0].finish_reason != "abort":
+            return final  # never cut: vLLM's own output
+        stitched = SimpleNamespace(token_ids=tokens, text="", finish_reason=reason, logprobs=logprobs)
         return SimpleNamespace(outputs=[stitched], prompt_token_ids=list(prompt_token_ids), migrated=True)
 
     async def generate_group(
@@ -158,32 +191,35 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
 
     # -- cut-and-migrate -------------------------------------------------------------------------------------
     async def cut(self, key: str) -> CutSample | None:
-        """Abort sample ``key``; its prompt, partial tokens and remaining budget, or None if it already ended."""
+        """Abort piece ``key``; its prompt, partial tokens and remaining budget, or None if it is not running
+        here (it ended, or was cut already)."""
         request_id = self._rl_request.get(key)
-        if request_id is None or key not in self._rl_progress:
+        if request_id is None or key not in self._rl_progress or key in self._rl_cut:
             return None
         loop = asyncio.get_running_loop()
         self._rl_cut[key] = loop.create_future()
         self._rl_partial[key] = loop.create_future()
+        self._rl_progress.pop(key, None)  # no longer this engine's running work
         await self.llm.abort(request_id)
-        info = await self._rl_partial[key]
+        info = await self._rl_partial[key] if key in self._rl_partial else None
         if info is None:
             self._rl_cut.pop(key, None)
             self._rl_partial.pop(key, None)
         return info
 
-    async def continue_sample(self, prompt_token_ids: list[int], sampling_params: Any, remaining: int) -> Continuation:
-        """Generate the rest of a migrated sample: ``remaining`` more tokens after ``prompt_token_ids``."""
+    async def continue_sample(
+        self, key: str, prompt_token_ids: list[int], sampling_params: Any, remaining: int, generated: int
+    ) -> Continuation:
+        """Generate the rest of a cut sample, as piece ``key``: up to ``remaining`` more tokens after
+        ``prompt_token_ids`` (the prompt and every token generated so far), of which ``generated`` were the cut
+        piece's. This piece can be cut and continued elsewhere in turn; the result is everything after the cut."""
         params = deepcopy(sampling_params)
-        params.max_tokens = max(int(remaining), 1)
-        params.min_tokens = min(getattr(params, "min_tokens", 0) or 0, params.max_tokens)
-        final = await self._run(prompt_token_ids, params, None)
-        out = final.outputs[0]
-        return Continuation(
-            token_ids=list(out.token_ids),
-            logprobs=None if out.logprobs is None else list(out.logprobs),
-            finish_reason=out.finish_reason,
-        )
+        if remaining <= 0:  # the cut landed on the budget's last token: nothing is left to generate
+            return Continuation(token_ids=[], logprobs=None if params.logprobs is None else [], finish_reason="length")
+        params.max_tokens = int(remaining)
+        params.min_tokens = max((getattr(params, "min_tokens", 0) or 0) - int(generated), 0)
+        _, tokens, logprobs, reason = await self._keyed(key, list(prompt_token_ids), params)
+        return Continuation(token_ids=tokens, logprobs=logprobs, finish_reason=reason)
 
     async def deliver(self, key: str, continuation: Continuation) -> bool:
         fut = self._rl_cut.get(key)
@@ -193,18 +229,36 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         return True
 
     async def fail_cut(self, key: str, message: str) -> None:
-        """The continuation could not be produced: let the cut sample return what it had (marked truncated)."""
+        """The continuation could not be produced: the cut sample returns what it had (marked truncated)."""
         fut = self._rl_cut.get(key)
         if fut is not None and not fut.done():
-            fut.set_result(Continuation(token_ids=[], logprobs=None, finish_reason="length", error=message))
+            fut.set_result(Continuation(token_ids=[], logprobs=[], finish_reason="length", error=message))
 
-    # -- prefixes and stats ------------------------------------------------------------------------------------
+    # -- prefixes, sleep and stats ---------------------------------------------------------------------------
     async def warm_prefixes(self, prefixes: list[list[int]], sampling_params: Any) -> int:
         """Prefill each shared prefix once, so the batch's requests hit the prefix cache; returns tokens."""
         params = deepcopy(sampling_params)
         params.max_tokens, params.min_tokens, params.logprobs = 1, 0, None
         await asyncio.gather(*(self._run(list(p), params, None) for p in prefixes if p))
+        self._rl_warmed.update(tuple(p) for p in prefixes if p)
         return sum(len(p) for p in prefixes)
+
+    async def sleep(self, level: int = 1) -> None:  # type: ignore[override]
+        self._rl_asleep = True  # from the moment it is asked: no new work from here on
+        try:
+            await super().sleep(level)
+        finally:
+            self._rl_asleep = await self.llm.is_sleeping()
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:  # type: ignore[override]
+        await super().wake_up(tags)
+        self._rl_asleep = await self.llm.is_sleeping()
+
+    async def rl_begin_step(self) -> bool:
+        """Fresh stats for a step; True when the engine is awake (OpenRLHF wakes every engine before a step)."""
+        self.rl_reset_stats()
+        self._rl_asleep = await self.llm.is_sleeping()
+        return not self._rl_asleep
 
     def rl_stats(self) -> EngineStats:
         busy = self._rl_busy + (time.time() - self._rl_busy_since if self._rl_busy_since is not None else 0.0)
@@ -217,11 +271,13 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
             prompt_tokens=self._rl_prompt_tokens,
             cached_tokens=self._rl_cached_tokens,
             generated_tokens=self._rl_generated,
+            dedup_saved_tokens=self._rl_dedup_saved,
         )
 
     def rl_reset_stats(self) -> None:
         self._rl_busy, self._rl_first, self._rl_last = 0.0, None, None
-        self._rl_prompt_tokens = self._rl_cached_tokens = self._rl_generated = 0
+        self._rl_prompt_tokens = self._rl_cached_tokens = self._rl_generated = self._rl_dedup_saved = 0
+        self._rl_warmed.clear()
 
 
 RlhflessRolloutActor = ray.remote(RlhflessRolloutActorImpl)

@@ -70,15 +70,34 @@ class _Request:
 
 
 class _Piece:
-    """Some samples of one prompt, dispatched to one engine in one Ray call."""
+    """Some samples of one prompt, dispatched to one engine in one Ray call, each under its own piece key."""
 
     def __init__(self, prompt_index: int, samples: list[int], engine: int) -> None:
         self.prompt_index, self.samples, self.engine = prompt_index, samples, engine
+        self.keys: list[str] = []
         self.ref: Any = None
 
 
+@dataclass
+class _Link:
+    """One cut of a sample: the engine that holds the cut piece (and will stitch the rest onto it), the piece's
+    key there, what the cut kept, and the Ray call generating the rest (None until it is resumed)."""
+
+    holder: int
+    key: str
+    cut: CutSample
+    kept: int  # response tokens of the sample up to this cut, every earlier piece included
+    cont: Any = None
+    cont_engine: int = -1
+
+
 class RayBackend:
-    """OpenRLHF's vLLM engines (RLHFless's engine class) as a rollout backend of the SDK's step controller."""
+    """OpenRLHF's vLLM engines (RLHFless's engine class) as a rollout backend of the SDK's step controller.
+
+    Every piece of work has its own key, ``<prompt uid>/<sample>@<n>``: a sample's first piece (``generate_group``)
+    and each continuation after a cut (``continue_sample``). A sample cut k times has a chain of k links; each
+    continuation's result is delivered to the engine that cut it, so the first engine returns the stitched whole.
+    """
 
     def __init__(self, gen: RlhflessSamplesGenerator, req: _Request, plan: StepPlan, t_start: float) -> None:
         self.gen, self.req, self.plan, self.t_start = gen, req, plan, t_start
@@ -86,8 +105,11 @@ class RayBackend:
         self.max_tokens = int(req.params.max_tokens or req.max_length)
         self.sid = {key: sid for sid, key in enumerate(req.keys)}
         self.pending: dict[Any, _Piece] = {}
-        self.cuts: dict[int, tuple[int, CutSample]] = {}  # sample -> (engine holding it, what the cut returned)
-        self.continuations: dict[Any, tuple[int, int, CutSample]] = {}  # ref -> (sample, engine, cut)
+        self.seq = [0] * len(req.keys)  # pieces issued per sample: keys are never reused within a step
+        self.root: list[str | None] = [None] * len(req.keys)  # key of the current attempt's first piece
+        self.now_key: list[str | None] = [None] * len(req.keys)  # key of the piece running now
+        self.chain: list[list[_Link]] = [[] for _ in req.keys]
+        self.continuations: dict[Any, tuple[int, int]] = {}  # ref -> (sample, link index)
         self.started = False
 
     @property
@@ -97,26 +119,40 @@ class RayBackend:
     def engines(self) -> list[int]:
         return [e for e in range(len(self.handles)) if e not in self.gen.dead]
 
+    def _new_key(self, sid: int) -> str:
+        self.seq[sid] += 1
+        key = f"{self.req.keys[sid]}@{self.seq[sid]}"
+        self.now_key[sid] = key
+        return key
+
+    def _sample_of(self, key: str) -> int:
+        return self.sid[key.rpartition("@")[0]]
+
+    def _kept(self, sid: int) -> int:
+        return self.chain[sid][-1].kept if self.chain[sid] else 0
+
     # -- start -----------------------------------------------------------------------------------------------
     def start(self, samples: Sequence[int], engines: Sequence[int]) -> None:
-        if not self.started:  # the step's first dispatch: wake/sleep, fresh stats, warm shared prefixes
+        if not self.started:  # the step's first dispatch: every engine awake, fresh stats, shared prefixes warm
             self.started = True
-            live = self.engines()
-            self.gen._scale(set(engines), live)
-            for e in live:
-                self.gen._call(e, "rl_reset_stats")
+            self.gen._begin_step(self.engines())
             self._warm(samples, engines)
         pieces: dict[tuple[int, int], _Piece] = {}
         for sid, e in zip(samples, engines, strict=True):
             i = self.req.prompt_of[sid]
-            pieces.setdefault((i, e), _Piece(i, [], e)).samples.append(sid)
+            piece = pieces.setdefault((i, e), _Piece(i, [], e))
+            piece.samples.append(sid)
+            self.chain[sid] = []
+            key = self._new_key(sid)
+            self.root[sid] = key
+            piece.keys.append(key)
         for piece in pieces.values():
             self._dispatch(piece)
 
     def _warm(self, samples: Sequence[int], engines: Sequence[int]) -> None:
         """Deduplicated prefill: each engine prefills its prompts' shared prefixes once (prefix caching on)."""
         pf = self.plan.prefill
-        if not pf.prompt_group:
+        if not pf.prompt_group or not self.gen.prefix_caching:
             return
         prefix_len = np.asarray(pf.group_prefix_tokens)[np.asarray(pf.prompt_group)]
         per_engine: dict[int, dict[tuple, list[int]]] = defaultdict(dict)
@@ -135,7 +171,7 @@ class RayBackend:
             sampling_params=r.params,
             max_length=r.max_length,
             hf_tokenizer=self.gen.tokenizer,
-            keys=[r.keys[s] for s in piece.samples],
+            keys=piece.keys,
             images=r.images[i],
         )
         self.pending[piece.ref] = piece
@@ -154,13 +190,17 @@ class RayBackend:
                         raise
                     self.gen._mark_dead(piece.engine, exc)
                     out.dead_engines.append(piece.engine)
-                    for sid in piece.samples:  # the engine held them (and stitched any cut one): start over
-                        self.cuts.pop(sid, None)
-                        out.lost.append(Lost(sid, 0))
+                    for sid, key in zip(piece.samples, piece.keys, strict=True):
+                        if self.root[sid] == key:  # the engine held it (and would stitch any cut): start over
+                            self.chain[sid], self.root[sid], self.now_key[sid] = [], None, None
+                            out.lost.append(Lost(sid, 0))
                     continue
                 for resp in results:
-                    sid = self.sid[resp["rlhfless_key"]]
-                    self.cuts.pop(sid, None)
+                    key = resp["rlhfless_key"]
+                    sid = self._sample_of(key)
+                    if self.root[sid] != key:
+                        raise RuntimeError(f"rollout backend: {key} returned; sample {sid} runs as {self.root[sid]}")
+                    self.chain[sid], self.root[sid], self.now_key[sid] = [], None, None
                     reason = "length" if resp.get("truncated") else "stop"
                     out.finished.append(Finished(sid, _response_length(resp), output=resp, finish_reason=reason))
         else:  # every piece returned, so every sample finished or was reported lost and re-dispatched
@@ -169,20 +209,23 @@ class RayBackend:
         return out
 
     def _check_continuations(self, out: Poll) -> None:
-        """A continuation whose engine died is lost from its cut: the controller resumes it elsewhere, so the
-        engine waiting to stitch it is never left hanging."""
+        """A continuation whose engine died (or whose engine held a later cut and died) is lost back to its cut:
+        the controller resumes it elsewhere, so the engine waiting to stitch it is never left hanging."""
         if not self.continuations:
             return
         ready, _ = ray.wait(list(self.continuations), num_returns=len(self.continuations), timeout=0)
         for ref in ready:
-            sid, target, cut = self.continuations.pop(ref)
+            sid, depth = self.continuations.pop(ref)
             try:
                 ray.get(ref)
             except (*_DEAD, ray.exceptions.RayTaskError) as exc:
-                if self.cuts.get(sid, (None, None))[1] is not cut:
-                    continue  # the sample was lost with its stitching engine, or finished
-                self.gen._mark_dead(target, exc)
-                out.lost.append(Lost(sid, len(cut.partial)))
+                chain = self.chain[sid]
+                if depth >= len(chain) or chain[depth].cont is not ref:
+                    continue  # the sample finished, started over, or was resumed since
+                self.gen._mark_dead(chain[depth].cont_engine, exc)
+                del chain[depth + 1 :]
+                chain[depth].cont, self.now_key[sid] = None, None
+                out.lost.append(Lost(sid, chain[depth].kept))
 
     # -- progress, cut, continue -----------------------------------------------------------------------------
     def progress(self) -> dict[int, EngineStatus]:
@@ -195,24 +238,38 @@ class RayBackend:
             except _DEAD as exc:
                 self.gen._mark_dead(e, exc)
                 continue
-            running = {self.sid[k]: v for k, v in st.progress.items() if k in self.sid}
+            running = {}
+            for key, tokens in st.progress.items():
+                sid = self._sample_of(key)
+                if self.now_key[sid] == key:  # a piece orphaned by an engine death is not the sample's
+                    running[sid] = self._kept(sid) + tokens
             status[e] = EngineStatus(st.generated_tokens + sum(st.progress.values()), running)
         return status
 
     def cut(self, engine: int, sample: int) -> int | None:
-        info = self.gen._call(engine, "cut", self.req.keys[sample])
+        key = self.now_key[sample]
+        info = None if key is None else self.gen._call(engine, "cut", key)
         if info is None:
             return None  # it finished before the cut landed (or the engine died)
-        self.cuts[sample] = (engine, info)
-        return len(info.partial)
+        first = self.chain[sample][0].cut if self.chain[sample] else info
+        kept = len(info.prompt_token_ids) + len(info.partial) - len(first.prompt_token_ids)
+        self.chain[sample].append(_Link(engine, key, info, kept))
+        self.now_key[sample] = None
+        return kept
 
     def resume(self, engine: int, sample: int, mode: str = "tokens") -> None:
-        source, info = self.cuts[sample]  # by tokens: the target re-prefills prompt + partial tokens
+        link = self.chain[sample][-1]  # by tokens: the target re-prefills the prompt and every kept token
+        info = link.cut
         cont = self.handles[engine].continue_sample.remote(
-            info.prompt_token_ids + info.partial, info.sampling_params, info.remaining
+            self._new_key(sample),
+            info.prompt_token_ids + info.partial,
+            info.sampling_params,
+            info.remaining,
+            len(info.partial),
         )
-        self.continuations[cont] = (sample, engine, info)
-        self.handles[source].deliver.remote(self.req.keys[sample], cont)
+        link.cont, link.cont_engine = cont, engine
+        self.continuations[cont] = (sample, len(self.chain[sample]) - 1)
+        self.handles[link.holder].deliver.remote(link.key, cont)
 
     def now(self) -> float:
         return time.time() - self.t_start
@@ -235,7 +292,7 @@ class RayBackend:
             engines=engines,
             gpus=len(self.handles),  # serverful: every engine OpenRLHF holds, for the whole step
             gpus_per_engine=1,  # OpenRLHF's engines stay up between steps: warm, no start-up to bill
-            prefill_tokens_saved=sum(int(s.cached_tokens) for s in stats.values()),
+            prefill_tokens_saved=sum(int(s.dedup_saved_tokens) for s in stats.values()),
         )
 
 
@@ -270,21 +327,40 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.report_path = None if report_path is None else Path(report_path)
         self.check_interval_s = check_interval_s
         self.dead: set[int] = set()
-        self.asleep: set[int] = set()
-        self.sleep_supported = True
+        # dedup prefill rides on vLLM's prefix cache; the user's setting holds for every scheduler alike
+        self.prefix_caching = bool(getattr(self.args.vllm, "enable_prefix_caching", True))
+        if not self.prefix_caching:
+            log.info("prefix caching is off (--vllm.enable_prefix_caching): the dedup prefill plan is not applied")
         self.step = 0
         self.last_report: StepReport | None = None
         self.last_metrics: dict[str, float] = {}
 
     # -- the step ------------------------------------------------------------------------------------------
     def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):  # type: ignore[override]
-        prompts, labels, images, exhausted = _collect_prompt_batch(dataloader_iter, num_prompts)
-        if not prompts:
-            return [], 0, True
-        experiences = self.generate_step(prompts, labels, images=images, **generate_kwargs)
-        if dynamic_filtering:
-            experiences = self._filter(experiences, self.args.rollout.n_samples_per_prompt)
-        return experiences, len(prompts), exhausted
+        """One training batch. Evaluation rollouts take OpenRLHF's own path: they are not the workload the
+        scheduler plans for and never enter the length history or the step count. With dynamic filtering, each
+        group the filter drops is replaced by a fresh prompt from the dataloader, as OpenRLHF does, in refill rounds
+        (each one a scheduled round of its own in the step report) until the batch is full or the data ends."""
+        if dataloader_iter is not None and dataloader_iter is getattr(self, "_eval_dataloader_iter", None):
+            return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
+        n = int(generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
+        accepted: list = []
+        consumed, want, exhausted = 0, num_prompts, False
+        while want > 0 and not exhausted:
+            prompts, labels, images, exhausted = _collect_prompt_batch(dataloader_iter, want)
+            if not prompts:
+                exhausted = True
+                break
+            consumed += len(prompts)
+            experiences = self.generate_step(prompts, labels, images=images, **generate_kwargs)
+            if not dynamic_filtering:
+                return experiences, consumed, exhausted
+            kept = self._filter(experiences, n)
+            accepted.extend(kept)
+            want = len(prompts) - len(kept) // n
+            if want:
+                log.info("dynamic filtering dropped %d of %d groups; refilling from the dataloader", want, len(prompts))
+        return accepted, consumed, exhausted
 
     def generate_step(self, prompts: list[str], labels: list[Any], *, images: list | None = None, **kw: Any) -> list:
         """Generate every sample of ``prompts`` under the plan; experiences grouped by prompt, in order."""
@@ -323,27 +399,34 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self._finish_step(outcome, plan)
         return experiences
 
-    def _scale(self, active: set[int], live: list[int]) -> None:
-        """Engines outside the scaler's active subset sleep where OpenRLHF allows it (``--vllm.enable_sleep``:
-        engines built with vLLM's sleep mode, which OpenRLHF wakes before each generation and puts back to sleep
-        after it), freeing their GPU memory; otherwise they idle for the step and are not billed."""
-        for e in sorted(self.asleep & active):
-            self._call(e, "wake_up")
-            self.asleep.discard(e)
-        if not self.sleep_supported or not self.args.vllm.enable_sleep:
-            return
-        for e in live:
-            if e in active or e in self.asleep:
-                continue
+    def _begin_step(self, live: list[int]) -> None:
+        """Fresh per-step stats on every live engine, and every one awake. OpenRLHF wakes all engines before a
+        step (``--vllm.enable_sleep``) and sleeps them after; RLHFless never sleeps one in between, since under
+        ``--train.colocate_all`` (which OpenRLHF's sleep mode is for) the memory it would free has no other user
+        during rollout. An engine found asleep (e.g. a step run outside OpenRLHF's loop) is woken before any work
+        reaches it. Engines outside the scaler's active subset simply get no work this step."""
+        refs = {e: self.vllm_engines[e].rl_begin_step.remote() for e in live}
+        for e, ref in refs.items():
             try:
-                ray.get(self.vllm_engines[e].sleep.remote())
-                self.asleep.add(e)
+                awake = ray.get(ref)
             except _DEAD as exc:
                 self._mark_dead(e, exc)
-            except Exception as exc:  # e.g. "Sleep mode is not supported on current platform"
-                self.sleep_supported = False
-                log.info("rollout engines cannot sleep here (%s); inactive engines stay idle and unbilled", exc)
-                return
+                continue
+            if not awake:
+                log.info("rollout engine %d was asleep at the start of step %d; waking it", e, self.step)
+                self._call(e, "wake_up")
+
+    def dead_engine_error(self) -> str | None:
+        """Why the run cannot go on after a rollout engine died, or None if none did."""
+        if not self.dead:
+            return None
+        names = ", ".join(str(e) for e in sorted(self.dead))
+        return (
+            f"rlhfless: rollout engine(s) {names} died during step {self.step - 1}; the step's samples were "
+            "regenerated on the other engines, but OpenRLHF's weight broadcast spans every engine over one NCCL "
+            "group and would hang, so the run stops here, before training on the step. Resume from the last "
+            "checkpoint with --ckpt.load_enable (--ckpt.save_steps 1 keeps at most one step at risk)."
+        )
 
     def _sampling_params(self, **kw: Any) -> SamplingParams:
         return SamplingParams(
@@ -379,11 +462,11 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             "rlhfless/actual_length_mean": float(lengths.mean()) if lengths.size else 0.0,
             "rlhfless/prediction_mae": report.prediction_mae or 0.0,
             "rlhfless/active_engines": float(plan.num_actors),
-            "rlhfless/engines_asleep": float(len(self.asleep)),
+            "rlhfless/engines_idle": float(len(self.vllm_engines) - len(self.dead) - plan.num_actors),
             "rlhfless/idle_fraction": report.idle_fraction,
             "rlhfless/gpu_seconds": report.gpu_seconds,
             "rlhfless/migrations": float(report.migrations),
-            "rlhfless/cached_prefill_tokens": float(report.prefill_tokens_saved),
+            "rlhfless/dedup_prefill_tokens_saved": float(report.prefill_tokens_saved),
             "rlhfless/planner_ms": plan.planner_ms,
             **{
                 f"rlhfless/engine{e}_busy_s": u.busy_s

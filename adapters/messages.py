@@ -18,8 +18,9 @@ class EngineStats:
     first: float | None  # wall clock of the first request this step; None: no work yet
     last: float | None  # wall clock of the latest finished request
     prompt_tokens: int
-    cached_tokens: int  # vLLM's num_cached_tokens: prompt tokens served from the prefix cache
-    generated_tokens: int  # tokens of finished requests
+    cached_tokens: int  # vLLM's num_cached_tokens of the step's samples: prompt tokens from the prefix cache
+    generated_tokens: int  # response tokens of the step's finished (or cut) pieces on this engine
+    dedup_saved_tokens: int = 0  # of the cached tokens, those within a prefix the dedup plan warmed here
 
 
 @dataclass

@@ -14,16 +14,24 @@ import ray
 from rlhfless_openrlhf.messages import RolloutStepResult
 
 
-def rollout_args(n_samples: int, *, batch_size: int = 1, logprobs: bool = True, enable_sleep: bool = False) -> Any:
+def rollout_args(
+    n_samples: int,
+    *,
+    batch_size: int = 1,
+    logprobs: bool = True,
+    enable_sleep: bool = False,
+    prefix_caching: bool = True,
+    dynamic_filtering: tuple[float, float] | None = None,
+) -> Any:
     """The slice of OpenRLHF's hierarchized ``args`` that the samples generator reads."""
     return SimpleNamespace(
         rollout=SimpleNamespace(n_samples_per_prompt=n_samples, batch_size=batch_size, vllm_generate_batch_size=None),
         algo=SimpleNamespace(
             advantage=SimpleNamespace(is_correction_level="tis" if logprobs else "off"),
-            dynamic_filtering_enable=False,
-            dynamic_filtering_range=(0.0, 1.0),
+            dynamic_filtering_enable=dynamic_filtering is not None,
+            dynamic_filtering_range=dynamic_filtering or (0.0, 1.0),
         ),
-        vllm=SimpleNamespace(enable_sleep=enable_sleep),
+        vllm=SimpleNamespace(enable_sleep=enable_sleep, enable_prefix_caching=prefix_caching),
     )
 
 

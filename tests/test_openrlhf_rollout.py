@@ -129,8 +129,7 @@ def test_two_rollout_steps_keep_groups(stack, scheduler):
     assert len(lines) == 2
     if scheduler == "rlhfless":  # the template prefix was warmed once and vLLM counted the hits
         assert report.prefill_tokens_saved > 0
-        # without --vllm.enable_sleep (vLLM's CPU build has no sleep mode) an inactive engine idles, unbilled
-        assert gen.asleep == set()
+        # an engine outside the scaler's active subset gets no work (it idles; RLHFless never sleeps it)
         assert report.actor_busy_s[1] == 0.0 or report.num_actors == 2
 
 
@@ -169,7 +168,7 @@ def test_generator_inside_a_ray_actor_logs_rlhfless_metrics(stack):
         "rlhfless/idle_fraction",
         "rlhfless/gpu_seconds",
         "rlhfless/migrations",
-        "rlhfless/cached_prefill_tokens",
+        "rlhfless/dedup_prefill_tokens_saved",
         "rlhfless/planner_ms",
         "rlhfless/engine0_busy_s",
     ):

@@ -316,7 +316,12 @@ class StepController:
     def _place(self, sid: int, engine: int) -> None:
         self.engine[sid] = engine
         self.pending[engine] = self.pending.get(engine, 0) + 1
-        self.planned[engine] = self.planned.get(engine, 0.0) + (self.predicted[sid] if self.predicted else 0.0)
+        self.planned[engine] = self.planned.get(engine, 0.0) + self._still_planned(sid)
+
+    def _still_planned(self, sid: int) -> float:
+        """The predicted tokens of a sample not yet generated (it kept some from a cut): what its next engine
+        is planned to generate for it, so an engine's done fraction counts the same tokens above and below."""
+        return max(self.predicted[sid] - self.kept[sid], 0.0) if self.predicted else 0.0
 
     def _place_all(self, engines: list[int]) -> None:
         """The initial dispatch, in batch order (the same sums as placing one sample after another)."""
@@ -456,6 +461,9 @@ class StepController:
                 raise SampleAccountingError(f"sample {sid} was cut at {tokens} tokens, below the {self.kept[sid]} kept")
             self.pieces[sid].append((d.from_actor, tokens - self.kept[sid]))
             self.kept[sid] = tokens
+            moved = self._still_planned(sid)  # the rest of the prediction moves with the sample
+            self.planned[d.from_actor] = self.planned.get(d.from_actor, 0.0) - moved
+            self.planned[d.to_actor] = self.planned.get(d.to_actor, 0.0) + moved
             self.sample_migrations[sid] += 1
             self.migrations += 1
             self._leave(sid)
