@@ -8,7 +8,9 @@ size, and each engine bound to its own cores (by default all engines would share
 
 from __future__ import annotations
 
+import logging
 import os
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,6 +19,34 @@ import numpy as np
 from rlhfless_openrlhf.engine import RlhflessRolloutActor
 
 from rlhfless_sdk.api.records import Actor, Cluster, Node
+
+log = logging.getLogger("rlhfless.openrlhf")
+
+
+CPU_OVERRIDES = {"dtype": "float32", "block_size": 32}  # what vLLM's CPU build needs instead of OpenRLHF's bf16
+
+
+def learner_gpus(args: Any) -> int:
+    """GPUs OpenRLHF's learner groups take after it built the engines (the placer leaves them free): actor and
+    reference unless co-located (their group exists before the engines then), critic (GAE only) and reward
+    model (unless remote). Read from OpenRLHF's own args when the engines are built, after its CLI settled them."""
+
+    def gpus(role: str) -> int:
+        r = getattr(args, role)
+        return int(r.num_nodes) * int(r.num_gpus_per_node)
+
+    if args.train.colocate_all:
+        return 0
+    total = 0
+    if not args.train.colocate_actor_ref:
+        total += gpus("actor") + (gpus("ref") if args.algo.kl.init_coef > 0 else 0)
+    critic = gpus("critic") if args.critic.model_name_or_path and args.algo.advantage.estimator == "gae" else 0
+    reward = 0 if args.reward.remote_url else gpus("reward")
+    total += max(critic, reward) if args.train.colocate_critic_reward and critic else critic + reward
+    return total
+
+
+launch_args: Any = None  # OpenRLHF's args, set by the launcher's hierarchize hook
 
 
 class _DropIn:
@@ -48,40 +78,75 @@ def cpu_binds(num_engines: int) -> list[str]:
     ]
 
 
-def ray_cluster() -> tuple[Cluster, dict[str, str]]:
-    """The live Ray cluster's GPU nodes as a ``Cluster`` (largest first), and node name -> node IP."""
+def ray_cluster(free: bool = False) -> tuple[Cluster | None, dict[str, str]]:
+    """The live Ray cluster's GPU nodes as a ``Cluster`` (most GPUs first), and node name -> node IP. With
+    ``free``, each node counts only the GPUs no placement group holds (OpenRLHF reserves the actor/ref group
+    before it builds the engines when ``--train.colocate_actor_ref`` is on). None: no node has a GPU to offer."""
     import ray
+    from ray.util.placement_group import placement_group_table
 
-    alive = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) >= 1]
-    alive.sort(key=lambda n: -n["Resources"]["GPU"])
-    ips = {f"node{i}": n["NodeManagerAddress"] for i, n in enumerate(alive)}
-    nodes = [Node(name=f"node{i}", num_gpus=int(n["Resources"]["GPU"])) for i, n in enumerate(alive)]
-    return Cluster(nodes=nodes), ips
+    held: dict[str, float] = defaultdict(float)
+    if free:
+        for pg in placement_group_table().values():
+            if pg.get("state") == "REMOVED":
+                continue
+            where = pg.get("bundles_to_node_id") or {}
+            for index, bundle in (pg.get("bundles") or {}).items():
+                if where.get(index):
+                    held[where[index]] += float(bundle.get("GPU", 0.0))
+    alive = []
+    for n in ray.nodes():
+        gpus = int(n.get("Resources", {}).get("GPU", 0) - held[n.get("NodeID", "")]) if n.get("Alive") else 0
+        if gpus >= 1:
+            alive.append((gpus, n["NodeManagerAddress"]))
+    alive.sort(key=lambda g: -g[0])
+    ips = {f"node{i}": ip for i, (_, ip) in enumerate(alive)}
+    nodes = [Node(name=f"node{i}", num_gpus=gpus) for i, (gpus, _) in enumerate(alive)]
+    return (Cluster(nodes=nodes) if nodes else None), ips
 
 
-def placer_bundles(num_engines: int, placer: Any) -> list[dict[str, float]]:
+def placer_bundles(num_engines: int, placer: Any, reserve: int = 0) -> list[dict[str, float]] | None:
     """One ``{"GPU": 1, "CPU": 1}`` bundle per engine, pinned with Ray's ``node:<ip>`` resource where the placer
-    puts it; engine i gets bundle i. The learner's GPU is kept on the placer's home node when there is room."""
-    cluster, ips = ray_cluster()
-    extra = [Actor(actor_id=0, role="learner")] if cluster.total_gpus > num_engines else []
+    puts it (engine i gets bundle i), on GPUs no placement group holds yet. The ``reserve`` GPUs of the learner
+    groups OpenRLHF builds after the engines are placed too, as one-GPU learner actors (the locality-aware placer
+    puts them on its home node, beside the busiest engines), so the engines leave them free. None when the free
+    GPUs cannot hold the engines (then OpenRLHF's own bundles are kept and Ray's scheduler decides)."""
+    cluster, ips = ray_cluster(free=True)
+    if cluster is None or cluster.total_gpus < num_engines:
+        return None
+    if cluster.total_gpus < num_engines + reserve:
+        log.info(
+            "rlhfless: %d free GPUs cannot hold %d engines and a %d-GPU learner",
+            cluster.total_gpus,
+            num_engines,
+            reserve,
+        )
+        reserve = 0
+    learner = [Actor(actor_id=i, role="learner") for i in range(reserve)]
     loads = np.arange(num_engines, 0, -1, dtype=np.float64)  # the planner fills engine 0 first
-    placed = {p.actor.actor_id: p.node for p in placer.place(loads, cluster, 1, extra) if p.actor.role == "decode"}
+    placed = {p.actor.actor_id: p.node for p in placer.place(loads, cluster, 1, learner) if p.actor.role == "decode"}
     return [{"GPU": 1, "CPU": 1, f"node:{ips[placed[i]]}": 0.001} for i in range(num_engines)]
 
 
 @contextmanager
-def _hooks(engine_cls: Any, placer: Any | None, num_engines: int) -> Iterator[None]:
-    """Swap OpenRLHF's engine class and, with a placer, the bundles of its PACK placement group, for one call."""
+def _hooks(engine_cls: Any, placer: Any | None, num_engines: int, reserve: int = 0) -> Iterator[None]:
+    """Swap OpenRLHF's engine class and, with a placer, the bundles of the PACK placement group it builds for
+    the engines, for one call. OpenRLHF builds no group of its own under ``--train.colocate_all`` (the engines
+    share the learner's) and asks for other bundles with tensor parallelism > 1: then its placement is kept."""
     from openrlhf.trainer.ray import vllm_engine
 
     original_cls, original_pg = vllm_engine.RolloutRayActor, vllm_engine.placement_group
     vllm_engine.RolloutRayActor = engine_cls
     if placer is not None:
-        bundles = placer_bundles(num_engines, placer)
 
         def placement_group(requested: list, strategy: str = "PACK", **kw: Any) -> Any:
-            if len(requested) != len(bundles):  # tensor-parallel engines: keep OpenRLHF's own bundles
+            bundles = None
+            if len(requested) == num_engines and all(b.get("GPU") == 1 for b in requested):
+                bundles = placer_bundles(num_engines, placer, reserve)
+            if bundles is None:
+                log.info("rlhfless: the placer cannot pin %d engine bundles here; OpenRLHF's are kept", len(requested))
                 return original_pg(requested, strategy=strategy, **kw)
+            log.info("rlhfless: engines placed by the scheduler's placer: %s", bundles)
             return original_pg(bundles, strategy=strategy, **kw)
 
         vllm_engine.placement_group = placement_group
@@ -108,7 +173,7 @@ def create_engines(
 
     overrides: dict[str, Any] = {}
     if cpu:
-        overrides = {"dtype": "float32", "block_size": 32}
+        overrides = dict(CPU_OVERRIDES)
         create_kwargs.setdefault("gpu_memory_utilization", 0.5)
     drop_in = _DropIn(RlhflessRolloutActor, overrides, cpu_binds(num_engines) if cpu else None)
     with _hooks(drop_in, placer, num_engines):
@@ -121,14 +186,27 @@ def create_vllm_engines_with_rlhfless(
     num_engines: int, tensor_parallel_size: int, pretrain: str, *args: Any, **kwargs: Any
 ) -> list[Any]:
     """Signature-compatible replacement for OpenRLHF's ``create_vllm_engines`` (used by the launcher): the
-    engine class is RLHFless's and the placement group is built by the scheduler's placer."""
+    engine class is RLHFless's; where OpenRLHF builds a placement group of its own for the engines (no
+    ``--train.colocate_all``, tensor parallelism 1), the scheduler's placer pins its bundles to nodes."""
     from openrlhf.trainer.ray import vllm_engine
 
     placer = None
     name = os.environ.get("RLHFLESS_PLACER")
-    if name:
+    shared = args[5] if len(args) > 5 else kwargs.get("shared_pg")
+    if name and shared is None and tensor_parallel_size == 1:
         from rlhfless_sdk.api.plugins import get_plugin_manager
 
         placer = get_plugin_manager().registry.create("placer", name)
-    with _hooks(_DropIn(RlhflessRolloutActor, {}, None), placer, num_engines):
+    elif name:
+        why = (
+            "they share the learner's placement group (--train.colocate_all)"
+            if shared is not None
+            else (f"tensor parallelism {tensor_parallel_size} > 1")
+        )
+        log.info("rlhfless: OpenRLHF places the engines itself: %s", why)
+    learner = learner_gpus(launch_args) if launch_args is not None else 0
+    drop_in = _DropIn(RlhflessRolloutActor, {}, None)
+    if os.environ.get("RLHFLESS_CPU_ENGINES") == "1":  # the launcher's path on a machine without a GPU (tests)
+        drop_in = _DropIn(RlhflessRolloutActor, dict(CPU_OVERRIDES), cpu_binds(num_engines))
+    with _hooks(drop_in, placer, num_engines, learner):
         return vllm_engine.create_vllm_engines(num_engines, tensor_parallel_size, pretrain, *args, **kwargs)

@@ -47,7 +47,20 @@ from rlhfless_sdk.rollout.controller import (
 
 log = logging.getLogger("rlhfless.openrlhf")
 
+
+def log_lines() -> None:
+    """Show the adapter's INFO lines (placement, refill rounds, engines woken) in this process's stderr, once."""
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
 _DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError)
+
+
+class RolloutEngineLost(RuntimeError):
+    """A rollout engine died: the run cannot go on (OpenRLHF's weight broadcast would hang)."""
 
 
 def prompt_uid(prompt: str) -> str:
@@ -336,6 +349,15 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.last_metrics: dict[str, float] = {}
 
     # -- the step ------------------------------------------------------------------------------------------
+    def generate_samples(self, **generate_kwargs):  # type: ignore[override]
+        """OpenRLHF's entry point, unchanged, except that a step in which a rollout engine died is not handed to
+        training (see ``dead_engine_error``)."""
+        out = super().generate_samples(**generate_kwargs)
+        error = self.dead_engine_error()
+        if error is not None:
+            raise RolloutEngineLost(error)
+        return out
+
     def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):  # type: ignore[override]
         """One training batch. Evaluation rollouts take OpenRLHF's own path: they are not the workload the
         scheduler plans for and never enter the length history or the step count. With dynamic filtering, each

@@ -9,10 +9,12 @@ Every flag of ``openrlhf.cli.train_ppo_ray`` passes through unchanged; these are
   --scheduler.report FILE    the JSON-lines step report (default rlhfless_steps.jsonl)
 
 The scheduler, the config and the profile are checked, and so are the OpenRLHF internals the adapter uses,
-before Ray starts. Then OpenRLHF's own launcher runs, with three hooks: ``hierarchize`` adds the scheduler to
-``args`` (which reaches every Ray actor inside ``strategy.args``), ``create_vllm_engines`` builds RLHFless's
-engine class (prefix caching on), and ``PPOTrainer`` is RLHFless's subclass, which swaps in the samples
-generator inside the trainer actor.
+before Ray starts; so are OpenRLHF's flags, once OpenRLHF has parsed them: a mode the adapter cannot run is
+refused with one line naming the flag. Then OpenRLHF's own launcher runs, with three hooks: ``hierarchize``
+adds the scheduler to ``args`` (which reaches every Ray actor inside ``strategy.args``), ``create_vllm_engines``
+builds RLHFless's engine class (placed by the scheduler's placer where OpenRLHF builds the engines' own
+placement group), and the trainer is RLHFless's subclass of ``PPOTrainer`` (``PPOTrainerAsync`` with
+``--train.async_enable``), which swaps in the samples generator inside the actor that generates.
 """
 
 from __future__ import annotations
@@ -69,27 +71,56 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
     return {"scheduler": config.model_dump(mode="json"), "profile": profile.model_dump(mode="json"), "report": report}
 
 
+# -- OpenRLHF modes the adapter refuses: (flag, test on OpenRLHF's hierarchized args, why) ---------------------
+REFUSED: tuple[tuple[str, Any, str], ...] = (
+    (
+        "--train.agent_func_path",
+        lambda a: bool(getattr(a.train, "agent_func_path", None)),
+        "multi-turn agents interleave environment turns with generation, and a migrated sample's text is rebuilt "
+        "from tokens only",
+    ),
+    (
+        "--data.max_images_per_prompt",
+        lambda a: int(getattr(a.data, "max_images_per_prompt", 0) or 0) > 0,
+        "vision-language prompts: a migrated sample's continuation would be re-prefilled without its images",
+    ),
+)
+
+
+def check_modes(args: Any) -> None:
+    """Refuse, with one line naming the flag, an OpenRLHF mode the RLHFless generator cannot run faithfully."""
+    for flag, used, why in REFUSED:
+        if used(args):
+            raise SystemExit(
+                f"error: {flag} is not supported with --scheduler rlhfless ({why}); run it with --scheduler openrlhf"
+            )
+
+
 def install(settings: dict[str, Any]) -> None:
     """Hook RLHFless into OpenRLHF's launcher for this process (and, through args, its Ray actors)."""
     import openrlhf.trainer.ppo_trainer as ppo_trainer_module  # needs OpenRLHF's GPU dependencies
-    from rlhfless_openrlhf.trainer import RlhflessPPOTrainer
+    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async_module
+    from rlhfless_openrlhf.trainer import RlhflessPPOTrainer, RlhflessPPOTrainerAsync
 
     install_rollout_hooks(settings)
     ppo_trainer_module.PPOTrainer = RlhflessPPOTrainer
+    ppo_trainer_async_module.PPOTrainerAsync = RlhflessPPOTrainerAsync
 
 
 def install_rollout_hooks(settings: dict[str, Any]) -> None:
     """The hooks that need only OpenRLHF's rollout side: the args and the engine builder."""
     import openrlhf.trainer.ray as ray_pkg
     import openrlhf.utils.config as config_module
+    import rlhfless_openrlhf.engines as engines_module
     from rlhfless_openrlhf.engines import create_vllm_engines_with_rlhfless
 
     original = getattr(config_module.hierarchize, "__wrapped__", config_module.hierarchize)
 
     def hierarchize(args: Any) -> Any:
         out = original(args)
+        check_modes(out)
         out.rlhfless = settings
-        out.vllm.enable_prefix_caching = True  # deduplicated prefill rides on vLLM's prefix cache
+        engines_module.launch_args = out  # the engine builder reads the learner's size from it
         return out
 
     hierarchize.__wrapped__ = original  # type: ignore[attr-defined]
@@ -98,13 +129,31 @@ def install_rollout_hooks(settings: dict[str, Any]) -> None:
     ray_pkg.create_vllm_engines = create_vllm_engines_with_rlhfless
 
 
+def print_help() -> None:
+    """The launcher's flags, then OpenRLHF's own (which need its learning side installed)."""
+    print(__doc__)
+    sys.argv = ["openrlhf.cli.train_ppo_ray", "--help"]
+    try:
+        runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=True)
+    except ImportError as exc:
+        print(
+            f"OpenRLHF's own flags cannot be listed here: importing its launcher failed ({exc}). The learning side "
+            "needs OpenRLHF's GPU install (flash-attn, deepspeed, peft, datasets, ...) on a CUDA machine; the "
+            "rollout side (engines, samples generator, `rlhfless demo`) runs without it."
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
+    from rlhfless_openrlhf.generator import log_lines
     from rlhfless_openrlhf.internals import check_internals
 
     from rlhfless_sdk.api.errors import RlhflessError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, rest = split_args(argv)
+    if "-h" in rest or "--help" in rest:
+        print_help()
+        return
     try:
         settings = resolve(ours)
         if settings is not None:
@@ -113,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     if settings is not None:
+        log_lines()
         install(settings)
     sys.argv = ["openrlhf.cli.train_ppo_ray", *rest]
     runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=True)

@@ -1,8 +1,15 @@
-"""The learning side (needs OpenRLHF's GPU install): OpenRLHF's PPOTrainer with the RLHFless samples generator.
+"""The learning side (needs OpenRLHF's GPU install): OpenRLHF's trainers with the RLHFless samples generator.
 
-OpenRLHF builds ``SamplesGenerator`` inside its ``PPOTrainer`` Ray actor, so the swap must happen inside that
-actor: this module's class (importable by every Ray worker) replaces the generator after OpenRLHF's own
-constructor ran, and adds the ``rlhfless/*`` metrics to what OpenRLHF logs to wandb / TensorBoard.
+OpenRLHF builds ``SamplesGenerator`` inside a Ray actor (``PPOTrainer``; with ``--train.async_enable``,
+``GenerateSamplesActor`` inside ``PPOTrainerAsync``), so the swap must happen inside that actor: the classes here
+(importable by every Ray worker) replace the generator after OpenRLHF's own constructor ran. The synchronous
+trainer also adds the ``rlhfless/*`` metrics to what OpenRLHF logs to wandb / TensorBoard; in async mode the
+generator lives in another actor than the logger, so its metrics go to the JSON-lines step report only.
+
+A rollout engine that dies is survived for the step it dies in (its samples are regenerated elsewhere), but not
+after: OpenRLHF broadcasts weights to every engine over one NCCL group sized for all of them, which would hang. So
+the generator refuses to hand that step to training, and every weight broadcast first checks that each engine is
+alive; either way the run stops with a message naming the engine, at OpenRLHF's last checkpoint.
 """
 
 from __future__ import annotations
@@ -10,32 +17,93 @@ from __future__ import annotations
 from typing import Any
 
 import ray
+from openrlhf.trainer import ppo_trainer_async
 from openrlhf.trainer.ppo_trainer import PPOTrainer
-from rlhfless_openrlhf.generator import RlhflessSamplesGenerator, merge_metrics
+from rlhfless_openrlhf.generator import RlhflessSamplesGenerator, log_lines, merge_metrics
 
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.records import TimePerTokenProfile
 
 
+def swap_generator(strategy: Any, old: Any) -> RlhflessSamplesGenerator:
+    """RLHFless's generator over OpenRLHF's dataloaders, tokenizer and engines (those of ``old``)."""
+    rl = strategy.args.rlhfless  # put there by the launcher; it travels inside strategy.args
+    log_lines()
+    print(
+        f"rlhfless: the {type(old).__name__} of OpenRLHF is replaced by RlhflessSamplesGenerator "
+        f"(scheduler {rl['scheduler']['name']}, report {rl.get('report')})",
+        flush=True,
+    )
+    return RlhflessSamplesGenerator(
+        strategy,
+        old.prompts_dataloader,
+        old.eval_dataloader,
+        old.tokenizer,
+        old.vllm_engines,
+        scheduler=SchedulerConfig.model_validate(rl["scheduler"]),
+        profile=TimePerTokenProfile.model_validate(rl["profile"]),
+        report_path=rl.get("report"),
+    )
+
+
+def check_engines_alive(engines: list | None) -> None:
+    """Raise, naming them, if any rollout engine is dead: a weight broadcast to it would hang in NCCL."""
+    if not engines:
+        return
+    refs = [e.get_num_unfinished_requests.remote() for e in engines]
+    dead = []
+    for i, ref in enumerate(refs):
+        try:
+            ray.get(ref, timeout=60)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            dead.append(i)
+    if dead:
+        raise RuntimeError(
+            f"rlhfless: rollout engine(s) {', '.join(map(str, dead))} are dead or unresponsive; OpenRLHF's weight "
+            "broadcast spans every engine over one NCCL group and would hang, so the run stops before it. Resume "
+            "from the last checkpoint with --ckpt.load_enable."
+        )
+
+
 class RlhflessPPOTrainerImpl(PPOTrainer.__ray_actor_class__):  # type: ignore[name-defined,misc]
     def __init__(self, pretrain: str, strategy: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(pretrain, strategy, *args, **kwargs)
-        rl = strategy.args.rlhfless  # put there by the launcher; it travels inside strategy.args
-        old = self.samples_generator
-        self.samples_generator = RlhflessSamplesGenerator(
-            strategy,
-            old.prompts_dataloader,
-            old.eval_dataloader,
-            old.tokenizer,
-            old.vllm_engines,
-            scheduler=SchedulerConfig.model_validate(rl["scheduler"]),
-            profile=TimePerTokenProfile.model_validate(rl["profile"]),
-            report_path=rl.get("report"),
-        )
+        self.samples_generator = swap_generator(strategy, self.samples_generator)
+
+    def broadcast_to_vllm(self) -> None:
+        check_engines_alive(self.vllm_engines)
+        return super().broadcast_to_vllm()
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
         merge_metrics(logs_dict, self.samples_generator)
         return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
 
 
+class RlhflessGenerateSamplesActorImpl(ppo_trainer_async.GenerateSamplesActor.__ray_actor_class__):  # type: ignore[misc]
+    def __init__(self, pretrain: str, strategy: Any, vllm_engines: list, **kwargs: Any) -> None:
+        super().__init__(pretrain, strategy, vllm_engines, **kwargs)
+        self.samples_generator = swap_generator(strategy, self.samples_generator)
+
+
+class RlhflessTrainingActorImpl(ppo_trainer_async.TrainingActor.__ray_actor_class__):  # type: ignore[misc]
+    def broadcast_to_vllm(self) -> None:
+        check_engines_alive(self.vllm_engines)
+        return super().broadcast_to_vllm()
+
+
 RlhflessPPOTrainer = ray.remote(RlhflessPPOTrainerImpl)
+RlhflessGenerateSamplesActor = ray.remote(RlhflessGenerateSamplesActorImpl)
+RlhflessTrainingActor = ray.remote(RlhflessTrainingActorImpl)
+
+
+class RlhflessPPOTrainerAsyncImpl(ppo_trainer_async.PPOTrainerAsync.__ray_actor_class__):  # type: ignore[misc]
+    """OpenRLHF's async trainer, building RLHFless's generator and training actors. Its constructor looks the two
+    actor classes up in its module when it runs, in this actor's own process; they are swapped there."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        ppo_trainer_async.GenerateSamplesActor = RlhflessGenerateSamplesActor
+        ppo_trainer_async.TrainingActor = RlhflessTrainingActor
+        super().__init__(*args, **kwargs)
+
+
+RlhflessPPOTrainerAsync = ray.remote(RlhflessPPOTrainerAsyncImpl)

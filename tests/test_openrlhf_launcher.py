@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +152,170 @@ def test_example_launch_scripts_use_the_launcher():
         assert "python -m rlhfless_openrlhf.train_ppo_ray" in text and "--scheduler" in text
     flags = set(split_args(["--scheduler", "rlhfless", "--scheduler.profile", "p"])[0])
     assert flags == {"--scheduler", "--scheduler.profile"}
+
+
+# -- OpenRLHF modes: refused at launch, or sized right -------------------------------------------------------
+def _hierarchized(**flat):
+    """OpenRLHF's own hierarchized args from its CLI's defaults plus ``flat`` overrides (dotted names)."""
+    import openrlhf.utils.config as config_module
+
+    defaults = {
+        "train.agent_func_path": None,
+        "data.max_images_per_prompt": 0,
+        "train.colocate_all": False,
+        "train.colocate_actor_ref": False,
+        "train.colocate_critic_reward": False,
+        "actor.num_nodes": 1,
+        "actor.num_gpus_per_node": 8,
+        "ref.num_nodes": 1,
+        "ref.num_gpus_per_node": 8,
+        "critic.num_nodes": 1,
+        "critic.num_gpus_per_node": 8,
+        "critic.model_name_or_path": None,
+        "reward.num_nodes": 1,
+        "reward.num_gpus_per_node": 8,
+        "reward.remote_url": None,
+        "algo.kl.init_coef": 0.001,
+        "algo.advantage.estimator": "group_norm",
+    }
+    return config_module.hierarchize(argparse.Namespace(**{**defaults, **flat}))
+
+
+@pytest.mark.parametrize(("flag", "value"), [("train.agent_func_path", "agent.py"), ("data.max_images_per_prompt", 2)])
+def test_an_unsupported_openrlhf_mode_is_refused_naming_its_flag(monkeypatch, flag, value):
+    import openrlhf.trainer.ray as ray_pkg
+    import openrlhf.utils.config as config_module
+
+    monkeypatch.setattr(config_module, "hierarchize", config_module.hierarchize)
+    monkeypatch.setattr(ray_pkg, "create_vllm_engines", ray_pkg.create_vllm_engines)
+    install_rollout_hooks(resolve({"--scheduler": "rlhfless"}))
+    refused = rf"--{flag} is not supported with --scheduler rlhfless .*--scheduler openrlhf"
+    with pytest.raises(SystemExit, match=refused):
+        _hierarchized(**{flag: value})
+    _hierarchized()  # the defaults pass
+
+
+def test_the_placer_keeps_the_learners_real_size_free():
+    from rlhfless_openrlhf.engines import learner_gpus
+
+    assert learner_gpus(_hierarchized(**{"train.colocate_all": True})) == 0  # engines share the learner's GPUs
+    # GRPO, rule reward, no colocation: actor 8 + reference 8 (the reward model group is built too: 8)
+    assert learner_gpus(_hierarchized()) == 24
+    assert learner_gpus(_hierarchized(**{"reward.remote_url": "r.py"})) == 16
+    assert learner_gpus(_hierarchized(**{"reward.remote_url": "r.py", "algo.kl.init_coef": 0.0})) == 8
+    # actor and reference co-located: their group exists before the engines, so it is no longer free
+    assert learner_gpus(_hierarchized(**{"reward.remote_url": "r.py", "train.colocate_actor_ref": True})) == 0
+    # PPO with a critic: + critic; critic and reward co-located share one group
+    gae = {"algo.advantage.estimator": "gae", "critic.model_name_or_path": "m", "actor.num_gpus_per_node": 4}
+    assert learner_gpus(_hierarchized(**gae, **{"algo.kl.init_coef": 0.0})) == 4 + 8 + 8
+    assert learner_gpus(_hierarchized(**gae, **{"algo.kl.init_coef": 0.0, "train.colocate_critic_reward": True})) == 12
+
+
+def test_help_prints_the_launchers_flags_and_what_the_learning_side_needs():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "rlhfless_openrlhf.train_ppo_ray", "--help"], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "--scheduler.config FILE" in out.stdout and "--scheduler.report FILE" in out.stdout
+    # either OpenRLHF's own flags follow (its learning side imports here) or the line saying what it needs
+    assert "--actor.model_name_or_path" in out.stdout or "needs OpenRLHF's GPU install" in out.stdout
+    assert "Traceback" not in out.stderr
+
+
+# -- placement on a real multi-node Ray cluster ----------------------------------------------------------------
+@pytest.mark.slow
+def test_engines_are_pinned_to_free_gpus_on_a_multi_node_cluster():
+    """Two Ray nodes with two GPUs each; OpenRLHF's actor/ref group (``--train.colocate_actor_ref``) holds the
+    first node's two GPUs before the engines are built. Pinning by total GPUs would put the engines on the largest
+    node regardless, and their placement group would never be ready; by free GPUs it is."""
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from rlhfless_openrlhf.engines import placer_bundles
+
+    from rlhfless_sdk import get_plugin_manager
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2})
+    cluster.add_node(num_cpus=2, num_gpus=2)
+    ray.init(address=cluster.address, include_dashboard=False)
+    try:
+        cluster.wait_for_nodes()
+        placer = get_plugin_manager().registry.create("placer", "locality-aware")
+        actor_ref = placement_group([{"GPU": 1, "CPU": 1}] * 2, strategy="PACK")
+        ray.get(actor_ref.ready(), timeout=60)
+        bundles = placer_bundles(2, placer)
+        engines = placement_group(bundles, strategy="PACK")
+        ray.get(engines.ready(), timeout=60)  # would time out if pinned to GPUs the actor/ref group holds
+        assert len({next(k for k in b if k.startswith("node:")) for b in bundles}) == 1
+        assert placer_bundles(1, placer) is None  # every GPU is held now: OpenRLHF's own bundles are kept
+        remove_placement_group(engines)
+        remove_placement_group(actor_ref)
+        # no group yet, a 2-GPU learner to come: the placer keeps its GPUs free beside the engines' node
+        bundles = placer_bundles(2, placer, reserve=2)
+        engines = placement_group(bundles, strategy="PACK")
+        ray.get(engines.ready(), timeout=60)
+        learner = placement_group([{"GPU": 1, "CPU": 1}] * 2, strategy="STRICT_PACK")
+        ray.get(learner.ready(), timeout=60)  # the learner still fits on one node
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+# -- the launcher's whole path, through OpenRLHF's own CLI, on a CPU --------------------------------------------
+LAUNCH = Path(__file__).resolve().with_name("openrlhf_cpu_launch.py")
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "openrlhf"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_launcher_runs_openrlhfs_cli_with_its_classes_swapped(tmp_path, mode):
+    """``python -m rlhfless_openrlhf.train_ppo_ray --scheduler rlhfless <OpenRLHF flags>`` as far as a CPU
+    allows: OpenRLHF's parser and ``train()``, the hierarchize hook, the engine builder (RLHFless's engine class,
+    pinned by the placer), the trainer class swap and, inside the actor that generates, the samples generator
+    swap (``PPOTrainer``; ``PPOTrainerAsync``'s ``GenerateSamplesActor`` with ``--train.async_enable``). It
+    stops where OpenRLHF first needs CUDA: DeepSpeed's model init in the policy actor."""
+    import json
+    import subprocess
+    import sys
+
+    for module in ("peft", "deepspeed", "datasets", "torchdata"):
+        pytest.importorskip(module, reason="OpenRLHF's learning side imports it (the README's test install has it)")
+    from rlhfless_openrlhf.tiny_model import tiny_model
+
+    model = tiny_model(tmp_path / "cache")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"input": f"Tom has {i} apples and buys {i} more. How many?", "label": str(2 * i)}) + "\n"
+            for i in range(8)
+        )
+    )
+    flags = [
+        "--scheduler", "rlhfless", "--scheduler.report", str(tmp_path / "steps.jsonl"),
+        "--actor.model_name_or_path", str(model), "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1",
+        "--vllm.num_engines", "1", "--vllm.enable_prefix_caching", "--algo.advantage.estimator", "group_norm",
+        "--rollout.n_samples_per_prompt", "2", "--algo.kl.init_coef", "0",
+        "--data.prompt_dataset", str(data), "--data.input_key", "input", "--data.label_key", "label",
+        "--reward.remote_url", str(EXAMPLES / "reward_gsm8k.py"),
+        "--rollout.batch_size", "4", "--train.batch_size", "8", "--rollout.micro_batch_size", "2",
+        "--train.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
+        "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "out"),
+    ]  # fmt: skip
+    if mode == "async":
+        flags.append("--train.async_enable")
+    run = subprocess.run(
+        [sys.executable, str(LAUNCH), *flags], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode != 0  # it cannot finish without CUDA ...
+    assert "PolicyModelActor.init_model_from_pretrained" in out and "cuda" in out.lower(), out[-3000:]
+    # ... but everything before the learner's model init ran, through OpenRLHF's own code
+    assert "'scheduler': {'name': 'rlhfless'" in out  # OpenRLHF printed its args, the hook's settings inside
+    assert "engines placed by the scheduler's placer" in out
+    assert "(RlhflessRolloutActorImpl pid=" in out  # the engines are RLHFless's class
+    generating = "RlhflessPPOTrainerImpl" if mode == "sync" else "RlhflessGenerateSamplesActorImpl"
+    swapped = [line for line in out.splitlines() if "is replaced by RlhflessSamplesGenerator" in line]
+    assert swapped and generating in swapped[0] and "scheduler rlhfless" in swapped[0], out[-3000:]
