@@ -56,6 +56,7 @@ def log_lines() -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
 
+
 _DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError)
 
 
@@ -123,6 +124,7 @@ class RayBackend:
         self.now_key: list[str | None] = [None] * len(req.keys)  # key of the piece running now
         self.chain: list[list[_Link]] = [[] for _ in req.keys]
         self.continuations: dict[Any, tuple[int, int]] = {}  # ref -> (sample, link index)
+        self.cut_log: list[tuple[int, int, CutSample]] = []  # every cut of the step: (sample, engine, what it kept)
         self.started = False
 
     @property
@@ -267,6 +269,7 @@ class RayBackend:
         first = self.chain[sample][0].cut if self.chain[sample] else info
         kept = len(info.prompt_token_ids) + len(info.partial) - len(first.prompt_token_ids)
         self.chain[sample].append(_Link(engine, key, info, kept))
+        self.cut_log.append((sample, engine, info))
         self.now_key[sample] = None
         return kept
 
@@ -345,6 +348,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         if not self.prefix_caching:
             log.info("prefix caching is off (--vllm.enable_prefix_caching): the dedup prefill plan is not applied")
         self.step = 0
+        self.last_cuts: list[tuple[int, int, CutSample]] = []
         self.last_report: StepReport | None = None
         self.last_metrics: dict[str, float] = {}
 
@@ -418,6 +422,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         history = [u.split("#")[0] for u in uids]  # a prompt repeated in the batch shares its history
         outcome = StepController(self.planner, backend, batch, plan, step=self.step, history_uids=history).run()
         experiences = [self._process_response_into_experience(r, **kw) for r in outcome.outputs]
+        self.last_cuts = backend.cut_log  # (sample in batch order, engine, CutSample): what each cut kept
         self._finish_step(outcome, plan)
         return experiences
 

@@ -98,6 +98,21 @@ LEARNING: tuple[Expect, ...] = (
         ("global_step", "logs_dict", "client_states"),
         needs_gpu_install=True,
     ),
+    Expect("openrlhf.trainer.ppo_trainer", "PPOTrainer.broadcast_to_vllm", (), needs_gpu_install=True),
+    Expect(
+        "openrlhf.trainer.ppo_trainer_async",
+        "GenerateSamplesActor.__init__",
+        ("pretrain", "strategy", "vllm_engines"),
+        needs_gpu_install=True,
+    ),
+    Expect("openrlhf.trainer.ppo_trainer_async", "TrainingActor.broadcast_to_vllm", (), needs_gpu_install=True),
+    Expect("openrlhf.trainer.ppo_trainer_async", "PPOTrainerAsync.__init__", (), needs_gpu_install=True),
+)
+
+
+# Module globals a function must look up when it runs (the launcher swaps them in the actor's own process).
+LOOKS_UP: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("openrlhf.trainer.ppo_trainer_async", "PPOTrainerAsync.__init__", ("GenerateSamplesActor", "TrainingActor")),
 )
 
 
@@ -141,6 +156,12 @@ def check_internals(*, learning: bool = False) -> list[str]:
                 problems.append(f"{where}: expected parameters {list(e.params)}, found {names}")
                 continue
         checked.append(where)
+    for module, qualname, names in LOOKS_UP if learning else ():
+        if f"{module}.{qualname}" in checked:
+            used = _resolve(Expect(module, qualname, ())).__code__.co_names
+            missing = [n for n in names if n not in used]
+            if missing:
+                problems.append(f"{module}.{qualname}: no longer looks up {missing} when it runs")
     if problems:
         raise OpenRLHFMismatch(
             "the installed OpenRLHF does not have what the rlhfless adapter relies on:\n  " + "\n  ".join(problems)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -52,3 +54,21 @@ def registry_with():
         return pm.registry
 
     return make
+
+
+@pytest.fixture(scope="session")
+def openrlhf_learning():
+    """OpenRLHF's learning-side modules (experience maker, PPO launcher) made importable on a CPU machine.
+
+    They need peft, deepspeed==0.19.6 and torchdata (skipped without them) and flash-attn, which cannot be
+    installed without CUDA: ``flash_attn_placeholder`` stands in for it (every function in it raises if called).
+    """
+    for name in ("peft", "deepspeed", "torchdata"):
+        pytest.importorskip(name)
+    spec = importlib.util.spec_from_file_location(
+        "flash_attn_placeholder", Path(__file__).with_name("flash_attn_placeholder.py")
+    )
+    placeholder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(placeholder)
+    placeholder.install()
+    pytest.importorskip("openrlhf.trainer.ppo_utils.experience_maker")

