@@ -228,12 +228,6 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         fut.set_result(continuation)
         return True
 
-    async def fail_cut(self, key: str, message: str) -> None:
-        """The continuation could not be produced: the cut sample returns what it had (marked truncated)."""
-        fut = self._rl_cut.get(key)
-        if fut is not None and not fut.done():
-            fut.set_result(Continuation(token_ids=[], logprobs=[], finish_reason="length", error=message))
-
     # -- prefixes, sleep and stats ---------------------------------------------------------------------------
     async def warm_prefixes(self, prefixes: list[list[int]], sampling_params: Any) -> int:
         """Prefill each shared prefix once, so the batch's requests hit the prefix cache; returns tokens."""

@@ -41,7 +41,6 @@ class Continuation:
     token_ids: list[int]
     logprobs: list[Any] | None
     finish_reason: str
-    error: str | None = None
 
 
 @dataclass

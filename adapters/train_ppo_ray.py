@@ -71,17 +71,21 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
     return {"scheduler": config.model_dump(mode="json"), "profile": profile.model_dump(mode="json"), "report": report}
 
 
+def _flag(args: Any, group: str, name: str) -> Any:
+    return getattr(getattr(args, group, None), name, None)
+
+
 # -- OpenRLHF modes the adapter refuses: (flag, test on OpenRLHF's hierarchized args, why) ---------------------
 REFUSED: tuple[tuple[str, Any, str], ...] = (
     (
         "--train.agent_func_path",
-        lambda a: bool(getattr(a.train, "agent_func_path", None)),
+        lambda a: bool(_flag(a, "train", "agent_func_path")),
         "multi-turn agents interleave environment turns with generation, and a migrated sample's text is rebuilt "
         "from tokens only",
     ),
     (
         "--data.max_images_per_prompt",
-        lambda a: int(getattr(a.data, "max_images_per_prompt", 0) or 0) > 0,
+        lambda a: int(_flag(a, "data", "max_images_per_prompt") or 0) > 0,
         "vision-language prompts: a migrated sample's continuation would be re-prefilled without its images",
     ),
 )

@@ -122,7 +122,8 @@ def test_hooks_put_the_scheduler_into_args(monkeypatch):
     install_rollout_hooks(settings)
     flat = argparse.Namespace(**{"vllm.enable_prefix_caching": False, "rollout.n_samples_per_prompt": 8})
     args = config_module.hierarchize(flat)
-    assert args.rlhfless == settings and args.vllm.enable_prefix_caching is True
+    # the user's prefix-cache setting is kept: both schedulers run with the same one
+    assert args.rlhfless == settings and args.vllm.enable_prefix_caching is False
     assert args.rollout.n_samples_per_prompt == 8
     assert ray_pkg.create_vllm_engines.__name__ == "create_vllm_engines_with_rlhfless"
 

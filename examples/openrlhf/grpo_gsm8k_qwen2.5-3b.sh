@@ -19,7 +19,7 @@ python -m rlhfless_openrlhf.train_ppo_ray \
   --actor.num_nodes 1 --actor.num_gpus_per_node 8 \
   --ref.num_nodes 1 --ref.num_gpus_per_node 8 \
   --vllm.num_engines 8 --vllm.tensor_parallel_size 1 --vllm.gpu_memory_utilization 0.6 \
-  --vllm.enable_sleep --ds.enable_sleep --train.colocate_all \
+  --vllm.enable_sleep --ds.enable_sleep --train.colocate_all --vllm.enable_prefix_caching \
   --algo.advantage.estimator group_norm --rollout.n_samples_per_prompt 8 \
   --algo.kl.init_coef 0.001 --algo.kl.use_loss --algo.kl.estimator k3 \
   --data.prompt_dataset "$DATA" --data.input_key question --data.label_key answer --data.apply_chat_template \

@@ -17,6 +17,7 @@ for SCHEDULER in openrlhf-logged rlhfless; do
     --actor.model_name_or_path "$MODEL" --actor.num_nodes 1 --actor.num_gpus_per_node 1 \
     --ref.num_nodes 1 --ref.num_gpus_per_node 1 --train.colocate_all \
     --vllm.num_engines 1 --vllm.gpu_memory_utilization 0.4 --vllm.enable_sleep --ds.enable_sleep \
+    --vllm.enable_prefix_caching \
     --algo.advantage.estimator group_norm --rollout.n_samples_per_prompt 4 \
     --data.prompt_dataset "$DATA" --data.input_key question --data.label_key answer --data.apply_chat_template \
     --data.max_samples 16 --reward.remote_url "$HERE/reward_gsm8k.py" \
