@@ -336,7 +336,12 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.cluster = Cluster.of_gpus(n, gpus_per_node)
         config = scheduler.model_copy(update={"max_actors": min(scheduler.max_actors or n, n)})
         self.planner = StepPlanner(
-            config, cluster=self.cluster, cost_model=AnalyticCostModel(profile), registry=registry, learner_gpus=0
+            config,
+            cluster=self.cluster,
+            cost_model=AnalyticCostModel(profile),
+            registry=registry,
+            learner_gpus=0,  # OpenRLHF places its learner itself
+            prefill_actor=False,  # each engine prefills its own prompts' shared prefixes: none is held back
         )
         self.planner.warm_actors = len(vllm_engines)  # OpenRLHF started them before the first step
         self.profile = profile

@@ -286,9 +286,8 @@ def test_dynamic_filtering_refills_from_the_dataloader_as_openrlhf_does(stack, r
     from rlhfless_sdk import get_plugin_manager
     from rlhfless_sdk.api.profiles import load_profile
 
-    def loader():
-        labels = ["#### 987654321"] * 2
-        return [(list(range(i, i + 2)), PROMPTS[i : i + 2], labels, [None, None]) for i in range(0, 8, 2)]
+    def loader():  # one prompt a batch: OpenRLHF refills one prompt at a time and drops the rest of a batch
+        return [([i], [PROMPTS[i]], ["#### 987654321"], [None]) for i in range(8)]
 
     kwargs = {"max_new_tokens": 8, "n_samples_per_prompt": 2, "max_len": 512}
     args = make_args(n_samples=2, batch_size=4, dynamic_filtering=(0.0, 1.0))

@@ -150,10 +150,13 @@ class StepPlanner:
         gpus_per_actor: int = 1,
         learner_gpus: int = 1,
         check_model: EngineCostModel | None = None,
+        prefill_actor: bool = True,
     ) -> None:
         """``check_model``: a per-sample cost model (``EngineCostModel``) that estimates the chosen plan for the
         report, and every candidate for a scaler that ``wants_checked_estimates``, from the predictions and the
-        length spread learned from the previous step (``self.spread``)."""
+        length spread learned from the previous step (``self.spread``). ``prefill_actor``: a deduplicated prefill
+        plan takes a GPU of its own (the paper's prefill actor, as simulated); False where each decode engine
+        prefills its own shared prefixes (the OpenRLHF adapter), so no engine is held back for it."""
         self.config = config
         self.check_model = check_model
         self.spread: LengthSpread | None = None
@@ -164,6 +167,7 @@ class StepPlanner:
         self.registry = registry or get_plugin_manager().registry
         self.gpus_per_actor = gpus_per_actor
         self.learner_gpus = learner_gpus
+        self.prefill_actor = prefill_actor
         self.policies: dict[str, Any] = {k: self.registry.create(k, ref) for k, ref in config.policy_refs().items()}
         self.spent: dict[str, tuple[int, float]] = {}  # kind -> (calls, seconds) in the current step
         self.slow_policy_s = SLOW_POLICY_S
@@ -224,7 +228,7 @@ class StepPlanner:
         extra = []
         if self.learner_gpus:
             extra.append(Actor(actor_id=0, role="learner", num_gpus=self.learner_gpus))
-        if prefill.prompt_group:
+        if prefill.prompt_group and self.prefill_actor:
             extra.append(Actor(actor_id=0, role="prefill", num_gpus=1))
         return extra
 
