@@ -82,6 +82,12 @@ def _stdout_to_stderr(active: bool):
     show_default=True,
     help="Folder for report.json, demo.png and the step reports.",
 )
+@click.option(
+    "--trace",
+    "trace_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the first scheduler's samples as a trace (JSON lines) for `rlhfless simulate --trace`.",
+)
 def demo_cmd(
     prompts_file: str | None,
     num_prompts: int,
@@ -91,6 +97,7 @@ def demo_cmd(
     engines: int,
     schedulers: tuple[str, ...],
     out: Path,
+    trace_file: Path | None,
 ) -> None:
     """A real rollout comparison on this machine: OpenRLHF's engines on vLLM (CPU), SmolLM2-135M-Instruct,
     each scheduler for several epochs over the same GSM8K-style prompts."""
@@ -120,6 +127,7 @@ def demo_cmd(
         engines=engines,
         schedulers=schedulers,
         out=out,
+        trace=trace_file,
     )
 
     bar = click.progressbar(length=epochs * len(schedulers), label="rollout steps", file=sys.stderr, show_pos=True)
@@ -155,6 +163,8 @@ def demo_cmd(
             f"{t['speedup']:>8.2f}x{t['engine_seconds_change']:>+10.0%}"
         )
     click.echo(f"\nreport: {out / 'report.json'}  plot: {out / 'demo.png'}")
+    if trace_file is not None:
+        click.echo(f"trace: {trace_file}  (replay it: rlhfless simulate --trace {trace_file} --scheduler ...)")
 
 
 @hookimpl

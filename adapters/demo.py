@@ -148,6 +148,7 @@ class DemoSettings:
     out: Path = Path("rlhfless-demo")
     cache: Path | None = None
     seed: int = 0
+    trace: Path | None = None  # the first scheduler's samples, as a trace the simulator replays
 
 
 def run_demo(settings: DemoSettings, say=print, progress=None) -> dict[str, Any]:
@@ -223,9 +224,12 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
             scheduler=c,
             profile=profile,
             report_path=out / f"{c.name}.jsonl",
+            trace_path=settings.trace if k == 0 else None,
         )
-        for c in configs
+        for k, c in enumerate(configs)
     }
+    if settings.trace is not None:
+        settings.trace.unlink(missing_ok=True)
     for path in (out / f"{c.name}.jsonl" for c in configs):
         path.unlink(missing_ok=True)
     kwargs = {

@@ -326,6 +326,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         scheduler: SchedulerConfig,
         profile: TimePerTokenProfile,
         report_path: str | Path | None = None,
+        trace_path: str | Path | None = None,
         check_interval_s: float = 0.5,
         gpus_per_node: int = 8,
         registry: Registry | None = None,
@@ -346,6 +347,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.planner.warm_actors = len(vllm_engines)  # OpenRLHF started them before the first step
         self.profile = profile
         self.report_path = None if report_path is None else Path(report_path)
+        self.trace_path = None if trace_path is None else Path(trace_path)
         self.check_interval_s = check_interval_s
         self.dead: set[int] = set()
         # dedup prefill rides on vLLM's prefix cache; the user's setting holds for every scheduler alike
@@ -428,6 +430,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         outcome = StepController(self.planner, backend, batch, plan, step=self.step, history_uids=history).run()
         experiences = [self._process_response_into_experience(r, **kw) for r in outcome.outputs]
         self.last_cuts = backend.cut_log  # (sample in batch order, engine, CutSample): what each cut kept
+        self._write_trace(outcome, uids, token_ids, n)
         self._finish_step(outcome, plan)
         return experiences
 
@@ -484,6 +487,26 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             log.warning("rollout engine %d died (%s); its prompts go to the other engines", engine, type(exc).__name__)
 
     # -- after the step ------------------------------------------------------------------------------------
+    def _write_trace(self, outcome: StepOutcome, uids: list[str], token_ids: list[list[int]], n: int) -> None:
+        """Append the step's samples to the trace, in the JSON-lines format ``rlhfless simulate --trace`` reads:
+        the prompt's uid (stable across epochs; a prompt repeated within a batch gets ``#k``), the step, the sample
+        index, prompt and response lengths, and the prompt's token ids (so a replay deduplicates prefixes)."""
+        if self.trace_path is None:
+            return
+        self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.trace_path.open("a", encoding="utf-8") as fh:
+            for sid, s in enumerate(outcome.samples):  # batch order: prompt i's n samples at [i n, (i + 1) n)
+                i = sid // n
+                row = {
+                    "uid": uids[i],
+                    "step": self.step,
+                    "sample_idx": s.sample_index,
+                    "prompt_length": s.prompt_length,
+                    "response_length": s.response_length,
+                    "prompt": token_ids[i],
+                }
+                fh.write(json.dumps(row) + "\n")
+
     def _finish_step(self, outcome: StepOutcome, plan: StepPlan) -> None:
         report = outcome.report
         lengths = np.array([s.response_length for s in outcome.samples], dtype=np.float64)

@@ -48,6 +48,7 @@ class GeneratorActor:
         *,
         n_samples: int,
         report_path: str | None = None,
+        trace_path: str | None = None,
         logprobs: bool = True,
     ) -> None:
         from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
@@ -65,6 +66,7 @@ class GeneratorActor:
             scheduler=SchedulerConfig.model_validate(scheduler),
             profile=TimePerTokenProfile.model_validate(profile),
             report_path=report_path,
+            trace_path=trace_path,
         )
 
     def step(

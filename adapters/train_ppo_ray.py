@@ -7,6 +7,8 @@ Every flag of ``openrlhf.cli.train_ppo_ray`` passes through unchanged; these are
   --scheduler.config FILE    a scheduler YAML, overriding the preset
   --scheduler.profile NAME   the time-per-token profile the cost model plans with (default qwen2.5-7b-l40s)
   --scheduler.report FILE    the JSON-lines step report (default rlhfless_steps.jsonl)
+  --scheduler.trace FILE     also write every sample (uid, step, sample index, prompt and response length,
+                             prompt tokens) as a trace that `rlhfless simulate --trace FILE` replays
 
 The scheduler, the config and the profile are checked, and so are the OpenRLHF internals the adapter uses,
 before Ray starts; so are OpenRLHF's flags, once OpenRLHF has parsed them: a mode the adapter cannot run is
@@ -25,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-OUR_FLAGS = ("--scheduler", "--scheduler.config", "--scheduler.profile", "--scheduler.report")
+OUR_FLAGS = ("--scheduler", "--scheduler.config", "--scheduler.profile", "--scheduler.report", "--scheduler.trace")
 
 
 def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -68,7 +70,13 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
         raise SystemExit(f"error: {refused}")
     profile = load_profile(ours.get("--scheduler.profile", "qwen2.5-7b-l40s"))
     report = str(Path(ours.get("--scheduler.report", "rlhfless_steps.jsonl")).resolve())
-    return {"scheduler": config.model_dump(mode="json"), "profile": profile.model_dump(mode="json"), "report": report}
+    trace = str(Path(ours["--scheduler.trace"]).resolve()) if "--scheduler.trace" in ours else None
+    return {
+        "scheduler": config.model_dump(mode="json"),
+        "profile": profile.model_dump(mode="json"),
+        "report": report,
+        "trace": trace,
+    }
 
 
 def _flag(args: Any, group: str, name: str) -> Any:

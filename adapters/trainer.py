@@ -43,6 +43,7 @@ def swap_generator(strategy: Any, old: Any) -> RlhflessSamplesGenerator:
         scheduler=SchedulerConfig.model_validate(rl["scheduler"]),
         profile=TimePerTokenProfile.model_validate(rl["profile"]),
         report_path=rl.get("report"),
+        trace_path=rl.get("trace"),
     )
 
 

@@ -251,6 +251,37 @@ def test_a_policy_that_raises_falls_back_for_the_step(stack, registry_with):
     assert gen.last_report.fallbacks == ["assigner:boom"]
 
 
+def test_a_trace_written_by_real_steps_replays_in_the_simulator(stack, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from rlhfless_sdk.simulation.traces import load_trace
+
+    trace = tmp_path / "trace.jsonl"
+    gen = make_generator(stack, "openrlhf", num_prompts=8, trace_path=trace)
+    lengths = []
+    for _ in range(2):
+        experiences, *_ = gen.generate_samples(max_new_tokens=32, n_samples_per_prompt=N_SAMPLES, max_len=512)
+        lengths.append([int(e.response_length[0]) for e in experiences])
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0] * 16 + [1] * 16
+    assert [r["response_length"] for r in rows] == lengths[0] + lengths[1]
+    assert all(len(r["prompt"]) == r["prompt_length"] > 0 for r in rows)
+    workload = load_trace(trace)
+    assert [int(s.batch.n_samples.sum()) for s in workload.steps] == [16, 16]
+    assert workload.steps[1].lengths.tolist() == lengths[1]
+    out = subprocess.run(
+        [sys.executable, "-m", "rlhfless_sdk.cli.main", "simulate", "--trace", str(trace), "--scheduler", "openrlhf",
+         "--scheduler", "rlhfless", "--no-frontier", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    assert report["workload"]["samples"] == 32
+    assert [s["name"] for s in report["schedulers"]] == ["openrlhf", "rlhfless"]
+
+
 # -- evaluation and dynamic filtering go the way OpenRLHF's own generator takes them --
 def test_evaluation_rollouts_take_openrlhfs_path_and_leave_the_schedule_alone(stack):
     gen = make_generator(stack, "rlhfless", num_prompts=4)
