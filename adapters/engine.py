@@ -43,6 +43,7 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         self._rl_cut: dict[str, asyncio.Future] = {}  # piece key -> the continuation, once cut
         self._rl_partial: dict[str, asyncio.Future] = {}  # piece key -> what the cut kept (None: it had ended)
         self._rl_warmed: set[tuple[int, ...]] = set()
+        self._rl_prefix: dict[str, tuple[list[int], list[float] | None]] = {}  # key -> tokens carried from before
         self._rl_asleep = False
         self._rl_inflight = 0
         self._rl_busy = 0.0
@@ -153,6 +154,9 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         key = _SAMPLE_KEY.get()
         if key is None:
             return await super().generate(prompt_token_ids, sampling_params, multi_modal_data)
+        prefix = self._rl_prefix.pop(key, None)
+        if prefix is not None:
+            return await self._continue_carried(key, list(prompt_token_ids), sampling_params, prefix)
         final, tokens, logprobs, reason = await self._keyed(
             key, list(prompt_token_ids), sampling_params, multi_modal_data, first_piece=True
         )
@@ -160,6 +164,29 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
             return final  # never cut: vLLM's own output
         stitched = SimpleNamespace(token_ids=tokens, text="", finish_reason=reason, logprobs=logprobs)
         return SimpleNamespace(outputs=[stitched], prompt_token_ids=list(prompt_token_ids), migrated=True)
+
+    async def _continue_carried(
+        self, key: str, prompt_token_ids: list[int], params: Any, prefix: tuple[list[int], list[float] | None]
+    ) -> Any:
+        """A sample carried from an earlier step (partial rollouts): generate the rest after its prompt and the
+        tokens it had, and return the whole response, each carried token with the logprob its own policy gave
+        it (as a vLLM-style {token: logprob} entry, so OpenRLHF's executor reads it like any other)."""
+        had, had_logprobs = list(prefix[0]), prefix[1]
+        params = deepcopy(params)
+        budget = (params.max_tokens or 0) - len(had)
+        if budget <= 0:  # it was cut on its last allowed token
+            tokens, logprobs, reason = [], [] if params.logprobs is not None else None, "length"
+        else:
+            params.max_tokens = budget
+            params.min_tokens = max((getattr(params, "min_tokens", 0) or 0) - len(had), 0)
+            _, tokens, logprobs, reason = await self._keyed(key, prompt_token_ids + had, params, first_piece=True)
+        if logprobs is not None:
+            if had_logprobs is None or len(had_logprobs) != len(had):
+                raise RuntimeError(f"rlhfless: carried sample {key} has no logprob for each of its {len(had)} tokens")
+            carried = [{t: SimpleNamespace(logprob=float(lp))} for t, lp in zip(had, had_logprobs, strict=True)]
+            logprobs = carried + logprobs
+        stitched = SimpleNamespace(token_ids=had + tokens, text="", finish_reason=reason, logprobs=logprobs)
+        return SimpleNamespace(outputs=[stitched], prompt_token_ids=prompt_token_ids, migrated=True)
 
     async def generate_group(
         self,
@@ -170,8 +197,11 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         hf_tokenizer: Any,
         keys: list[str],
         images: Any = None,
+        carried: dict[str, tuple[list[int], list[float] | None]] | None = None,
     ) -> list[dict[str, Any]]:
-        """Like ``generate_responses``, one sample per key, results in key order."""
+        """Like ``generate_responses``, one sample per key, results in key order. ``carried``: for a sample
+        carried from an earlier step, the response tokens it has and their logprobs; it continues from them."""
+        self._rl_prefix.update(carried or {})
 
         async def one(key: str) -> dict[str, Any]:
             _SAMPLE_KEY.set(key)  # each gather task runs in its own copy of the context

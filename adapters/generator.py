@@ -15,17 +15,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ray
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
-from rlhfless_openrlhf.messages import CutSample, EngineStats
+from rlhfless_openrlhf.messages import Continuation, CutSample, EngineStats
 from vllm import SamplingParams
 
 from rlhfless_sdk.api.batch import PromptBatch
@@ -34,6 +35,7 @@ from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 from rlhfless_sdk.api.records import Cluster, StepPlan, StepReport, TimePerTokenProfile
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.planner import StepPlanner
+from rlhfless_sdk.rollout.carry import CarryBook
 from rlhfless_sdk.rollout.controller import (
     EngineStatus,
     EngineUsage,
@@ -81,6 +83,7 @@ class _Request:
     prompt_of: list[int]  # per sample: its prompt's index
     params: SamplingParams
     max_length: int
+    prefix: dict[int, tuple[list[int], list[float] | None]] = field(default_factory=dict)  # sample -> carried tokens
 
 
 class _Piece:
@@ -125,6 +128,8 @@ class RayBackend:
         self.chain: list[list[_Link]] = [[] for _ in req.keys]
         self.continuations: dict[Any, tuple[int, int]] = {}  # ref -> (sample, link index)
         self.cut_log: list[tuple[int, int, CutSample]] = []  # every cut of the step: (sample, engine, what it kept)
+        self.carried: set[int] = set()  # samples cut at the step's end, their tokens kept for a later step
+        self.carried_out: dict[int, dict[str, Any]] = {}  # sample -> its engine's response with what it has
         self.started = False
 
     @property
@@ -188,6 +193,7 @@ class RayBackend:
             hf_tokenizer=self.gen.tokenizer,
             keys=piece.keys,
             images=r.images[i],
+            carried={k: r.prefix[s] for s, k in zip(piece.samples, piece.keys, strict=True) if s in r.prefix} or None,
         )
         self.pending[piece.ref] = piece
 
@@ -216,8 +222,13 @@ class RayBackend:
                     if self.root[sid] != key:
                         raise RuntimeError(f"rollout backend: {key} returned; sample {sid} runs as {self.root[sid]}")
                     self.chain[sid], self.root[sid], self.now_key[sid] = [], None, None
+                    if sid in self.carried:  # what it has, for a later step: not finished in this one
+                        self.carried_out[sid] = resp
+                        continue
                     reason = "length" if resp.get("truncated") else "stop"
-                    out.finished.append(Finished(sid, _response_length(resp), output=resp, finish_reason=reason))
+                    had = len(self.req.prefix[sid][0]) if sid in self.req.prefix else 0
+                    made = _response_length(resp) - had  # this step's tokens (a carried sample had some before)
+                    out.finished.append(Finished(sid, made, output=resp, finish_reason=reason))
         else:  # every piece returned, so every sample finished or was reported lost and re-dispatched
             raise RuntimeError("rollout backend: samples are unfinished but no engine holds any (a bug)")
         self._check_continuations(out)
@@ -287,6 +298,41 @@ class RayBackend:
         self.continuations[cont] = (sample, len(self.chain[sample]) - 1)
         self.handles[link.holder].deliver.remote(link.key, cont)
 
+    def carry(self, engine: int, sample: int) -> None:
+        """The step ended: the engine that cut the sample last hands what it has back along the chain, so the
+        first engine's call returns the sample's response so far (kept in ``carried_out``)."""
+        link = self.chain[sample][-1]
+        logprobs = None if self.req.params.logprobs is None else []
+        empty = Continuation(token_ids=[], logprobs=logprobs, finish_reason="carried")
+        self.handles[link.holder].deliver.remote(link.key, empty)
+        self.carried.add(sample)
+
+    def collect_carried(self, timeout_s: float = 120.0) -> None:
+        """After the step: wait for the calls still out (those of carried samples, which return what they have
+        once ``carry`` released them) and keep their responses in ``carried_out``. A carried sample whose engine
+        died comes back with nothing: it starts over in the next step."""
+        deadline = time.time() + timeout_s
+        while self.pending:
+            ready, _ = ray.wait(
+                list(self.pending), num_returns=len(self.pending), timeout=max(deadline - time.time(), 0)
+            )
+            if not ready:
+                raise RuntimeError(f"rollout backend: {len(self.pending)} call(s) of carried samples never returned")
+            for ref in ready:
+                piece = self.pending.pop(ref)
+                try:
+                    results = ray.get(ref)
+                except (*_DEAD, ray.exceptions.RayTaskError) as exc:
+                    if isinstance(exc, ray.exceptions.RayTaskError) and not _engine_dead(exc):
+                        raise
+                    self.gen._mark_dead(piece.engine, exc)
+                    continue
+                for resp in results:
+                    sid = self._sample_of(resp["rlhfless_key"])
+                    if sid not in self.carried:
+                        raise RuntimeError(f"rollout backend: sample {sid} came back after its step ended (a bug)")
+                    self.carried_out[sid] = resp
+
     def now(self) -> float:
         return time.time() - self.t_start
 
@@ -350,12 +396,19 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.trace_path = None if trace_path is None else Path(trace_path)
         self.check_interval_s = check_interval_s
         self.dead: set[int] = set()
+        # partial rollouts cut at B groups: what is carried between steps
+        self.keeps_tokens = self.planner.keeps_tokens(0, [])
+        self.book = CarryBook()
+        self.group_meta: dict[int, tuple[str, Any, Any, str, list[int]]] = {}  # group -> prompt, label, image, uid, ids
+        self.carry_state: dict[tuple[int, int], tuple[list[int], list[float] | None]] = {}  # sample -> tokens, logprobs
+        self.ended_responses: dict[tuple[int, int], dict[str, Any]] = {}  # samples ended, their group still open
         # dedup prefill rides on vLLM's prefix cache; the user's setting holds for every scheduler alike
         self.prefix_caching = bool(getattr(self.args.vllm, "enable_prefix_caching", True))
         if not self.prefix_caching:
             log.info("prefix caching is off (--vllm.enable_prefix_caching): the dedup prefill plan is not applied")
         self.step = 0
         self.last_cuts: list[tuple[int, int, CutSample]] = []
+        self.last_trained_groups: list[int] = []  # partial rollouts: the groups of the last step's experiences
         self.last_report: StepReport | None = None
         self.last_metrics: dict[str, float] = {}
 
@@ -376,6 +429,10 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         (each one a scheduled round of its own in the step report) until the batch is full or the data ends."""
         if dataloader_iter is not None and dataloader_iter is getattr(self, "_eval_dataloader_iter", None):
             return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
+        if self.keeps_tokens:
+            if dynamic_filtering:  # refused at launch too: a dropped group would break "B groups a step"
+                raise RuntimeError("rlhfless: partial rollouts (partial-batch) cannot run with dynamic filtering")
+            return self._generate_batch_cut(dataloader_iter, num_prompts, **generate_kwargs)
         n = int(generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
         accepted: list = []
         consumed, want, exhausted = 0, num_prompts, False
@@ -395,11 +452,140 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                 log.info("dynamic filtering dropped %d of %d groups; refilling from the dataloader", want, len(prompts))
         return accepted, consumed, exhausted
 
+    # -- partial rollouts cut at B groups (a straggler policy that keeps tokens) -------------------------------
+    def _generate_batch_cut(self, dataloader_iter, b: int, **kw: Any) -> tuple[list, int, bool]:
+        """One step of partial rollouts cut when B groups are complete (``partial-batch``): every group carried
+        from the step before, plus fresh prompts from OpenRLHF's dataloader up to (1 + over_provision) x B groups
+        in flight; the step ends once the carried groups and ``B - carried`` fresh ones are complete, and every
+        other sample is cut where it is and carried, with its tokens and their logprobs, into the next step, where
+        it continues under the new weights on whichever engine the plan picks. A group trains once, complete, with
+        all n samples in order; each carried token keeps the logprob of the policy that generated it, so OpenRLHF's
+        rollout-logprob importance correction applies. Once the dataloader runs dry nothing is cut: the last step
+        trains what is left. Returns (experiences, prompts taken from the dataloader, exhausted)."""
+        t_start = time.time()
+        n = int(kw.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
+        fallbacks: list[str] = []
+        book = self.book
+        held = book.open_group_ids()
+        want = max(math.ceil((1.0 + self.planner.over_provision(self.step, fallbacks)) * b) - len(held), 0)
+        prompts, labels, images, exhausted = [], [], [], False
+        if want:
+            prompts, labels, images, exhausted = _collect_prompt_batch(dataloader_iter, want)
+        if not prompts and not held:
+            return [], 0, True
+        images = images or [None] * len(prompts)
+        new, new_pred, new_tokens = None, None, [self._tokenize(p) for p in prompts]
+        if prompts:
+            lengths = np.array([len(t) for t in new_tokens], dtype=np.int64)
+            taken = {p.uid for p in book.carried} | {self.group_meta[g][3] for g in held}
+            uids = []
+            for p in prompts:  # distinct within the step and from open groups; the history key is the base uid
+                base, k = prompt_uid(p), 0
+                while (uid := base if k == 0 else f"{base}#{k}") in taken:
+                    k += 1
+                taken.add(uid)
+                uids.append(uid)
+            new = PromptBatch(
+                uids=uids,
+                prompt_lengths=lengths,
+                n_samples=np.full(len(prompts), n, dtype=np.int64),
+                token_flat=np.fromiter((t for ids in new_tokens for t in ids), np.int64, count=int(lengths.sum())),
+            )
+            new_pred = self.planner.predict(new, fallbacks)
+        spread = self.planner.spread
+        remaining = (lambda t, h, sp=spread: sp.remaining(t, h) / sp.scale) if spread is not None else None
+        n_carried = len(book.carried)
+        batch, piece_pred, caps = book.pieces(
+            new, new_pred, remaining=remaining, cap=spread.cap if spread and spread.cap else None
+        )
+        pieces = book.step_pieces
+        for i in range(len(prompts)):  # the new groups, in launch order
+            g = pieces[n_carried + i * n].group
+            self.group_meta[g] = (prompts[i], labels[i], images[i], new.uids[i], new_tokens[i])
+        firsts = pieces[:n_carried] + pieces[n_carried::n]  # the batch's prompts: carried samples, then new groups
+        metas = [self.group_meta[p.group] for p in firsts]
+        plan = self.planner.plan(batch, step=self.step, predicted=piece_pred, length_caps=caps)
+        if not [e for e in range(len(self.vllm_engines)) if e not in self.dead]:
+            raise RuntimeError("every rollout engine has died; cannot generate")
+        req = _Request(
+            prompts=[m[0] for m in metas],
+            labels=[m[1] for m in metas],
+            images=[m[2] for m in metas],
+            token_ids=[m[4] for m in metas],
+            keys=[f"{batch.uids[i]}/{k}" for i in range(len(batch)) for k in range(int(batch.n_samples[i]))],
+            prompt_of=[i for i in range(len(batch)) for _ in range(int(batch.n_samples[i]))],
+            params=self._sampling_params(**kw),
+            max_length=kw.get("max_len", 2048),
+            prefix={
+                sid: self.carry_state[(p.group, p.sample_index)]
+                for sid, p in enumerate(pieces[:n_carried])
+                if (p.group, p.sample_index) in self.carry_state
+            },
+        )
+        # the end rule: the held groups and B - held fresh ones complete (fresh ones in completion order)
+        prompts_of: dict[int, list[int]] = defaultdict(list)
+        for sid, p in enumerate(pieces):
+            prompts_of[p.group].append(req.prompt_of[sid])
+        fresh = list(dict.fromkeys(p.group for p in pieces[n_carried:]))
+        need = b - len(held)
+        completed: list[int] = []
+
+        def scan(ctl: StepController) -> bool:
+            """Note the fresh groups that completed since the last poll (in launch order within one poll); True
+            once every held group is complete."""
+            done = set(ctl.done_prompts())
+            for g in fresh:
+                if g not in completed and all(i in done for i in prompts_of[g]):
+                    completed.append(g)
+            return all(all(i in done for i in prompts_of[g]) for g in held)
+
+        def stop(ctl: StepController) -> bool:
+            return scan(ctl) and len(completed) >= need
+
+        cut = not exhausted and len(held) + len(fresh) > b
+        backend = RayBackend(self, req, plan, t_start)
+        controller = StepController(self.planner, backend, batch, plan, step=self.step)
+        outcome = controller.run(observe=False, stop=stop if cut else None)
+        scan(controller)  # groups that completed in the last poll (or all at once, before the rule could cut)
+        backend.collect_carried()
+        carried = set(outcome.carried)
+        made, ended = [], []
+        for sid, s in enumerate(outcome.samples):
+            kept = sid not in carried or sid in backend.carried_out  # a carried sample whose engine died has nothing
+            made.append(s.response_length if kept else 0)
+            ended.append(sid not in carried)
+        train = {*held, *(completed[:need] if cut else completed)}  # without a cut: everything, all complete
+        settled = book.settle(self.step, made, ended, train=train)
+        for sid, p in enumerate(pieces):
+            key = (p.group, p.sample_index)
+            if sid not in carried:
+                self.ended_responses[key] = outcome.outputs[sid]
+                self.carry_state.pop(key, None)
+            elif sid in backend.carried_out:  # everything it has now, prompt excluded
+                resp = backend.carried_out[sid]
+                start = resp["action_ranges"][0][0]
+                lps = resp["rollout_log_probs"]
+                self.carry_state[key] = (list(resp["observation_tokens"][start:]), None if lps is None else lps[start:])
+        experiences = []
+        for tg in settled.trained:
+            for j in range(len(tg.lengths)):
+                response = self.ended_responses.pop((tg.group, j))
+                experiences.append(self._process_response_into_experience(response, **kw))
+            self.group_meta.pop(tg.group, None)
+        self.planner.observe([f.model_copy(update={"uid": f.uid.split("#")[0]}) for f in settled.finished])
+        report = outcome.report.model_copy(
+            update={**settled.report_fields(), "samples": sum(len(g.lengths) for g in settled.trained)}
+        )
+        self.last_cuts = backend.cut_log
+        self.last_trained_groups = [tg.group for tg in settled.trained]  # the experiences' groups, in order
+        self._finish_step(replace(outcome, report=report), plan)
+        return experiences, len(prompts), exhausted and not book.open_group_ids()
+
     def generate_step(self, prompts: list[str], labels: list[Any], *, images: list | None = None, **kw: Any) -> list:
         """Generate every sample of ``prompts`` under the plan; experiences grouped by prompt, in order."""
         t_start = time.time()
         n = int(kw.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
-        token_ids = [self.tokenizer(text=p, add_special_tokens=False)["input_ids"] for p in prompts]
+        token_ids = [self._tokenize(p) for p in prompts]
         uids, seen = [], defaultdict(int)
         for p in prompts:  # the same prompt twice in one batch: distinct uids, shared history key
             base = prompt_uid(p)
@@ -433,6 +619,9 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self._write_trace(outcome, uids, token_ids, n)
         self._finish_step(outcome, plan)
         return experiences
+
+    def _tokenize(self, prompt: str) -> list[int]:
+        return self.tokenizer(text=prompt, add_special_tokens=False)["input_ids"]
 
     def _begin_step(self, live: list[int]) -> None:
         """Fresh per-step stats on every live engine, and every one awake. OpenRLHF wakes all engines before a

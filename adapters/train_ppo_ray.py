@@ -99,13 +99,36 @@ REFUSED: tuple[tuple[str, Any, str], ...] = (
 )
 
 
-def check_modes(args: Any) -> None:
+#: OpenRLHF modes in which samples cannot be carried from one step to the next (partial rollouts).
+CANNOT_CARRY: tuple[tuple[str, Any, str], ...] = (
+    (
+        "--train.async_enable",
+        lambda a: bool(_flag(a, "train", "async_enable")),
+        "the generator runs ahead of training in its own actor; a carried sample's age would not be bounded",
+    ),
+    (
+        "--algo.dynamic_filtering_enable",
+        lambda a: bool(_flag(a, "algo", "dynamic_filtering_enable")),
+        "a group dropped after completion breaks the B groups a step that partial rollouts train",
+    ),
+)
+
+
+def check_modes(args: Any, settings: dict[str, Any] | None = None) -> None:
     """Refuse, with one line naming the flag, an OpenRLHF mode the RLHFless generator cannot run faithfully."""
     for flag, used, why in REFUSED:
         if used(args):
             raise SystemExit(
                 f"error: {flag} is not supported with --scheduler rlhfless ({why}); run it with --scheduler openrlhf"
             )
+    straggler = ((settings or {}).get("scheduler") or {}).get("straggler", {}).get("name", "none")
+    if straggler != "none":
+        for flag, used, why in CANNOT_CARRY:
+            if used(args):
+                raise SystemExit(
+                    f"error: {flag} cannot carry samples across steps, which the straggler policy {straggler!r} "
+                    f"does ({why}); use --scheduler rlhfless instead"
+                )
 
 
 def install(settings: dict[str, Any]) -> None:
@@ -130,7 +153,7 @@ def install_rollout_hooks(settings: dict[str, Any]) -> None:
 
     def hierarchize(args: Any) -> Any:
         out = original(args)
-        check_modes(out)
+        check_modes(out, settings)
         out.rlhfless = settings
         engines_module.launch_args = out  # the engine builder reads the learner's size from it
         return out

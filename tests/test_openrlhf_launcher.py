@@ -67,11 +67,26 @@ def test_an_async_preset_is_refused_with_the_openrlhf_flags_to_use():
         resolve({"--scheduler": "openrlhf-async"})
 
 
-@pytest.mark.parametrize("name", ["rlhfless-fast", "rlhfless-onpolicy"])
-def test_a_straggler_preset_is_refused_until_real_engines_carry_samples(name):
+def test_tail_batching_is_refused_until_real_engines_re_run_groups():
     # running it would silently drop its straggler policy: refused at launch instead, naming the policy
-    with pytest.raises(SystemExit, match=r"straggler policy '(partial-batch|tail-batch)'.*rlhfless simulate"):
-        resolve({"--scheduler": name})
+    with pytest.raises(SystemExit, match=r"straggler policy 'tail-batch'.*rlhfless simulate"):
+        resolve({"--scheduler": "rlhfless-onpolicy"})
+    assert resolve({"--scheduler": "rlhfless-fast"})["scheduler"]["straggler"]["name"] == "partial-batch"
+
+
+@pytest.mark.parametrize(("flag", "value"), [("train.async_enable", True), ("algo.dynamic_filtering_enable", True)])
+def test_partial_rollouts_are_refused_where_openrlhf_cannot_carry_samples(monkeypatch, flag, value):
+    import openrlhf.trainer.ray as ray_pkg
+    import openrlhf.utils.config as config_module
+
+    monkeypatch.setattr(config_module, "hierarchize", config_module.hierarchize)
+    monkeypatch.setattr(ray_pkg, "create_vllm_engines", ray_pkg.create_vllm_engines)
+    install_rollout_hooks(resolve({"--scheduler": "rlhfless-fast"}))
+    with pytest.raises(SystemExit, match=rf"--{flag} cannot carry samples across steps.*'partial-batch'"):
+        _hierarchized(**{flag: value})
+    _hierarchized()  # without it, partial rollouts run
+    install_rollout_hooks(resolve({"--scheduler": "rlhfless"}))
+    _hierarchized(**{flag: value})  # and the other schedulers run in that mode
 
 
 def test_rollout_internals_of_the_installed_openrlhf():

@@ -59,7 +59,7 @@ def stack(tmp_path_factory):
     model = str(tiny_model(cache))
     ray.init(
         num_cpus=8,
-        num_gpus=3,  # two engines for most tests, a third with a reward function for dynamic filtering
+        num_gpus=5,  # two engines for most tests, one with a reward function, two more to kill one of
         include_dashboard=False,
         runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}},
     )
@@ -555,6 +555,96 @@ def test_keyed_requests_survive_openrlhfs_pause_around_a_weight_broadcast(stack)
     assert gen.last_report.fallbacks == [] and gen.dead == set()
 
 
+# -- partial rollouts on real engines (partial-batch: cut when B groups are complete, carry the rest) --
+def _carry_generator(stack, over_provision: float, **kw):
+    from rlhfless_sdk import get_plugin_manager
+
+    config = get_plugin_manager().registry.scheduler("rlhfless-fast")
+    straggler = {"name": "partial-batch", "params": {"over_provision": over_provision}}
+    config = config.derive(name="carry-test", straggler=straggler)
+    return make_generator(stack, config, check_interval_s=0.1, **kw)
+
+
+# Prompts of very different lengths: without --max_new_tokens, OpenRLHF gives each the room left in max_len, so
+# the tiny model (which rarely stops on its own) finishes groups at different times, as real responses do.
+VARIED = [
+    "Question: " + " and then".join(f" Tom has {i * j} apples" for j in range(1, 2 + 3 * i)) + ". How many now?"
+    for i in range(1, 8)
+]
+
+
+def _run_carrying(gen, prompts, b, max_len, on_step=None):
+    """Every step of a partial-rollout run over ``prompts`` (B a step) through the generator's OpenRLHF entry
+    (``_generate_vllm``), until the dataloader and the carried work are both done. Returns, per step, the
+    experiences it trained and the cuts it made (sample -> (group, sample index))."""
+    stream = iter([([i], [p], ["0"], [None]) for i, p in enumerate(prompts)])
+    kwargs = {"n_samples_per_prompt": N_SAMPLES, "max_len": max_len}  # max_new_tokens: what max_len leaves
+    steps = []
+    for k in range(3 * len(prompts)):  # a bound, never reached
+        if on_step is not None:
+            on_step(k)
+        experiences, consumed, exhausted = gen._generate_vllm(stream, b, False, **kwargs)
+        pieces = gen.book.step_pieces
+        steps.append(
+            {
+                "experiences": experiences,
+                "consumed": consumed,
+                "report": gen.last_report,
+                "cuts": [(pieces[sid].group, pieces[sid].sample_index, cut) for sid, _e, cut in gen.last_cuts],
+                "trained_groups": list(gen.last_trained_groups),
+            }
+        )
+        if exhausted:
+            break
+    return steps
+
+
+def _check_every_group_trained_once(steps, prompts, b, max_len):
+    trained = [e.prompts[0] for st in steps for e in st["experiences"]]
+    assert len(trained) == len(prompts) * N_SAMPLES  # every sample of every prompt, once
+    for st in steps:
+        ex = st["experiences"]
+        assert len(ex) % N_SAMPLES == 0
+        for g in range(0, len(ex), N_SAMPLES):  # each group whole, its n samples adjacent
+            assert len({e.prompts[0] for e in ex[g : g + N_SAMPLES]}) == 1
+        for e in ex:
+            assert int(e.total_length[0]) <= max_len
+            assert e.rollout_log_probs is not None and e.rollout_log_probs.shape == e.action_mask.shape
+    assert sorted(trained) == sorted(p for p in prompts for _ in range(N_SAMPLES))
+    assert all(len(st["experiences"]) == b * N_SAMPLES for st in steps[:-1])  # exactly B groups but the last
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_partial_rollouts_carry_tokens_and_logprobs_across_steps(stack, seed):
+    """Random B, over-provisioning and length cap (seeded): every group trains exactly once, whole and in order,
+    B a step; a sample cut at a step's end finishes in a later one with prompt + the tokens it had + the rest,
+    each carried token with the logprob its engine reported at the cut."""
+    rng = np.random.default_rng(seed)
+    b, over, max_len = int(rng.integers(2, 4)), float(rng.choice([0.5, 1.0])), int(rng.choice([200, 240]))
+    prompts = VARIED[: 2 * b + 1]
+    rng.shuffle(prompts)
+    gen = _carry_generator(stack, over)
+    steps = _run_carrying(gen, prompts, b, max_len)
+    _check_every_group_trained_once(steps, prompts, b, max_len)
+    checked = 0
+    for k, st in enumerate(steps):
+        for group, index, cut in st["cuts"]:  # cut at the end of step k: it finishes in a later step
+            final = next(s2 for s2 in steps[k + 1 :] if group in s2["trained_groups"])
+            exp = final["experiences"][final["trained_groups"].index(group) * N_SAMPLES + index]
+            mask = exp.action_mask[0].bool()
+            response = exp.sequences[0][1:][mask].tolist()
+            prompt_len = exp.sequences.shape[1] - int(mask.sum())
+            had = cut.prompt_token_ids[prompt_len:]  # tokens from still earlier steps, if it was carried before
+            assert response[: len(had) + len(cut.partial)] == had + cut.partial
+            lp = exp.rollout_log_probs[0][mask].tolist()
+            reported = _token_logprobs(cut.partial, cut.partial_logprobs)
+            assert lp[len(had) : len(had) + len(cut.partial)] == pytest.approx(reported, abs=1e-6)
+            checked += len(cut.partial) > 0
+    assert checked > 0  # some sample really carried tokens across a weight update
+    assert any(st["report"].stale_token_fraction > 0 for st in steps)
+    assert all(st["report"].max_token_age_steps <= 1 for st in steps)
+
+
 # -- learning-side contract (OpenRLHF's own experience code) --
 # What OpenRLHF's trainer receives from RLHFless's generator is what it receives from OpenRLHF's own, field by
 # field, through OpenRLHF 0.11.2's own CPU code: the micro-batch concat (``split_rollout_samples``), GRPO's group
@@ -806,3 +896,40 @@ def test_engine_killed_mid_step_loses_nothing(stack):
 
     with pytest.raises(RolloutEngineLost, match=r"rollout engine\(s\) 1 died .* --ckpt\.load_enable"):
         gen.generate_samples(max_new_tokens=8, n_samples_per_prompt=N_SAMPLES, max_len=512)
+
+
+def test_partial_rollouts_lose_nothing_when_an_engine_dies_in_step_two(stack):
+    """Three steps of partial rollouts on two fresh engines, one killed mid-way through the second step: every
+    group still trains exactly once with all n samples, in order, B a step; samples the dead engine held start
+    over on the other (those carried into the step keep their tokens: the generator holds them, not the engine)."""
+    from rlhfless_openrlhf.engines import create_engines
+
+    engines = create_engines(2, str(stack.model), cpu=True)
+    stack.ray.get([e.rl_stats.remote() for e in engines])
+    victim = engines[1]
+    view = SimpleNamespace(**{**vars(stack), "engines": engines})
+    gen = _carry_generator(view, 1.0)
+    b, prompts, max_len = 2, VARIED[:6], 240
+
+    def kill_mid_step():
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            progress = stack.ray.get(victim.rl_stats.remote()).progress
+            if progress and max(progress.values()) >= 16:
+                stack.ray.kill(victim)
+                return
+            time.sleep(0.05)
+
+    def on_step(k):
+        if k == 1:
+            threading.Thread(target=kill_mid_step, daemon=True).start()
+
+    try:
+        steps = _run_carrying(gen, prompts, b, max_len, on_step=on_step)
+    finally:
+        for e in engines:
+            stack.ray.kill(e)
+    assert gen.dead == {1}
+    assert len(steps) >= 3
+    _check_every_group_trained_once(steps, prompts, b, max_len)
+    assert not gen.book.open_group_ids() and not gen.carry_state and not gen.ended_responses

@@ -121,20 +121,24 @@ class SchedulerConfig(_WithPolicies):  # type: ignore[misc,valid-type]
 
     def simulator_only(self) -> str | None:
         """Why real engines cannot run this scheduler yet (None: they can): OpenRLHF's async pipeline is
-        modelled for the simulator, and straggler policies (partial rollouts, tail batching) carry or re-run
-        samples across steps, which only the simulator does so far."""
+        modelled for the simulator, and of the straggler policies only partial rollouts cut at B groups
+        (``partial-batch``) run on real engines so far; the others re-run or budget samples across steps."""
         if self.pipeline.mode != "sync":
             return (
                 f"scheduler {self.name!r} models OpenRLHF's async mode for the simulator (pipeline: async); "
                 "on OpenRLHF pass --train.async_enable (and --train.partial_rollout_enable) with --scheduler openrlhf"
             )
         straggler = self.policy("straggler").name
-        if straggler != "none":
+        if straggler not in REAL_ENGINE_STRAGGLERS:
             return (
                 f"scheduler {self.name!r} uses the straggler policy {straggler!r}, which carries or re-runs samples "
                 "across steps; only `rlhfless simulate` runs it so far"
             )
         return None
+
+
+#: Straggler policies the OpenRLHF adapter runs on real engines.
+REAL_ENGINE_STRAGGLERS = ("none", "partial-batch")
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:

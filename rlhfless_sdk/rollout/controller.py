@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -182,6 +182,11 @@ class RolloutBackend(Protocol):
         re-prefilled (``tokens``) or with its KV shipped (``kv``)."""
         ...
 
+    def carry(self, engine: int, sample: int) -> None:
+        """The step ended: keep a just-cut sample's tokens for a later step instead of resuming it (needed only by
+        ``StepController.run(stop=...)``; the backend never reports it finished in this step)."""
+        ...
+
     def now(self) -> float:
         """Seconds since the step started."""
         ...
@@ -199,9 +204,10 @@ class StepOutcome:
     outputs: list[Any]  # the backend's output per sample, same order
     pieces: list[list[tuple[int, int]]]  # per sample: (engine, tokens) generated there, in order; sums to its length
     usage: StepUsage
+    carried: list[int] = field(default_factory=list)  # samples cut when the step ended (``run(stop=...)``)
 
 
-_WAITING, _DONE = 0, 1
+_WAITING, _DONE, _CARRIED = 0, 1, 2
 
 
 class StepController:
@@ -244,10 +250,15 @@ class StepController:
         self.queue: deque[int] = deque()  # the shared queue: samples not started yet (``plan.pull_buffer``)
 
     # -- the step --------------------------------------------------------------------------------------------
-    def run(self, *, observe: bool = True) -> StepOutcome:
-        """Dispatch, drive to the end, regroup, report; feed the samples to the predictor when ``observe``."""
+    def run(self, *, observe: bool = True, stop: Callable[[StepController], bool] | None = None) -> StepOutcome:
+        """Dispatch, drive to the end, regroup, report; feed the samples to the predictor when ``observe``.
+
+        ``stop``: an end rule, asked after every poll (e.g. "B groups are complete"). Once it says so, every
+        unfinished sample is cut where it is and carried (``backend.carry``: its engine hands back what it has);
+        a sample that finishes before its cut lands is finished as usual. ``StepOutcome.carried`` lists them."""
         self.dispatch()
         migrates = self.planner.config.migrates()
+        stopped = False
         while self.unfinished:
             poll = self.backend.poll()
             self._finish_all(poll.finished)
@@ -255,6 +266,12 @@ class StepController:
                 log.info("step %d: engine(s) %s died; re-dispatching what they held", self.step, poll.dead_engines)
             if poll.lost:
                 self._redispatch(poll.lost)
+            if stopped:
+                continue  # only the cuts that had not landed are left to report
+            if stop is not None and self.unfinished and stop(self):
+                stopped = True
+                self._carry_rest()
+                continue
             if self.unfinished and migrates:
                 self._migrate()
             if self.queue:
@@ -267,7 +284,40 @@ class StepController:
         report = self._report(usage)
         if observe:
             self.planner.note_error(report.estimate_error)
-        return StepOutcome(report, samples, self.outputs, self.pieces, usage)
+        carried = [sid for sid, s in enumerate(self.state) if s == _CARRIED]
+        return StepOutcome(report, samples, self.outputs, self.pieces, usage, carried)
+
+    def done_prompts(self) -> list[int]:
+        """Prompts (batch positions) all of whose samples have finished, for an end rule."""
+        n = self.batch.n_samples
+        return [p for p, lengths in self.finished_lengths.items() if len(lengths) == int(n[p])]
+
+    def _carry_rest(self) -> None:
+        """The step ends now: cut every unfinished sample and carry it with the tokens it has (a queued one with
+        none). A cut that comes back empty-handed (the sample just finished, or its engine died) leaves the
+        sample to the next polls."""
+        for sid in self.queue:  # never started
+            self.state[sid] = _CARRIED
+            self.finish_reason[sid] = "abort"
+            self.unfinished -= 1
+        self.queue.clear()
+        for sid in range(len(self.state)):
+            if self.state[sid] != _WAITING:
+                continue
+            e = self.engine[sid]
+            tokens = self.backend.cut(e, sid)
+            if tokens is None:
+                continue
+            if tokens < self.kept[sid]:
+                raise SampleAccountingError(f"sample {sid} was cut at {tokens} tokens, below the {self.kept[sid]} kept")
+            if tokens > self.kept[sid]:
+                self.pieces[sid].append((e, tokens - self.kept[sid]))
+            self.kept[sid] = self.length[sid] = tokens
+            self.state[sid] = _CARRIED
+            self.finish_reason[sid] = "abort"
+            self.pending[e] -= 1
+            self.unfinished -= 1
+            self.backend.carry(e, sid)
 
     def dispatch(self) -> None:
         """Start every sample on the engine the plan assigned it (modulo the live engines), in the plan's order;
@@ -344,7 +394,7 @@ class StepController:
         prompt, by_prompt, n = self.prompt, self.finished_lengths, len(self.state)
         for f in finished:
             sid, tokens = f.sample, f.length
-            if not 0 <= sid < n or state[sid] == _DONE:
+            if not 0 <= sid < n or state[sid] != _WAITING:
                 raise SampleAccountingError(f"backend reported sample {sid} finished; it is not pending in this step")
             if tokens < kept[sid]:
                 raise SampleAccountingError(f"sample {sid} finished with {tokens} tokens, below the {kept[sid]} kept")
@@ -368,8 +418,8 @@ class StepController:
             kept[item.sample] = min(kept.get(item.sample, item.tokens_kept), item.tokens_kept)
         for item in (Lost(sid, k) for sid, k in kept.items()):
             sid = item.sample
-            if self.state[sid] == _DONE:
-                continue
+            if self.state[sid] != _WAITING:
+                continue  # finished, or carried (a lost carried sample: the backend no longer has its tokens)
             if not live:
                 raise NoEngineLeft(f"every rollout engine has died; {self.unfinished} sample(s) cannot be generated")
             self._truncate(sid, item.tokens_kept)
