@@ -74,7 +74,9 @@ def _stdout_to_stderr(active: bool):
 @click.option("--epochs", default=3, type=POSITIVE, show_default=True, help="Rollout steps over the same prompts.")
 @click.option("--max-new-tokens", default=256, type=POSITIVE, show_default=True)
 @click.option("--engines", default=2, type=POSITIVE, show_default=True, help="vLLM engines (one CPU core each here).")
-@click.option("--scheduler", "schedulers", multiple=True, default=("openrlhf", "rlhfless"), show_default=True)
+@click.option(
+    "--scheduler", "schedulers", multiple=True, default=("openrlhf", "rlhfless", "rlhfless-fast"), show_default=True
+)
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -147,21 +149,25 @@ def demo_cmd(
         f"{result['engines']} engines, up to {result['max_new_tokens']} new tokens"
     )
     click.echo(
-        f"{'epoch':>5} {'scheduler':<12}{'gen s':>8}{'engine-s':>10}{'idle':>7}{'migr':>6}"
-        f"{'prefill cached':>16}{'MAE':>7}"
+        f"{'epoch':>5} {'scheduler':<15}{'gen s':>8}{'engine-s':>10}{'groups':>7}{'idle':>6}{'stale':>7}{'migr':>6}"
+        f"{'dedup saved':>12}{'MAE':>6}"
     )
     for s in result["steps"]:
         click.echo(
-            f"{s['epoch'] + 1:>5} {s['scheduler']:<12}{s['generation_s']:>8.1f}{s['engine_seconds']:>10.1f}"
-            f"{s['idle_fraction']:>7.2f}{s['migrations']:>6}{s['prefill_tokens_saved']:>16}"
-            f"{s['prediction_mae']:>7.0f}"
+            f"{s['epoch'] + 1:>5} {s['scheduler']:<15}{s['generation_s']:>8.1f}{s['engine_seconds']:>10.1f}"
+            f"{s['groups']:>7}{s['idle_fraction']:>6.2f}{s['stale_token_fraction']:>7.0%}{s['migrations']:>6}"
+            f"{s['prefill_tokens_saved']:>12}{s['prediction_mae']:>6.0f}"
         )
-    click.echo(f"\n{'totals':<18}{'gen s':>8}{'engine-s':>10}{'speedup':>9}{'engine-s':>10}")
+    click.echo(
+        f"\n{'totals':<15}{'groups':>7}{'gen s':>8}{'s/group':>9}{'speedup':>9}{'engine-s/group':>16}{'stale':>7}"
+    )
     for t in result["totals"]:
         click.echo(
-            f"{t['scheduler']:<18}{t['generation_s']:>8.1f}{t['engine_seconds']:>10.1f}"
-            f"{t['speedup']:>8.2f}x{t['engine_seconds_change']:>+10.0%}"
+            f"{t['scheduler']:<15}{t['groups']:>7}{t['generation_s']:>8.1f}{t['generation_s_per_group']:>9.2f}"
+            f"{t['speedup']:>8.2f}x{t['engine_seconds_per_group']:>9.1f} ({t['engine_seconds_change']:+.0%})"
+            f"{t['stale_token_fraction']:>7.0%}"
         )
+    click.echo("speedup: the first scheduler's generation seconds per trained group over each one's")
     click.echo(f"\nreport: {out / 'report.json'}  plot: {out / 'demo.png'}")
     if trace_file is not None:
         click.echo(f"trace: {trace_file}  (replay it: rlhfless simulate --trace {trace_file} --scheduler ...)")

@@ -19,7 +19,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 from rlhfless_sdk.api.records import Cluster, StepPlan, StepReport, TimePerTokenProfile
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.planner import StepPlanner
-from rlhfless_sdk.rollout.carry import CarryBook
+from rlhfless_sdk.rollout.carry import CarryBook, Group, Piece
 from rlhfless_sdk.rollout.controller import (
     EngineStatus,
     EngineUsage,
@@ -451,6 +451,59 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             if want:
                 log.info("dynamic filtering dropped %d of %d groups; refilling from the dataloader", want, len(prompts))
         return accepted, consumed, exhausted
+
+    # -- carried work across OpenRLHF checkpoints ------------------------------------------------------------
+    def carry_snapshot(self) -> dict[str, Any] | None:
+        """What partial rollouts carry between steps, as plain data for OpenRLHF's checkpoint (``client_states``):
+        the open groups, the carried samples with their tokens and logprobs, the samples already ended in open
+        groups. None when nothing is carried."""
+        book = self.book
+        if not book.groups:
+            return None
+        snapshot = {
+            "version": 1,
+            "step": self.step,
+            "launched": book._launched,
+            "carried": [asdict(p) for p in book.carried],
+            "groups": {str(g): asdict(grp) for g, grp in book.groups.items()},
+            "group_meta": {str(g): [m[0], m[1], None, m[3], list(m[4])] for g, m in self.group_meta.items()},
+            "carry_state": [[g, j, list(t), lp] for (g, j), (t, lp) in self.carry_state.items()],
+            "ended": [[g, j, r] for (g, j), r in self.ended_responses.items()],
+        }
+        # plain JSON data (a reward's tensors become numbers), whatever the checkpoint format pickles or not
+        return json.loads(json.dumps(snapshot, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+
+    def restore_carry(self, snapshot: dict[str, Any] | None) -> int:
+        """Take back what ``carry_snapshot`` saved; returns the number of carried samples restored. A snapshot
+        this generator cannot continue (another scheduler, another format) is dropped with a logged count."""
+        if not snapshot:
+            return 0
+        carried = len(snapshot.get("carried", []))
+        if not self.keeps_tokens or snapshot.get("version") != 1:
+            log.warning(
+                "rlhfless: the checkpoint carries %d partial sample(s) in %d open group(s) that scheduler %s cannot "
+                "continue; they are dropped (their prompts were consumed: they will not train this epoch)",
+                carried,
+                len(snapshot.get("groups", {})),
+                self.planner.config.name,
+            )
+            return 0
+        book = CarryBook()
+        book._launched = int(snapshot["launched"])
+        book.carried = [Piece(**{**p, "steps": [tuple(x) for x in p["steps"]]}) for p in snapshot["carried"]]
+        for g, grp in snapshot["groups"].items():
+            lengths = {int(k): int(v) for k, v in grp["lengths"].items()}
+            steps = {int(k): [tuple(x) for x in v] for k, v in grp["steps"].items()}
+            book.groups[int(g)] = Group(grp["uid"], int(grp["n"]), int(grp["prompt_length"]), lengths, steps)
+        self.book = book
+        self.group_meta = {int(g): (m[0], m[1], None, m[3], list(m[4])) for g, m in snapshot["group_meta"].items()}
+        self.carry_state = {(int(g), int(j)): (list(t), lp) for g, j, t, lp in snapshot["carry_state"]}
+        self.ended_responses = {(int(g), int(j)): r for g, j, r in snapshot["ended"]}
+        self.step = int(snapshot["step"])
+        log.info(
+            "rlhfless: restored %d carried sample(s) in %d open group(s) from the checkpoint", carried, len(book.groups)
+        )
+        return carried
 
     # -- partial rollouts cut at B groups (a straggler policy that keeps tokens) -------------------------------
     def _generate_batch_cut(self, dataloader_iter, b: int, **kw: Any) -> tuple[list, int, bool]:

@@ -99,6 +99,7 @@ LEARNING: tuple[Expect, ...] = (
         needs_gpu_install=True,
     ),
     Expect("openrlhf.trainer.ppo_trainer", "PPOTrainer.broadcast_to_vllm", (), needs_gpu_install=True),
+    Expect("openrlhf.trainer.ppo_trainer", "PPOTrainer.init_checkpoint_states", (), needs_gpu_install=True),
     Expect(
         "openrlhf.trainer.ppo_trainer_async",
         "GenerateSamplesActor.__init__",

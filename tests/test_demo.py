@@ -63,8 +63,14 @@ def test_short_demo_run(tmp_path):
             "2",
             "--max-new-tokens",
             "48",
+            "--scheduler",
+            "openrlhf",
+            "--scheduler",
+            "rlhfless-fast",
             "--out",
             str(out),
+            "--trace",
+            str(tmp_path / "trace.jsonl"),
         ],
         capture_output=True,
         text=True,
@@ -73,17 +79,25 @@ def test_short_demo_run(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
+    # the order of schedulers rotates per epoch (after a warm-up step nobody is measured on)
     assert [(s["epoch"], s["scheduler"]) for s in report["steps"]] == [
         (0, "openrlhf"),
-        (0, "rlhfless"),
+        (0, "rlhfless-fast"),
+        (1, "rlhfless-fast"),
         (1, "openrlhf"),
-        (1, "rlhfless"),
     ]
-    assert all(s["samples"] == 8 for s in report["steps"])
-    assert {t["scheduler"] for t in report["totals"]} == {"openrlhf", "rlhfless"}
+    assert all(s["samples"] == 8 and s["groups"] == 4 for s in report["steps"])  # B groups a step, each scheduler
+    totals = {t["scheduler"]: t for t in report["totals"]}
+    assert set(totals) == {"openrlhf", "rlhfless-fast"} and all(t["groups"] == 8 for t in totals.values())
+    assert totals["openrlhf"]["stale_token_fraction"] == 0.0
     assert (out / "demo.png").read_bytes()[:4] == b"\x89PNG"
-    assert "totals" in proc.stdout and "speedup" in proc.stdout
-    assert len((out / "rlhfless.jsonl").read_text().splitlines()) == 2
+    assert "totals" in proc.stdout and "speedup" in proc.stdout and "stale" in proc.stdout
+    assert len((out / "rlhfless-fast.jsonl").read_text().splitlines()) == 2
+    # the first scheduler's samples as a trace: 2 steps of 4 prompts x 2 samples, replayable
+    from rlhfless_sdk.simulation.traces import load_trace
+
+    workload = load_trace(tmp_path / "trace.jsonl")
+    assert [int(s.batch.n_samples.sum()) for s in workload.steps] == [8, 8]
 
 
 def _strays() -> int:

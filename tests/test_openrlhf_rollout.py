@@ -413,8 +413,8 @@ def test_the_tau_migrator_fires_once_an_engine_has_done_tau_of_its_planned_token
         migrator={"name": "tau-recorded", "params": {"tau": 0.7}},
     )
     # three prompts on two engines: the engine with one group runs its samples faster and passes tau first
-    gen = make_generator(stack, config, registry=reg, num_prompts=3, check_interval_s=0.1)
-    max_new = 200
+    gen = make_generator(stack, config, registry=reg, num_prompts=3, check_interval_s=0.05)
+    max_new = 400
     kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
     experiences, *_ = gen.generate_samples(**kwargs)
     assert_groups(experiences, PROMPTS[:3], N_SAMPLES, max_new)
@@ -425,7 +425,7 @@ def test_the_tau_migrator_fires_once_an_engine_has_done_tau_of_its_planned_token
         for d in decisions:
             src = next(a for a in progress.actors if a.actor_id == d.from_actor)
             mine = [s.tokens_generated for s in progress.unfinished if s.actor_id == d.from_actor]
-            # its generated tokens are its samples' tokens (none finished yet: every sample needs 200 tokens),
+            # its generated tokens are its samples' tokens (none finished yet: every sample needs 400 tokens),
             # and that is at least tau of the tokens planned for it
             assert src.generated_tokens == sum(mine)
             assert sum(mine) >= 0.7 * src.planned_tokens > 0
@@ -643,6 +643,35 @@ def test_partial_rollouts_carry_tokens_and_logprobs_across_steps(stack, seed):
     assert checked > 0  # some sample really carried tokens across a weight update
     assert any(st["report"].stale_token_fraction > 0 for st in steps)
     assert all(st["report"].max_token_age_steps <= 1 for st in steps)
+
+
+def test_carried_work_survives_a_checkpoint(stack, caplog):
+    """OpenRLHF's checkpoint (``client_states``) takes the carried work as plain data; a fresh generator (a resumed
+    run) takes it back and finishes it: every group trains once. One that cannot continue it drops it, saying so."""
+    import json
+    import logging
+
+    b, prompts, max_len = 2, VARIED[:5], 240
+    stream = iter([([i], [p], ["0"], [None]) for i, p in enumerate(prompts)])
+    kwargs = {"n_samples_per_prompt": N_SAMPLES, "max_len": max_len}
+    first = _carry_generator(stack, 1.0)
+    before, *_ = first._generate_vllm(stream, b, False, **kwargs)
+    snapshot = first.carry_snapshot()
+    assert snapshot is not None and json.loads(json.dumps(snapshot)) == snapshot  # plain data
+    carried = len(snapshot["carried"])
+    resumed = _carry_generator(stack, 1.0)
+    assert resumed.restore_carry(json.loads(json.dumps(snapshot))) == carried
+    after = []
+    for _ in range(5):
+        experiences, _consumed, exhausted = resumed._generate_vllm(stream, b, False, **kwargs)
+        after.extend(experiences)
+        if exhausted:
+            break
+    trained = sorted(e.prompts[0] for e in before + after)
+    assert trained == sorted(p for p in prompts for _ in range(N_SAMPLES))
+    with caplog.at_level(logging.WARNING, logger="rlhfless.openrlhf"):
+        assert make_generator(stack, "rlhfless").restore_carry(snapshot) == 0
+    assert f"carries {carried} partial sample(s)" in caplog.text and "dropped" in caplog.text
 
 
 # -- learning-side contract (OpenRLHF's own experience code) --
