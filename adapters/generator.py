@@ -35,7 +35,7 @@ from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 from rlhfless_sdk.api.records import Cluster, StepPlan, StepReport, TimePerTokenProfile
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.planner import StepPlanner
-from rlhfless_sdk.rollout.carry import CarryBook, Group, Piece
+from rlhfless_sdk.rollout.carry import CarryBook, Group, Piece, batch_cut
 from rlhfless_sdk.rollout.controller import (
     EngineStatus,
     EngineUsage,
@@ -198,18 +198,24 @@ class RayBackend:
         self.pending[piece.ref] = piece
 
     # -- poll ------------------------------------------------------------------------------------------------
+    def _returned(self, ref: Any) -> tuple[_Piece, list[dict[str, Any]] | None]:
+        """A dispatched call that came back: its piece and the responses, or None if its engine died."""
+        piece = self.pending.pop(ref)
+        try:
+            return piece, ray.get(ref)
+        except (*_DEAD, ray.exceptions.RayTaskError) as exc:
+            if isinstance(exc, ray.exceptions.RayTaskError) and not _engine_dead(exc):
+                raise
+            self.gen._mark_dead(piece.engine, exc)
+            return piece, None
+
     def poll(self) -> Poll:
         out = Poll()
         if self.pending:
             ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=self.gen.check_interval_s)
             for ref in ready:
-                piece = self.pending.pop(ref)
-                try:
-                    results = ray.get(ref)
-                except (*_DEAD, ray.exceptions.RayTaskError) as exc:
-                    if isinstance(exc, ray.exceptions.RayTaskError) and not _engine_dead(exc):
-                        raise
-                    self.gen._mark_dead(piece.engine, exc)
+                piece, results = self._returned(ref)
+                if results is None:
                     out.dead_engines.append(piece.engine)
                     for sid, key in zip(piece.samples, piece.keys, strict=True):
                         if self.root[sid] == key:  # the engine held it (and would stitch any cut): start over
@@ -319,15 +325,8 @@ class RayBackend:
             if not ready:
                 raise RuntimeError(f"rollout backend: {len(self.pending)} call(s) of carried samples never returned")
             for ref in ready:
-                piece = self.pending.pop(ref)
-                try:
-                    results = ray.get(ref)
-                except (*_DEAD, ray.exceptions.RayTaskError) as exc:
-                    if isinstance(exc, ray.exceptions.RayTaskError) and not _engine_dead(exc):
-                        raise
-                    self.gen._mark_dead(piece.engine, exc)
-                    continue
-                for resp in results:
+                _piece, results = self._returned(ref)
+                for resp in results or ():  # None: its engine died, the carried samples start over
                     sid = self._sample_of(resp["rlhfless_key"])
                     if sid not in self.carried:
                         raise RuntimeError(f"rollout backend: sample {sid} came back after its step ended (a bug)")
@@ -581,15 +580,15 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             prompts_of[p.group].append(req.prompt_of[sid])
         fresh = list(dict.fromkeys(p.group for p in pieces[n_carried:]))
         need = b - len(held)
-        completed: list[int] = []
+        completed: dict[int, int] = {}  # fresh group -> its completion rank (groups seen complete at one poll tie)
 
         def scan(ctl: StepController) -> bool:
-            """Note the fresh groups that completed since the last poll (in launch order within one poll); True
-            once every held group is complete."""
+            """Note the fresh groups that completed since the last poll; True once every held group is complete."""
             done = set(ctl.done_prompts())
+            rank = len(completed)
             for g in fresh:
                 if g not in completed and all(i in done for i in prompts_of[g]):
-                    completed.append(g)
+                    completed[g] = rank
             return all(all(i in done for i in prompts_of[g]) for g in held)
 
         def stop(ctl: StepController) -> bool:
@@ -607,7 +606,11 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             kept = sid not in carried or sid in backend.carried_out  # a carried sample whose engine died has nothing
             made.append(s.response_length if kept else 0)
             ended.append(sid not in carried)
-        train = {*held, *(completed[:need] if cut else completed)}  # without a cut: everything, all complete
+        if cut:  # the SDK's selection rule: the held groups and the first fresh ones to complete (ties: launch order)
+            done_at = {**dict.fromkeys(held, 0.0), **{g: completed.get(g, math.inf) for g in fresh}}
+            train = batch_cut(held, fresh, done_at, b)[0]
+        else:  # nothing was cut: everything, all complete
+            train = {*held, *completed}
         settled = book.settle(self.step, made, ended, train=train)
         for sid, p in enumerate(pieces):
             key = (p.group, p.sample_index)

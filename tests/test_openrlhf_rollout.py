@@ -115,6 +115,23 @@ def assert_groups(experiences, prompts, n, max_new):
             assert e.rollout_log_probs.shape == e.action_mask.shape
 
 
+def mid_step(ray, engine, tokens: int, act) -> threading.Thread:
+    """A thread that calls ``act()`` once one of ``engine``'s samples has decoded ``tokens`` tokens (2 min at most)."""
+
+    def watch():
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            progress = ray.get(engine.rl_stats.remote()).progress
+            if progress and max(progress.values()) >= tokens:
+                act()
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_engines_sit_in_the_placer_built_placement_group(stack):
     assert len(stack.bundles) == 2
     assert all(b["GPU"] == 1 and any(k.startswith("node:") for k in b) for b in stack.bundles)
@@ -530,21 +547,14 @@ def test_keyed_requests_survive_openrlhfs_pause_around_a_weight_broadcast(stack)
     gen = make_generator(stack, "openrlhf", num_prompts=4)
     paused = {}
 
-    def pause_mid_step():
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            progress = ray.get(engines[0].rl_stats.remote()).progress
-            if progress and max(progress.values()) >= 16:
-                ray.get([e.pause_generation.remote() for e in engines])
-                before = ray.get(engines[0].rl_stats.remote()).progress
-                time.sleep(1.0)
-                paused["frozen"] = ray.get(engines[0].rl_stats.remote()).progress == before
-                ray.get([e.resume_generation.remote() for e in engines])
-                return
-            time.sleep(0.05)
+    def pause():
+        ray.get([e.pause_generation.remote() for e in engines])
+        before = ray.get(engines[0].rl_stats.remote()).progress
+        time.sleep(1.0)
+        paused["frozen"] = ray.get(engines[0].rl_stats.remote()).progress == before
+        ray.get([e.resume_generation.remote() for e in engines])
 
-    thread = threading.Thread(target=pause_mid_step, daemon=True)
-    thread.start()
+    thread = mid_step(ray, engines[0], 16, pause)
     max_new = 160
     kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
     experiences = gen.generate_step(PROMPTS[:4], ["0"] * 4, **kwargs)
@@ -902,16 +912,7 @@ def test_engine_killed_mid_step_loses_nothing(stack):
     gen = make_generator(stack, "openrlhf", num_prompts=4)
     victim = stack.engines[1]
 
-    def kill_mid_step():  # once the victim has decoded a few tokens of its samples
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            progress = stack.ray.get(victim.rl_stats.remote()).progress
-            if progress and max(progress.values()) >= 20:
-                stack.ray.kill(victim)
-                return
-            time.sleep(0.05)
-
-    threading.Thread(target=kill_mid_step, daemon=True).start()
+    mid_step(stack.ray, victim, 20, lambda: stack.ray.kill(victim))  # once it has decoded a few tokens
     max_new = 400
     kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
     experiences = gen.generate_step(PROMPTS[:4], ["0"] * 4, **kwargs)
@@ -940,18 +941,9 @@ def test_partial_rollouts_lose_nothing_when_an_engine_dies_in_step_two(stack):
     gen = _carry_generator(view, 1.0)
     b, prompts, max_len = 2, VARIED[:6], 240
 
-    def kill_mid_step():
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            progress = stack.ray.get(victim.rl_stats.remote()).progress
-            if progress and max(progress.values()) >= 16:
-                stack.ray.kill(victim)
-                return
-            time.sleep(0.05)
-
     def on_step(k):
         if k == 1:
-            threading.Thread(target=kill_mid_step, daemon=True).start()
+            mid_step(stack.ray, victim, 16, lambda: stack.ray.kill(victim))
 
     try:
         steps = _run_carrying(gen, prompts, b, max_len, on_step=on_step)
