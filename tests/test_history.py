@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -49,6 +50,28 @@ def test_history_is_safe_with_several_writer_processes(tmp_path):
     store = LengthHistory(path)
     assert len(store) == 4 * 20 * 50  # every row of every writer, none lost
     assert store.recent(["w3-p7"], window=2) == {"w3-p7": [300 + 18 + 7, 300 + 19 + 7]}
+
+
+def test_opening_waits_for_a_writer_that_holds_the_lock(tmp_path):
+    """Another process in a write transaction while this one opens the file (CI once saw two of four writers
+    fail in the open with 'database is locked'): the open waits for the lock like a write does."""
+    path = tmp_path / "busy.sqlite"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)  # a new file, not yet in WAL
+    holder.execute("BEGIN EXCLUSIVE")  # as another process creating it holds it: nobody may even read
+    threading.Timer(0.5, lambda: holder.execute("ROLLBACK")).start()
+    store = LengthHistory(path, timeout_s=30)  # the lock is held for 0.5 s, ten times SQLite's own busy wait
+    assert store.record({"a": [1.0]}) == 0
+    holder.close()
+
+
+def test_opening_gives_up_on_a_lock_held_past_the_timeout(tmp_path):
+    path = tmp_path / "stuck.sqlite"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    with pytest.raises(HistoryError, match=r"stuck\.sqlite.*locked"):
+        LengthHistory(path, timeout_s=0.3)
+    holder.execute("ROLLBACK")
+    holder.close()
 
 
 def test_corrupt_file_is_a_clear_error(tmp_path):

@@ -45,11 +45,26 @@ class LengthHistory:
         try:
             self._db = sqlite3.connect(where, timeout=_POLL_S, isolation_level=None, check_same_thread=False)
             self._db.execute(f"PRAGMA busy_timeout = {int(_POLL_S * 1000)}")
-            if self.path is not None:
-                self._db.execute("PRAGMA journal_mode = WAL")
-            self._check_or_create()
+            # Several processes opening a new file at once contend for the lock that switching the journal to WAL
+            # and creating the tables take: a locked database is retried until timeout_s, like a write.
+            self._retry_locked(self._open_file)
         except sqlite3.DatabaseError as exc:
             raise HistoryError(f"{where}: not a usable rlhfless length history ({exc})") from None
+
+    def _open_file(self) -> None:
+        if self.path is not None:
+            self._db.execute("PRAGMA journal_mode = WAL")
+        self._check_or_create()
+
+    def _retry_locked(self, fn) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return fn()
+            except sqlite3.OperationalError as exc:
+                if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(_POLL_S)
 
     def _check_or_create(self) -> None:
         db = self._db
