@@ -46,6 +46,7 @@ from rlhfless_sdk.rollout.controller import (
     StepOutcome,
     StepUsage,
 )
+from rlhfless_sdk.rollout.tail import TailRounds, first_done
 
 log = logging.getLogger("rlhfless.openrlhf")
 
@@ -397,6 +398,13 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.dead: set[int] = set()
         # partial rollouts cut at B groups: what is carried between steps
         self.keeps_tokens = self.planner.keeps_tokens(0, [])
+        # tail batching: rounds of prompts from OpenRLHF's dataloader, the slowest groups' prompts deferred
+        self.tails = not self.keeps_tokens and hasattr(self.planner.policies["straggler"], "over_provision")
+        self.tail: TailRounds | None = None
+        self.tail_prompts: dict[int, tuple[str, Any, Any]] = {}  # prompt id -> prompt, label, image (not trained yet)
+        self._tail_source: Any = None  # the dataloader iterator the rounds draw from
+        self._tail_drawn = 0
+        self._tail_pending: list[int] = []  # restored from a checkpoint, not yet in a round
         self.book = CarryBook()
         self.group_meta: dict[int, tuple[str, Any, Any, str, list[int]]] = {}  # group -> prompt, label, image, uid, ids
         self.carry_state: dict[tuple[int, int], tuple[list[int], list[float] | None]] = {}  # sample -> tokens, logprobs
@@ -432,6 +440,10 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             if dynamic_filtering:  # refused at launch too: a dropped group would break "B groups a step"
                 raise RuntimeError("rlhfless: partial rollouts (partial-batch) cannot run with dynamic filtering")
             return self._generate_batch_cut(dataloader_iter, num_prompts, **generate_kwargs)
+        if self.tails:
+            if dynamic_filtering:  # refused at launch too: a dropped group would break "B groups a step"
+                raise RuntimeError("rlhfless: tail batching (tail-batch) cannot run with dynamic filtering")
+            return self._generate_tail_round(dataloader_iter, num_prompts, **generate_kwargs)
         n = int(generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
         accepted: list = []
         consumed, want, exhausted = 0, num_prompts, False
@@ -453,32 +465,61 @@ class RlhflessSamplesGenerator(SamplesGenerator):
 
     # -- carried work across OpenRLHF checkpoints ------------------------------------------------------------
     def carry_snapshot(self) -> dict[str, Any] | None:
-        """What partial rollouts carry between steps, as plain data for OpenRLHF's checkpoint (``client_states``):
-        the open groups, the carried samples with their tokens and logprobs, the samples already ended in open
-        groups. None when nothing is carried."""
+        """What a straggler policy holds between steps, as plain data for OpenRLHF's checkpoint (``client_states``).
+        Partial rollouts: the open groups, the carried samples with their tokens and logprobs, the samples already
+        ended in open groups. Tail batching: the prompts drawn from the dataloader and not trained yet (deferred or
+        waiting), in order. None when nothing is held."""
         book = self.book
-        if not book.groups:
+        waiting = [] if self.tail is None else [*self.tail.deferred, *self.tail.fresh]
+        waiting += self._tail_pending
+        if not book.groups and not waiting:
             return None
-        snapshot = {
-            "version": 1,
-            "step": self.step,
-            "launched": book._launched,
-            "carried": [asdict(p) for p in book.carried],
-            "groups": {str(g): asdict(grp) for g, grp in book.groups.items()},
-            "group_meta": {str(g): [m[0], m[1], None, m[3], list(m[4])] for g, m in self.group_meta.items()},
-            "carry_state": [[g, j, list(t), lp] for (g, j), (t, lp) in self.carry_state.items()],
-            "ended": [[g, j, r] for (g, j), r in self.ended_responses.items()],
-        }
+        snapshot: dict[str, Any] = {"version": 1, "step": self.step}
+        if book.groups:
+            snapshot.update(
+                {
+                    "launched": book._launched,
+                    "carried": [asdict(p) for p in book.carried],
+                    "groups": {str(g): asdict(grp) for g, grp in book.groups.items()},
+                    "group_meta": {str(g): [m[0], m[1], None, m[3], list(m[4])] for g, m in self.group_meta.items()},
+                    "carry_state": [[g, j, list(t), lp] for (g, j), (t, lp) in self.carry_state.items()],
+                    "ended": [[g, j, r] for (g, j), r in self.ended_responses.items()],
+                }
+            )
+        if waiting:
+            snapshot["deferred"] = [[self.tail_prompts[k][0], self.tail_prompts[k][1]] for k in waiting]
         # plain JSON data (a reward's tensors become numbers), whatever the checkpoint format pickles or not
         return json.loads(json.dumps(snapshot, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
     def restore_carry(self, snapshot: dict[str, Any] | None) -> int:
-        """Take back what ``carry_snapshot`` saved; returns the number of carried samples restored. A snapshot
-        this generator cannot continue (another scheduler, another format) is dropped with a logged count."""
+        """Take back what ``carry_snapshot`` saved; returns the number of carried samples and deferred prompts
+        restored. What this generator cannot continue (another scheduler, another format) is dropped with a
+        logged count."""
         if not snapshot:
             return 0
+        restored = 0
+        version_ok = snapshot.get("version") == 1
+        deferred = snapshot.get("deferred", [])
+        if deferred and (not self.tails or not version_ok):
+            log.warning(
+                "rlhfless: the checkpoint holds %d deferred prompt(s) that scheduler %s does not re-run; they are "
+                "dropped (their prompts were consumed: they will not train this epoch)",
+                len(deferred),
+                self.planner.config.name,
+            )
+        elif deferred:
+            for prompt, label in deferred:
+                k = self._tail_drawn
+                self._tail_drawn += 1
+                self.tail_prompts[k] = (prompt, label, None)
+                self._tail_pending.append(k)
+            self.step = int(snapshot["step"])
+            restored += len(deferred)
+            log.info("rlhfless: restored %d deferred prompt(s) from the checkpoint", len(deferred))
+        if "groups" not in snapshot:
+            return restored
         carried = len(snapshot.get("carried", []))
-        if not self.keeps_tokens or snapshot.get("version") != 1:
+        if not self.keeps_tokens or not version_ok:
             log.warning(
                 "rlhfless: the checkpoint carries %d partial sample(s) in %d open group(s) that scheduler %s cannot "
                 "continue; they are dropped (their prompts were consumed: they will not train this epoch)",
@@ -486,7 +527,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                 len(snapshot.get("groups", {})),
                 self.planner.config.name,
             )
-            return 0
+            return restored
         book = CarryBook()
         book._launched = int(snapshot["launched"])
         book.carried = [Piece(**{**p, "steps": [tuple(x) for x in p["steps"]]}) for p in snapshot["carried"]]
@@ -502,7 +543,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         log.info(
             "rlhfless: restored %d carried sample(s) in %d open group(s) from the checkpoint", carried, len(book.groups)
         )
-        return carried
+        return restored + carried
 
     # -- partial rollouts cut at B groups (a straggler policy that keeps tokens) -------------------------------
     def _generate_batch_cut(self, dataloader_iter, b: int, **kw: Any) -> tuple[list, int, bool]:
@@ -637,8 +678,66 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self._finish_step(replace(outcome, report=report), plan)
         return experiences, len(prompts), exhausted and not book.open_group_ids()
 
-    def generate_step(self, prompts: list[str], labels: list[Any], *, images: list | None = None, **kw: Any) -> list:
-        """Generate every sample of ``prompts`` under the plan; experiences grouped by prompt, in order."""
+    # -- tail batching (a straggler policy that over-provisions and re-runs its slowest groups) -----------------
+    def _prompt_stream(self, dataloader_iter):
+        """Every prompt of OpenRLHF's dataloader, one at a time (none of a batch dropped), as an id."""
+        for _, prompts, labels, images in dataloader_iter:
+            for prompt, label, image in zip(prompts, labels, images, strict=True):
+                k = self._tail_drawn
+                self._tail_drawn += 1
+                self.tail_prompts[k] = (prompt, label, image)
+                yield k
+
+    def _generate_tail_round(self, dataloader_iter, b: int, **kw: Any) -> tuple[list, int, bool]:
+        """One round of tail batching (``tail-batch``, RollPacker-style, on-policy), the SDK's ``TailRounds``
+        drawing prompts from OpenRLHF's dataloader: a short round starts (1 + over_provision) x B groups and
+        ends once B are complete; the others are aborted, their tokens dropped, their prompts deferred. Once B are
+        deferred, a long round runs them, and only them, to the end. When the dataloader runs dry the deferred
+        prompts fill the rounds and the last one trains what is left, so every prompt trains exactly once and no
+        token from older weights reaches training. Returns (experiences, prompts taken from the dataloader,
+        exhausted: the dataloader is dry and nothing is deferred)."""
+        if self.tail is None or dataloader_iter is not self._tail_source:
+            # a new epoch (the last one's rounds are done) or a resumed run: what was drawn and not trained stays
+            left = self._tail_pending + ([] if self.tail is None else [*self.tail.deferred, *self.tail.fresh])
+            self._tail_pending = []
+            self.tail = TailRounds(b, self._prompt_stream(dataloader_iter), deferred=left)
+            self._tail_source = dataloader_iter
+        rounds, drawn = self.tail, self._tail_drawn
+        if rounds.done():
+            return [], 0, True
+        rnd = rounds.next(self.planner.over_provision(self.step, []))
+        metas = [self.tail_prompts[k] for k in rnd.prompts]
+        experiences = self.generate_step(
+            [m[0] for m in metas],
+            [m[1] for m in metas],
+            images=[m[2] for m in metas],
+            train=None if rnd.long else rnd.train,
+            deferred=len(rounds.deferred) + len(rnd.prompts) - rnd.train,  # after this round
+            **kw,
+        )
+        trained = [rnd.prompts[i] for i in self.last_trained_groups]
+        rounds.settle(trained)
+        for k in trained:
+            del self.tail_prompts[k]
+        exhausted = rounds.done()  # may draw the next prompt, to see whether the dataloader is dry
+        return experiences, self._tail_drawn - drawn, exhausted
+
+    def generate_step(
+        self,
+        prompts: list[str],
+        labels: list[Any],
+        *,
+        images: list | None = None,
+        train: int | None = None,
+        deferred: int = 0,
+        **kw: Any,
+    ) -> list:
+        """Generate every sample of ``prompts`` under the plan; experiences grouped by prompt, in order.
+
+        ``train`` (tail batching's short round): the step ends once that many groups are complete; the others are
+        aborted (their tokens dropped) and only the first ``train`` to complete (ties in batch order) make
+        experiences, enter the length history and the trace. ``last_trained_groups`` names them (batch
+        positions, in order); ``deferred`` is what the step report says waits to be re-run."""
         t_start = time.time()
         n = int(kw.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
         token_ids = [self._tokenize(p) for p in prompts]
@@ -669,10 +768,46 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         )
         backend = RayBackend(self, req, plan, t_start)
         history = [u.split("#")[0] for u in uids]  # a prompt repeated in the batch shares its history
-        outcome = StepController(self.planner, backend, batch, plan, step=self.step, history_uids=history).run()
-        experiences = [self._process_response_into_experience(r, **kw) for r in outcome.outputs]
+        controller = StepController(self.planner, backend, batch, plan, step=self.step, history_uids=history)
+        cut = train is not None and train < len(prompts)
+        completed: dict[int, int] = {}  # group -> completion rank (groups seen complete at one poll tie)
+
+        def stop(ctl: StepController) -> bool:
+            rank = len(completed)
+            for g in ctl.done_prompts():
+                completed.setdefault(g, rank)
+            return len(completed) >= train
+
+        outcome = controller.run(observe=not cut, stop=stop if cut else None)
+        rows = list(range(len(prompts)))
+        if cut:
+            stop(controller)  # groups that completed in the last poll
+            backend.collect_carried()  # the aborted samples' calls return; their tokens are dropped
+            done_at = np.array([completed.get(g, math.inf) for g in rows], dtype=np.float64)
+            rows = first_done(done_at, train, False)[0].tolist()
+            kept = [sid for g in rows for sid in range(g * n, (g + 1) * n)]
+            samples = [outcome.samples[sid] for sid in kept]
+            self.planner.observe(samples)  # under their history keys
+            report = outcome.report.model_copy(
+                update={
+                    "samples": len(samples),
+                    "response_tokens": sum(s.response_length for s in samples),
+                    "groups_trained": len(rows),
+                    "deferred_prompts": deferred,
+                    "estimate_error": None,  # the plan's estimate is for every group run to its end
+                }
+            )
+            outcome = replace(outcome, report=report)
+        elif train is not None or deferred:
+            outcome = replace(outcome, report=outcome.report.model_copy(update={"deferred_prompts": deferred}))
+        experiences = [
+            self._process_response_into_experience(outcome.outputs[sid], **kw)
+            for g in rows
+            for sid in range(g * n, (g + 1) * n)
+        ]
         self.last_cuts = backend.cut_log  # (sample in batch order, engine, CutSample): what each cut kept
-        self._write_trace(outcome, uids, token_ids, n)
+        self.last_trained_groups = rows
+        self._write_trace(outcome, uids, token_ids, n, rows=rows)
         self._finish_step(outcome, plan)
         return experiences
 
@@ -732,7 +867,9 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             log.warning("rollout engine %d died (%s); its prompts go to the other engines", engine, type(exc).__name__)
 
     # -- after the step ------------------------------------------------------------------------------------
-    def _write_trace(self, outcome: StepOutcome, uids: list[str], token_ids: list[list[int]], n: int) -> None:
+    def _write_trace(
+        self, outcome: StepOutcome, uids: list[str], token_ids: list[list[int]], n: int, rows: list[int] | None = None
+    ) -> None:
         """Append the step's samples to the trace, in the JSON-lines format ``rlhfless simulate --trace`` reads:
         the prompt's uid (stable across epochs; a prompt repeated within a batch gets ``#k``), the step, the sample
         index, prompt and response lengths, and the prompt's token ids (so a replay deduplicates prefixes)."""
@@ -740,8 +877,11 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             return
         self.trace_path.parent.mkdir(parents=True, exist_ok=True)
         with self.trace_path.open("a", encoding="utf-8") as fh:
+            keep = None if rows is None else set(rows)  # tail batching: only the groups that trained
             for sid, s in enumerate(outcome.samples):  # batch order: prompt i's n samples at [i n, (i + 1) n)
                 i = sid // n
+                if keep is not None and i not in keep:
+                    continue
                 row = {
                     "uid": uids[i],
                     "step": self.step,

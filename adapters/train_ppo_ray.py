@@ -99,7 +99,8 @@ REFUSED: tuple[tuple[str, Any, str], ...] = (
 )
 
 
-#: OpenRLHF modes in which samples cannot be carried from one step to the next (partial rollouts).
+#: OpenRLHF modes in which a straggler policy cannot carry samples (partial rollouts) or defer prompts (tail
+#: batching) from one step to the next.
 CANNOT_CARRY: tuple[tuple[str, Any, str], ...] = (
     (
         "--train.async_enable",
@@ -109,7 +110,7 @@ CANNOT_CARRY: tuple[tuple[str, Any, str], ...] = (
     (
         "--algo.dynamic_filtering_enable",
         lambda a: bool(_flag(a, "algo", "dynamic_filtering_enable")),
-        "a group dropped after completion breaks the B groups a step that partial rollouts train",
+        "a group dropped after completion breaks the B groups a step that partial rollouts and tail batching train",
     ),
 )
 
@@ -126,8 +127,8 @@ def check_modes(args: Any, settings: dict[str, Any] | None = None) -> None:
         for flag, used, why in CANNOT_CARRY:
             if used(args):
                 raise SystemExit(
-                    f"error: {flag} cannot carry samples across steps, which the straggler policy {straggler!r} "
-                    f"does ({why}); use --scheduler rlhfless instead"
+                    f"error: {flag} cannot carry samples or defer prompts across steps, which the straggler policy "
+                    f"{straggler!r} does ({why}); use --scheduler rlhfless instead"
                 )
 
 

@@ -103,12 +103,22 @@ def test_partial_rollouts_in_the_simulator_train_every_group_once(registry):
 def test_tail_rounds_train_every_prompt_exactly_once_b_at_a_time(prompts, b, over, data):
     from rlhfless_sdk.rollout.tail import TailRounds
 
-    rounds = TailRounds(b, list(range(prompts)))
+    drawn: list[int] = []
+
+    def stream():  # lazy, like a dataloader: TailRounds draws only what a round starts (and one to see the end)
+        for p in range(prompts):
+            drawn.append(p)
+            yield p
+
+    rounds = TailRounds(b, stream())
     trained: list[int] = []
     sizes = []
     r = 0
     while not rounds.done():
         rnd = rounds.next(over[r % len(over)])
+        held = [*trained, *rnd.prompts, *rounds.deferred, *rounds.fresh]
+        assert sorted(held) == sorted(drawn)  # every prompt drawn is trained, started, deferred or waiting: once
+        assert len(rounds.fresh) <= math.ceil((1 + over[r % len(over)]) * b)  # draws no more than a round starts
         assert len(set(rnd.prompts)) == len(rnd.prompts)
         # any order of finishing: the backend decides which B come first (a long round trains all)
         first = list(rnd.prompts) if rnd.long else data.draw(st.permutations(rnd.prompts))[: rnd.train]

@@ -63,8 +63,6 @@ def test_the_demo_checks_its_prompts_and_schedulers_before_loading_anything(tmp_
     assert res.exit_code == 2 and "no scheduler named 'nosuch'" in res.output
     res = run("demo", "--scheduler", "openrlhf-async")
     assert res.exit_code == 2 and "--train.async_enable" in res.output
-    res = run("demo", "--scheduler", "rlhfless-onpolicy")
-    assert res.exit_code == 2 and "straggler policy 'tail-batch'" in res.output
 
 
 def test_json_output_is_strict_json():

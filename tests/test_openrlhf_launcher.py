@@ -67,24 +67,38 @@ def test_an_async_preset_is_refused_with_the_openrlhf_flags_to_use():
         resolve({"--scheduler": "openrlhf-async"})
 
 
-def test_tail_batching_is_refused_until_real_engines_re_run_groups():
-    # running it would silently drop its straggler policy: refused at launch instead, naming the policy
-    with pytest.raises(SystemExit, match=r"straggler policy 'tail-batch'.*rlhfless simulate"):
-        resolve({"--scheduler": "rlhfless-onpolicy"})
+SEGMENT_BUDGET = (
+    "name: budgeted\npredictor: ewma\nprefill_planner: none\nassigner: sorted\nmigrator: none\n"
+    "scaler: fixed\nplacer: pack\nstraggler: {name: partial, params: {segment_tokens: 64}}\n"
+)
+
+
+def test_straggler_presets_resolve_and_a_simulator_only_policy_is_refused(tmp_path):
+    assert resolve({"--scheduler": "rlhfless-onpolicy"})["scheduler"]["straggler"]["name"] == "tail-batch"
     assert resolve({"--scheduler": "rlhfless-fast"})["scheduler"]["straggler"]["name"] == "partial-batch"
+    # running a policy real engines cannot would silently drop it: refused at launch instead, naming it
+    config = tmp_path / "budgeted.yaml"
+    config.write_text(SEGMENT_BUDGET)
+    with pytest.raises(SystemExit, match=r"straggler policy 'partial'.*rlhfless simulate"):
+        resolve({"--scheduler": "rlhfless", "--scheduler.config": str(config)})
 
 
 @pytest.mark.parametrize(("flag", "value"), [("train.async_enable", True), ("algo.dynamic_filtering_enable", True)])
-def test_partial_rollouts_are_refused_where_openrlhf_cannot_carry_samples(monkeypatch, flag, value):
+@pytest.mark.parametrize(
+    ("preset", "straggler"), [("rlhfless-fast", "partial-batch"), ("rlhfless-onpolicy", "tail-batch")]
+)
+def test_straggler_policies_are_refused_where_openrlhf_cannot_carry_samples(
+    monkeypatch, flag, value, preset, straggler
+):
     import openrlhf.trainer.ray as ray_pkg
     import openrlhf.utils.config as config_module
 
     monkeypatch.setattr(config_module, "hierarchize", config_module.hierarchize)
     monkeypatch.setattr(ray_pkg, "create_vllm_engines", ray_pkg.create_vllm_engines)
-    install_rollout_hooks(resolve({"--scheduler": "rlhfless-fast"}))
-    with pytest.raises(SystemExit, match=rf"--{flag} cannot carry samples across steps.*'partial-batch'"):
+    install_rollout_hooks(resolve({"--scheduler": preset}))
+    with pytest.raises(SystemExit, match=rf"--{flag} cannot carry samples or defer prompts.*'{straggler}'"):
         _hierarchized(**{flag: value})
-    _hierarchized()  # without it, partial rollouts run
+    _hierarchized()  # without it, the straggler policy runs
     install_rollout_hooks(resolve({"--scheduler": "rlhfless"}))
     _hierarchized(**{flag: value})  # and the other schedulers run in that mode
 

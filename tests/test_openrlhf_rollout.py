@@ -684,6 +684,89 @@ def test_carried_work_survives_a_checkpoint(stack, caplog):
     assert f"carries {carried} partial sample(s)" in caplog.text and "dropped" in caplog.text
 
 
+# -- tail batching on real engines (tail-batch: train the first B groups, re-run the others from scratch later) --
+def _tail_generator(stack, over_provision: float, **kw):
+    from rlhfless_sdk import get_plugin_manager
+
+    config = get_plugin_manager().registry.scheduler("rlhfless-onpolicy")
+    straggler = {"name": "tail-batch", "params": {"over_provision": over_provision}}
+    return make_generator(stack, config.derive(name="tail-test", straggler=straggler), check_interval_s=0.1, **kw)
+
+
+def _run_tail(gen, stream, b, max_len, steps=None, bound=20):
+    """Rounds through the generator's OpenRLHF entry (``_generate_vllm``) until it says the data is done; after
+    each, what every engine still holds (an aborted sample must not keep generating)."""
+    import ray
+
+    kwargs = {"n_samples_per_prompt": N_SAMPLES, "max_len": max_len}
+    steps = [] if steps is None else steps
+    for _ in range(bound):
+        experiences, consumed, exhausted = gen._generate_vllm(stream, b, False, **kwargs)
+        held = [ray.get(e.rl_stats.remote()) for e in gen.vllm_engines]
+        steps.append({"experiences": experiences, "consumed": consumed, "report": gen.last_report, "held": held})
+        if exhausted:
+            return steps
+    raise AssertionError(f"tail batching did not finish in {bound} rounds")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tail_batching_trains_the_first_b_groups_and_re_runs_the_rest_from_scratch(stack, seed):
+    """Random B and over-provisioning (seeded): each round trains exactly B whole groups (but the last), every
+    prompt exactly once across the run, every token from the weights of the step it trains in (no stale token);
+    the slowest groups of a short round really are aborted (deferred, nothing left running on any engine) and
+    re-run later from scratch, each of their samples a complete response."""
+    rng = np.random.default_rng(seed)
+    b, over, max_len = int(rng.integers(2, 4)), float(rng.choice([0.5, 1.0])), 240
+    prompts = VARIED[: 2 * b + 1]
+    rng.shuffle(prompts)
+    stream = iter([([i], [p], ["0"], [None]) for i, p in enumerate(prompts)])
+    gen = _tail_generator(stack, over)
+    steps = _run_tail(gen, stream, b, max_len)
+    trained = [e.prompts[0] for st in steps for e in st["experiences"]]
+    assert sorted(trained) == sorted(p for p in prompts for _ in range(N_SAMPLES))  # none lost, none twice
+    assert sum(st["consumed"] for st in steps) == len(prompts)
+    for st in steps:
+        ex = st["experiences"]
+        for g in range(0, len(ex), N_SAMPLES):  # each group whole, its n samples adjacent
+            assert len({e.prompts[0] for e in ex[g : g + N_SAMPLES]}) == 1
+        for e in ex:
+            assert int(e.total_length[0]) <= max_len
+            assert e.rollout_log_probs is not None and e.rollout_log_probs.shape == e.action_mask.shape
+        report = st["report"]
+        assert report.stale_token_fraction == 0.0 and report.max_token_age_steps == 0  # on-policy
+        assert report.samples == len(ex)
+        assert all(h.progress == {} and h.running == 0 for h in st["held"])  # nothing still generating
+    assert all(len(st["experiences"]) == b * N_SAMPLES for st in steps[:-1])  # exactly B groups but the last
+    assert any(st["report"].deferred_prompts > 0 for st in steps)  # some groups really were aborted and re-run
+    assert gen.tail_prompts == {}  # nothing drawn is left untrained
+
+
+def test_deferred_prompts_survive_a_checkpoint(stack, caplog):
+    """The prompts tail batching has drawn and not trained go into OpenRLHF's checkpoint as plain data; a resumed
+    run trains them (every prompt once); a scheduler that does not re-run prompts drops them, saying how many."""
+    import json
+    import logging
+
+    b, prompts, max_len = 2, VARIED[:5], 240
+    stream = iter([([i], [p], ["0"], [None]) for i, p in enumerate(prompts)])
+    kwargs = {"n_samples_per_prompt": N_SAMPLES, "max_len": max_len}
+    first = _tail_generator(stack, 1.0)
+    before, *_ = first._generate_vllm(stream, b, False, **kwargs)
+    assert first.last_report.deferred_prompts == 2
+    snapshot = first.carry_snapshot()
+    assert snapshot is not None and json.loads(json.dumps(snapshot)) == snapshot  # plain data
+    waiting = len(snapshot["deferred"])
+    assert waiting >= 2  # the two aborted prompts (and any drawn ahead of the next round)
+    resumed = _tail_generator(stack, 1.0)
+    assert resumed.restore_carry(json.loads(json.dumps(snapshot))) == waiting
+    after = [e for st in _run_tail(resumed, stream, b, max_len) for e in st["experiences"]]
+    trained = sorted(e.prompts[0] for e in before + after)
+    assert trained == sorted(p for p in prompts for _ in range(N_SAMPLES))
+    with caplog.at_level(logging.WARNING, logger="rlhfless.openrlhf"):
+        assert make_generator(stack, "rlhfless").restore_carry(snapshot) == 0
+    assert f"holds {waiting} deferred prompt(s)" in caplog.text and "dropped" in caplog.text
+
+
 # -- learning-side contract (OpenRLHF's own experience code) --
 # What OpenRLHF's trainer receives from RLHFless's generator is what it receives from OpenRLHF's own, field by
 # field, through OpenRLHF 0.11.2's own CPU code: the micro-batch concat (``split_rollout_samples``), GRPO's group

@@ -121,8 +121,9 @@ class SchedulerConfig(_WithPolicies):  # type: ignore[misc,valid-type]
 
     def simulator_only(self) -> str | None:
         """Why real engines cannot run this scheduler yet (None: they can): OpenRLHF's async pipeline is
-        modelled for the simulator, and of the straggler policies only partial rollouts cut at B groups
-        (``partial-batch``) run on real engines so far; the others re-run or budget samples across steps."""
+        modelled for the simulator, and of the straggler policies partial rollouts cut at B groups
+        (``partial-batch``) and tail batching (``tail-batch``) run on real engines so far; the segment-budget
+        partial rollouts (``partial``) only in the simulator."""
         if self.pipeline.mode != "sync":
             return (
                 f"scheduler {self.name!r} models OpenRLHF's async mode for the simulator (pipeline: async); "
@@ -138,7 +139,7 @@ class SchedulerConfig(_WithPolicies):  # type: ignore[misc,valid-type]
 
 
 #: Straggler policies the OpenRLHF adapter runs on real engines.
-REAL_ENGINE_STRAGGLERS = ("none", "partial-batch")
+REAL_ENGINE_STRAGGLERS = ("none", "partial-batch", "tail-batch")
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:

@@ -8,14 +8,15 @@ deferred prompts fill the short rounds, and the last round trains whatever is le
 last trains exactly B groups, every prompt trains exactly once, and the long tails wait for each other in
 their own rounds instead of each step waiting for its own.
 
-``TailRounds`` keeps that account for any backend; prompts are opaque references.
+``TailRounds`` keeps that account for any backend; prompts are opaque references, drawn from the stream only
+as a round needs them (a real run's stream is OpenRLHF's prompt dataloader).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,15 +36,26 @@ class Round:
 
 
 class TailRounds:
-    def __init__(self, batch_size: int, stream: Sequence[Hashable]) -> None:
+    def __init__(self, batch_size: int, stream: Iterable[Hashable], deferred: Iterable[Hashable] = ()) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self.batch_size = batch_size
-        self.fresh: deque[Hashable] = deque(stream)
-        self.deferred: deque[Hashable] = deque()
+        self._source = iter(stream)
+        self.dry = False  # the stream has nothing more
+        self.fresh: deque[Hashable] = deque()  # drawn from the stream, not started yet
+        self.deferred: deque[Hashable] = deque(deferred)
         self._round: Round | None = None
 
+    def _draw(self, k: int) -> None:
+        """Hold at least ``k`` fresh prompts, or every one the stream has left."""
+        while len(self.fresh) < k and not self.dry:
+            try:
+                self.fresh.append(next(self._source))
+            except StopIteration:
+                self.dry = True
+
     def done(self) -> bool:
+        self._draw(1)
         return not self.fresh and not self.deferred
 
     def next(self, over_provision: float) -> Round:
@@ -51,17 +63,18 @@ class TailRounds:
         if self.done():
             raise TailError("no prompt left to start")
         b = self.batch_size
+        start = max(math.ceil((1.0 + over_provision) * b), b)
         if len(self.deferred) >= b:  # a long round: B deferred prompts, all of which train
             prompts = [self.deferred.popleft() for _ in range(b)]
             self._round = Round(prompts, True, b)
             return self._round
+        self._draw(start)
         if len(self.fresh) + len(self.deferred) <= b:  # the end of the stream: everything left, all trains
             prompts = [*self.deferred, *self.fresh]
             self.deferred.clear()
             self.fresh.clear()
             self._round = Round(prompts, True, len(prompts))
             return self._round
-        start = max(math.ceil((1.0 + over_provision) * b), b)
         prompts = [self.fresh.popleft() for _ in range(min(start, len(self.fresh)))]
         if len(prompts) < b:  # the stream runs dry: the deferred prompts fill the round (and may be deferred again)
             while len(prompts) < b + (start - b) and self.deferred:
