@@ -148,22 +148,23 @@ def demo_cmd(
         f"\n{result['model']}: {result['prompts']} prompts x {result['samples_per_prompt']} samples, "
         f"{result['engines']} engines, up to {result['max_new_tokens']} new tokens"
     )
+    w = max([15, *(len(t["scheduler"]) + 2 for t in result["totals"])])  # the longest name, then two spaces
     click.echo(
-        f"{'epoch':>5} {'scheduler':<15}{'gen s':>8}{'engine-s':>10}{'groups':>7}{'idle':>6}{'stale':>7}{'migr':>6}"
+        f"{'epoch':>5} {'scheduler':<{w}}{'gen s':>8}{'engine-s':>10}{'groups':>7}{'idle':>6}{'stale':>7}{'migr':>6}"
         f"{'dedup saved':>12}{'MAE':>6}"
     )
     for s in result["steps"]:
         click.echo(
-            f"{s['epoch'] + 1:>5} {s['scheduler']:<15}{s['generation_s']:>8.1f}{s['engine_seconds']:>10.1f}"
+            f"{s['epoch'] + 1:>5} {s['scheduler']:<{w}}{s['generation_s']:>8.1f}{s['engine_seconds']:>10.1f}"
             f"{s['groups']:>7}{s['idle_fraction']:>6.2f}{s['stale_token_fraction']:>7.0%}{s['migrations']:>6}"
             f"{s['prefill_tokens_saved']:>12}{s['prediction_mae']:>6.0f}"
         )
     click.echo(
-        f"\n{'totals':<15}{'groups':>7}{'gen s':>8}{'s/group':>9}{'speedup':>9}{'engine-s/group':>16}{'stale':>7}"
+        f"\n{'totals':<{w}}{'groups':>7}{'gen s':>8}{'s/group':>9}{'speedup':>9}{'engine-s/group':>16}{'stale':>7}"
     )
     for t in result["totals"]:
         click.echo(
-            f"{t['scheduler']:<15}{t['groups']:>7}{t['generation_s']:>8.1f}{t['generation_s_per_group']:>9.2f}"
+            f"{t['scheduler']:<{w}}{t['groups']:>7}{t['generation_s']:>8.1f}{t['generation_s_per_group']:>9.2f}"
             f"{t['speedup']:>8.2f}x{t['engine_seconds_per_group']:>9.1f} ({t['engine_seconds_change']:+.0%})"
             f"{t['stale_token_fraction']:>7.0%}"
         )

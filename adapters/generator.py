@@ -567,23 +567,10 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         if not prompts and not held:
             return [], 0, True
         images = images or [None] * len(prompts)
-        new, new_pred, new_tokens = None, None, [self._tokenize(p) for p in prompts]
-        if prompts:
-            lengths = np.array([len(t) for t in new_tokens], dtype=np.int64)
+        new, new_pred, new_tokens = None, None, []
+        if prompts:  # uids distinct from the open groups' too
             taken = {p.uid for p in book.carried} | {self.group_meta[g][3] for g in held}
-            uids = []
-            for p in prompts:  # distinct within the step and from open groups; the history key is the base uid
-                base, k = prompt_uid(p), 0
-                while (uid := base if k == 0 else f"{base}#{k}") in taken:
-                    k += 1
-                taken.add(uid)
-                uids.append(uid)
-            new = PromptBatch(
-                uids=uids,
-                prompt_lengths=lengths,
-                n_samples=np.full(len(prompts), n, dtype=np.int64),
-                token_flat=np.fromiter((t for ids in new_tokens for t in ids), np.int64, count=int(lengths.sum())),
-            )
+            new_tokens, new = self._prompt_batch(prompts, n, taken)
             new_pred = self.planner.predict(new, fallbacks)
         spread = self.planner.spread
         remaining = (lambda t, h, sp=spread: sp.remaining(t, h) / sp.scale) if spread is not None else None
@@ -740,19 +727,8 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         positions, in order); ``deferred`` is what the step report says waits to be re-run."""
         t_start = time.time()
         n = int(kw.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
-        token_ids = [self._tokenize(p) for p in prompts]
-        uids, seen = [], defaultdict(int)
-        for p in prompts:  # the same prompt twice in one batch: distinct uids, shared history key
-            base = prompt_uid(p)
-            uids.append(base if seen[base] == 0 else f"{base}#{seen[base]}")
-            seen[base] += 1
-        lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
-        batch = PromptBatch(
-            uids=uids,
-            prompt_lengths=lengths,
-            n_samples=np.full(len(prompts), n, dtype=np.int64),
-            token_flat=np.fromiter((t for ids in token_ids for t in ids), dtype=np.int64, count=int(lengths.sum())),
-        )
+        token_ids, batch = self._prompt_batch(prompts, n)
+        uids = batch.uids
         plan = self.planner.plan(batch, step=self.step)
         if not [e for e in range(len(self.vllm_engines)) if e not in self.dead]:
             raise RuntimeError("every rollout engine has died; cannot generate")
@@ -813,6 +789,28 @@ class RlhflessSamplesGenerator(SamplesGenerator):
 
     def _tokenize(self, prompt: str) -> list[int]:
         return self.tokenizer(text=prompt, add_special_tokens=False)["input_ids"]
+
+    def _prompt_batch(self, prompts: list[str], n: int, taken: set[str] | None = None) -> tuple[list, PromptBatch]:
+        """The prompts tokenized, as the planner's ``PromptBatch`` of n samples each. A prompt's uid is a hash of
+        its text (its length-history key); the same prompt twice, or one already in ``taken`` (open groups), gets
+        ``#k`` appended, which the history key drops."""
+        token_ids = [self._tokenize(p) for p in prompts]
+        taken = set(taken or ())
+        uids = []
+        for p in prompts:
+            base, k = prompt_uid(p), 0
+            while (uid := base if k == 0 else f"{base}#{k}") in taken:
+                k += 1
+            taken.add(uid)
+            uids.append(uid)
+        lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
+        batch = PromptBatch(
+            uids=uids,
+            prompt_lengths=lengths,
+            n_samples=np.full(len(prompts), n, dtype=np.int64),
+            token_flat=np.fromiter((t for ids in token_ids for t in ids), dtype=np.int64, count=int(lengths.sum())),
+        )
+        return token_ids, batch
 
     def _begin_step(self, live: list[int]) -> None:
         """Fresh per-step stats on every live engine, and every one awake. OpenRLHF wakes all engines before a

@@ -261,3 +261,49 @@ def test_over_provisioning_runs_train_every_group_once_b_a_step(registry_with, p
     assert sum(trained) == prompts * steps
     assert sum(r.response_tokens for r in reports) == sum(int(ws.lengths.sum()) for ws in work.steps)
     assert max(r.max_token_age_steps for r in reports) <= (1 if keeps else 0)
+
+
+def test_a_step_with_nothing_to_generate_is_reported(tmp_path):
+    """Every sample the same length: all groups of a step complete at one instant, the ones beyond B are held
+    complete, and the next step trains them at once, generating nothing. Its time is 0 without learner costs;
+    the per-step table shows no speedup for it instead of dividing by zero."""
+    import json
+
+    import yaml
+    from click.testing import CliRunner
+
+    from rlhfless_sdk.cli.main import main
+
+    rows = [
+        {"uid": f"q{k}-{p}", "step": k, "sample_idx": j, "prompt_length": 20, "response_length": 64}
+        for k in range(3)
+        for p in range(4)
+        for j in range(2)
+    ]
+    trace = tmp_path / "flat.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    learner_free = load_profile("qwen2.5-7b-l40s").model_copy(
+        update={
+            "name": "no-learner",
+            "prepare_gpu_s_per_token": 0.0,
+            "learn_gpu_s_per_token": 0.0,
+            "grpo_prepare_gpu_s_per_token": None,
+            "grpo_learn_gpu_s_per_token": None,
+            "weight_sync_s": 0.0,
+        }
+    )
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump(learner_free.model_dump(mode="json")))
+    config = tmp_path / "fast.yaml"
+    config.write_text(
+        "name: fast-double\npredictor: ewma\nprefill_planner: none\nassigner: work\nmigrator: none\n"
+        "scaler: fixed\nplacer: pack\nstraggler: {name: partial-batch, params: {over_provision: 1.0}}\n"
+    )
+    args = ["simulate", "--trace", str(trace), "--scheduler", "openrlhf", "--scheduler", str(config)]
+    args += ["--profile", str(profile), "--gpus", "2", "--gpus-per-node", "2", "--no-frontier"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, [*args, "--json"])
+    steps = json.loads(res.output)["schedulers"][1]["steps"]
+    assert steps[1]["time_s"] == 0.0 and steps[1]["groups_trained"] == 4  # the held groups, complete already
+    assert [s["groups_trained"] for s in steps] == [4, 4, 4]

@@ -97,8 +97,9 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
         for i, st in enumerate(row["steps"]):
             # a partial-rollout run has one more step (it finishes what is carried): nothing to compare it with
             b = base_steps[i] if i < len(base_steps) else None
-            speed = f"{b['time_s'] / st['time_s']:>8.2f}x" if b else f"{'-':>9}"
-            cost = f"{st['gpu_seconds'] / b['gpu_seconds'] - 1:>+7.0%}" if b else f"{'-':>7}"
+            # a step can take no time (partial rollouts whose held groups were all complete at its start)
+            speed = f"{b['time_s'] / st['time_s']:>8.2f}x" if b and st["time_s"] > 0 else f"{'-':>9}"
+            cost = f"{st['gpu_seconds'] / b['gpu_seconds'] - 1:>+7.0%}" if b and b["gpu_seconds"] > 0 else f"{'-':>7}"
             click.echo(
                 f"{st['step']:>5}{st['num_actors']:>4}{st['time_s']:>9.1f}{st['generation_s']:>8.1f}"
                 f"{st['gpu_seconds']:>9.0f}{st['gpu_seconds_serverful']:>9.0f}{speed}"
