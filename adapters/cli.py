@@ -15,6 +15,7 @@ import click
 
 from rlhfless_sdk import get_plugin_manager, hookimpl
 from rlhfless_sdk.cli.args import POSITIVE, dumps
+from rlhfless_sdk.cli.plan_report import resolve_scheduler
 
 
 @click.command("profile")
@@ -75,7 +76,12 @@ def _stdout_to_stderr(active: bool):
 @click.option("--max-new-tokens", default=256, type=POSITIVE, show_default=True)
 @click.option("--engines", default=2, type=POSITIVE, show_default=True, help="vLLM engines (one CPU core each here).")
 @click.option(
-    "--scheduler", "schedulers", multiple=True, default=("openrlhf", "rlhfless", "rlhfless-fast"), show_default=True
+    "--scheduler",
+    "schedulers",
+    multiple=True,
+    default=("openrlhf", "rlhfless", "rlhfless-fast"),
+    show_default=True,
+    help="Name or YAML file; repeat. The first is the baseline of the speedups.",
 )
 @click.option(
     "--out",
@@ -112,7 +118,7 @@ def demo_cmd(
     # everything the run needs is checked before the model loads and the engines start
     registry = get_plugin_manager().registry
     for name in schedulers:
-        refused = registry.scheduler(name).simulator_only()  # an unknown name: one line, exit 2
+        refused = resolve_scheduler(name, registry).simulator_only()  # an unknown name or a bad file: exit 2
         if refused is not None:
             raise click.BadParameter(refused, param_hint="'--scheduler'")
     if prompts_file is not None:
@@ -161,14 +167,18 @@ def demo_cmd(
         )
     click.echo(
         f"\n{'totals':<{w}}{'groups':>7}{'gen s':>8}{'s/group':>9}{'speedup':>9}{'engine-s/group':>16}{'stale':>7}"
+        f"{'steps 2+':>10}"
     )
     for t in result["totals"]:
         click.echo(
             f"{t['scheduler']:<{w}}{t['groups']:>7}{t['generation_s']:>8.1f}{t['generation_s_per_group']:>9.2f}"
             f"{t['speedup']:>8.2f}x{t['engine_seconds_per_group']:>9.1f} ({t['engine_seconds_change']:+.0%})"
-            f"{t['stale_token_fraction']:>7.0%}"
+            f"{t['stale_token_fraction']:>7.0%}{t['speedup_after_first']:>9.2f}x"
         )
-    click.echo("speedup: the first scheduler's generation seconds per trained group over each one's")
+    click.echo(
+        "speedup: the first scheduler's generation seconds per trained group over each one's; steps 2+: the same "
+        "over the steps after each one's first (a long run's pace: partial rollouts fill their pipeline in the first)"
+    )
     click.echo(f"\nreport: {out / 'report.json'}  plot: {out / 'demo.png'}")
     if trace_file is not None:
         click.echo(f"trace: {trace_file}  (replay it: rlhfless simulate --trace {trace_file} --scheduler ...)")

@@ -203,9 +203,10 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
 
     from rlhfless_sdk import get_plugin_manager
     from rlhfless_sdk.api.profiles import load_profile
+    from rlhfless_sdk.cli.plan_report import resolve_scheduler
 
     registry = get_plugin_manager().registry
-    configs = [registry.scheduler(name) for name in settings.schedulers]
+    configs = [resolve_scheduler(name, registry) for name in settings.schedulers]  # names or YAML files
     say(f"starting {settings.engines} vLLM engines (CPU) on {model.name} ...")
     t0 = time.time()
     engines = create_engines(settings.engines, str(model), cpu=True, placer=registry.create("placer", "pack"))
@@ -307,6 +308,9 @@ def _totals(steps: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any
                 "engine_seconds": sum(s["engine_seconds"] for s in mine),
                 "groups": groups,
                 "generation_s_per_group": sum(s["generation_s"] for s in mine) / groups if groups else 0.0,
+                # a long run's pace: the steps after the first (partial rollouts and tail batching fill their
+                # pipeline in the first step: it starts 1 + over_provision times the groups it trains)
+                "generation_s_per_group_after_first": _per_group(mine[1:]),
                 "engine_seconds_per_group": sum(s["engine_seconds"] for s in mine) / groups if groups else 0.0,
                 "stale_token_fraction": stale / tokens if tokens else 0.0,
                 "idle_fraction": sum(s["idle_fraction"] for s in mine) / max(len(mine), 1),
@@ -319,9 +323,16 @@ def _totals(steps: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any
     for r in rows:
         per = r["generation_s_per_group"]
         r["speedup"] = base["generation_s_per_group"] / per if per else 0.0
+        later = r["generation_s_per_group_after_first"]
+        r["speedup_after_first"] = base["generation_s_per_group_after_first"] / later if later else 0.0
         b_eng = base["engine_seconds_per_group"]
         r["engine_seconds_change"] = r["engine_seconds_per_group"] / b_eng - 1 if b_eng else 0.0
     return rows
+
+
+def _per_group(steps: list[dict[str, Any]]) -> float:
+    groups = sum(s["groups"] for s in steps)
+    return sum(s["generation_s"] for s in steps) / groups if groups else 0.0
 
 
 def plot_demo(result: dict[str, Any], path: Path) -> None:

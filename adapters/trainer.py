@@ -77,7 +77,7 @@ class RlhflessPPOTrainerImpl(PPOTrainer.__ray_actor_class__):  # type: ignore[na
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
         merge_metrics(logs_dict, self.samples_generator)
-        carry = self.samples_generator.carry_snapshot()  # partial rollouts: carried work goes into the checkpoint
+        carry = self.samples_generator.carry_snapshot()  # carried work, deferred prompts: into the checkpoint
         if carry is not None:
             client_states = {**(client_states or {}), "rlhfless_carry": carry}
         return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
@@ -86,7 +86,7 @@ class RlhflessPPOTrainerImpl(PPOTrainer.__ray_actor_class__):  # type: ignore[na
         states = super().init_checkpoint_states()
         if states.get("global_step", 0):  # resuming: take back the carried work, or say it is dropped
             restored = self.samples_generator.restore_carry(states.get("rlhfless_carry"))
-            print(f"rlhfless: resumed with {restored} carried sample(s) from the checkpoint", flush=True)
+            print(f"rlhfless: resumed with {restored} carried sample(s) or deferred prompt(s)", flush=True)
         return states
 
 
