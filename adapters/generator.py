@@ -35,7 +35,8 @@ from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 from rlhfless_sdk.api.records import Cluster, StepPlan, StepReport, TimePerTokenProfile
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.planner import StepPlanner
-from rlhfless_sdk.rollout.carry import CarryBook, Group, Piece, batch_cut
+from rlhfless_sdk.rollout.batchcut import BatchCutStep
+from rlhfless_sdk.rollout.carry import CarryBook, Group, Piece
 from rlhfless_sdk.rollout.controller import (
     EngineStatus,
     EngineUsage,
@@ -547,44 +548,38 @@ class RlhflessSamplesGenerator(SamplesGenerator):
 
     # -- partial rollouts cut at B groups (a straggler policy that keeps tokens) -------------------------------
     def _generate_batch_cut(self, dataloader_iter, b: int, **kw: Any) -> tuple[list, int, bool]:
-        """One step of partial rollouts cut when B groups are complete (``partial-batch``): every group carried
-        from the step before, plus fresh prompts from OpenRLHF's dataloader up to (1 + over_provision) x B groups
-        in flight; the step ends once the carried groups and ``B - carried`` fresh ones are complete, and every
-        other sample is cut where it is and carried, with its tokens and their logprobs, into the next step, where
-        it continues under the new weights on whichever engine the plan picks. A group trains once, complete, with
-        all n samples in order; each carried token keeps the logprob of the policy that generated it, so OpenRLHF's
-        rollout-logprob importance correction applies. Once the dataloader runs dry nothing is cut: the last step
-        trains what is left. Returns (experiences, prompts taken from the dataloader, exhausted)."""
+        """One step of partial rollouts cut when B groups are complete (``partial-batch``), the SDK's
+        ``BatchCutStep`` driving OpenRLHF's engines: every group carried from the step before, plus fresh prompts
+        from OpenRLHF's dataloader up to (1 + over_provision) x B groups in flight; the step ends once the carried
+        groups and ``B - carried`` fresh ones are complete, and every other sample is cut where it is and carried,
+        with its tokens and their logprobs, into the next step, where it continues under the new weights on
+        whichever engine the plan picks. A group trains once, complete, with all n samples in order; each carried
+        token keeps the logprob of the policy that generated it, so OpenRLHF's rollout-logprob importance
+        correction applies. Once the dataloader runs dry the last steps train what is left, B a step, and the
+        epoch ends when nothing is carried. Returns (experiences, prompts taken from the dataloader, exhausted)."""
         t_start = time.time()
         n = int(kw.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
-        fallbacks: list[str] = []
         book = self.book
-        held = book.open_group_ids()
-        want = max(math.ceil((1.0 + self.planner.over_provision(self.step, fallbacks)) * b) - len(held), 0)
+        step = BatchCutStep(self.planner, book, b, self.step)
+        held = step.held
+        want = step.fresh_wanted()
         prompts, labels, images, exhausted = [], [], [], False
         if want:
             prompts, labels, images, exhausted = _collect_prompt_batch(dataloader_iter, want)
         if not prompts and not held:
             return [], 0, True
         images = images or [None] * len(prompts)
-        new, new_pred, new_tokens = None, None, []
+        new, new_tokens = None, []
         if prompts:  # uids distinct from the open groups' too
             taken = {p.uid for p in book.carried} | {self.group_meta[g][3] for g in held}
             new_tokens, new = self._prompt_batch(prompts, n, taken)
-            new_pred = self.planner.predict(new, fallbacks)
-        spread = self.planner.spread
-        remaining = (lambda t, h, sp=spread: sp.remaining(t, h) / sp.scale) if spread is not None else None
-        n_carried = len(book.carried)
-        batch, piece_pred, caps = book.pieces(
-            new, new_pred, remaining=remaining, cap=spread.cap if spread and spread.cap else None
-        )
-        pieces = book.step_pieces
+        batch, plan = step.plan(new)
+        pieces, n_carried = step.pieces, step.n_carried
         for i in range(len(prompts)):  # the new groups, in launch order
             g = pieces[n_carried + i * n].group
             self.group_meta[g] = (prompts[i], labels[i], images[i], new.uids[i], new_tokens[i])
         firsts = pieces[:n_carried] + pieces[n_carried::n]  # the batch's prompts: carried samples, then new groups
         metas = [self.group_meta[p.group] for p in firsts]
-        plan = self.planner.plan(batch, step=self.step, predicted=piece_pred, length_caps=caps)
         if not [e for e in range(len(self.vllm_engines)) if e not in self.dead]:
             raise RuntimeError("every rollout engine has died; cannot generate")
         req = _Request(
@@ -602,31 +597,10 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                 if (p.group, p.sample_index) in self.carry_state
             },
         )
-        # the end rule: the held groups and B - held fresh ones complete (fresh ones in completion order)
-        prompts_of: dict[int, list[int]] = defaultdict(list)
-        for sid, p in enumerate(pieces):
-            prompts_of[p.group].append(req.prompt_of[sid])
-        fresh = list(dict.fromkeys(p.group for p in pieces[n_carried:]))
-        need = b - len(held)
-        completed: dict[int, int] = {}  # fresh group -> its completion rank (groups seen complete at one poll tie)
-
-        def scan(ctl: StepController) -> bool:
-            """Note the fresh groups that completed since the last poll; True once every held group is complete."""
-            done = set(ctl.done_prompts())
-            rank = len(completed)
-            for g in fresh:
-                if g not in completed and all(i in done for i in prompts_of[g]):
-                    completed[g] = rank
-            return all(all(i in done for i in prompts_of[g]) for g in held)
-
-        def stop(ctl: StepController) -> bool:
-            return scan(ctl) and len(completed) >= need
-
-        cut = not exhausted and len(held) + len(fresh) > b
         backend = RayBackend(self, req, plan, t_start)
         controller = StepController(self.planner, backend, batch, plan, step=self.step)
-        outcome = controller.run(observe=False, stop=stop if cut else None)
-        scan(controller)  # groups that completed in the last poll (or all at once, before the rule could cut)
+        outcome = controller.run(observe=False, stop=step.stop if step.cuts() else None)
+        step.scan(controller.done_prompts())  # groups that completed in the last poll (or all before a cut)
         backend.collect_carried()
         carried = set(outcome.carried)
         made, ended = [], []
@@ -634,12 +608,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             kept = sid not in carried or sid in backend.carried_out  # a carried sample whose engine died has nothing
             made.append(s.response_length if kept else 0)
             ended.append(sid not in carried)
-        if cut:  # the SDK's selection rule: the held groups and the first fresh ones to complete (ties: launch order)
-            done_at = {**dict.fromkeys(held, 0.0), **{g: completed.get(g, math.inf) for g in fresh}}
-            train = batch_cut(held, fresh, done_at, b)[0]
-        else:  # nothing was cut: everything, all complete
-            train = {*held, *completed}
-        settled = book.settle(self.step, made, ended, train=train)
+        settled = step.settle(made, ended, step.end()[0], history_key=lambda uid: uid.split("#")[0])
         for sid, p in enumerate(pieces):
             key = (p.group, p.sample_index)
             if sid not in carried:
@@ -656,10 +625,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                 response = self.ended_responses.pop((tg.group, j))
                 experiences.append(self._process_response_into_experience(response, **kw))
             self.group_meta.pop(tg.group, None)
-        self.planner.observe([f.model_copy(update={"uid": f.uid.split("#")[0]}) for f in settled.finished])
-        report = outcome.report.model_copy(
-            update={**settled.report_fields(), "samples": sum(len(g.lengths) for g in settled.trained)}
-        )
+        report = outcome.report.model_copy(update=step.report_fields(settled))
         self.last_cuts = backend.cut_log
         self.last_trained_groups = [tg.group for tg in settled.trained]  # the experiences' groups, in order
         self._finish_step(replace(outcome, report=report), plan)

@@ -307,3 +307,46 @@ def test_a_step_with_nothing_to_generate_is_reported(tmp_path):
     steps = json.loads(res.output)["schedulers"][1]["steps"]
     assert steps[1]["time_s"] == 0.0 and steps[1]["groups_trained"] == 4  # the held groups, complete already
     assert [s["groups_trained"] for s in steps] == [4, 4, 4]
+
+
+@settings(max_examples=40, deadline=None)
+@given(groups=st.integers(1, 9), n=st.integers(1, 3), b=st.integers(1, 6), data=st.data())
+def test_the_batch_cut_end_rule_stops_at_the_b_th_complete_group(registry_with, groups, n, b, data):
+    """``BatchCutStep``'s end rule, as the step controller asks it after every poll of a real backend: samples
+    finish in any order, a few per poll; the rule says stop at the first poll after which B groups are complete
+    (never before), and the groups that train are the first B to complete, ties at one poll in launch order."""
+    from types import SimpleNamespace
+
+    from rlhfless_sdk.rollout.batchcut import BatchCutStep
+
+    registry = registry_with()
+    config = with_straggler(registry, "partial-batch", over_provision=1.0)
+    planner = Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 2), registry=registry).planner(config)
+    step = BatchCutStep(planner, CarryBook(), b, 0)
+    new = PromptBatch(
+        uids=[f"p{i}" for i in range(groups)],
+        prompt_lengths=np.full(groups, 10),
+        n_samples=np.full(groups, n),
+    )
+    batch, plan = step.plan(new)
+    assert len(batch) == groups and len(plan.assignment) == groups * n and step.fresh == sorted(step.fresh)
+    order = data.draw(st.permutations(range(groups * n)))
+    done: set[int] = set()
+    complete_at: dict[int, int] = {}  # group (its prompt here) -> the poll it completed in
+    stopped, polls = False, 0
+    while order and not stopped:
+        k = data.draw(st.integers(1, 3))
+        done |= set(order[:k])
+        order = order[k:]
+        finished = [p for p in range(groups) if all(s in done for s in range(p * n, (p + 1) * n))]
+        for p in finished:
+            complete_at.setdefault(p, polls)
+        stopped = step.stop(SimpleNamespace(done_prompts=lambda f=finished: f))
+        assert stopped == (len(finished) >= b)  # stops once B are complete, never before
+        polls += 1
+    train, end = step.end()
+    if step.cuts():
+        expected = sorted(complete_at, key=lambda p: (complete_at[p], p))[:b]
+        assert {step.pieces[p * n].group for p in expected} == train and end < math.inf
+    else:  # B or fewer in flight: every group trains, nothing is cut
+        assert groups <= b and len(train) == groups and end == math.inf

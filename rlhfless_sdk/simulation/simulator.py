@@ -46,7 +46,8 @@ from rlhfless_sdk.api.records import (
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.engine import DONE, RUNNING, EngineCostModel, EngineModel, EngineSamples
 from rlhfless_sdk.planning.planner import StepPlanner
-from rlhfless_sdk.rollout.carry import CarryBook, batch_cut
+from rlhfless_sdk.rollout.batchcut import BatchCutStep
+from rlhfless_sdk.rollout.carry import CarryBook
 from rlhfless_sdk.rollout.controller import (
     EngineStatus,
     EngineUsage,
@@ -617,15 +618,16 @@ class Simulator:
         out: list[SimulatedStep] = []
         r = 0
         while stream or book.open_groups:
-            fallbacks: list[str] = []
-            held = book.open_group_ids()  # carried from the step before: they all train in this one
-            fresh = min(max(math.ceil((1.0 + planner.over_provision(r, fallbacks)) * b) - len(held), 0), len(stream))
-            refs = [stream.popleft() for _ in range(fresh)]
+            step = BatchCutStep(planner, book, b, r)
+            held = step.held  # carried from the step before: they all train in this one
+            refs = [stream.popleft() for _ in range(min(step.fresh_wanted(), len(stream)))]
             new, new_lengths = _round_batch(steps_in, refs) if refs else (None, np.zeros(0, dtype=np.int64))
-            batch, plan, total, n_carried = self._plan_pieces(
-                planner, book, new, new_lengths, truth, r, None, fallbacks
-            )
-            pieces = book.step_pieces
+            planner.warm_actors = len(self.warm)
+            batch, plan = step.plan(new)
+            pieces, n_carried = step.pieces, step.n_carried
+            for piece, length in zip(pieces[n_carried:], np.asarray(new_lengths).tolist(), strict=True):
+                truth[(piece.group, piece.sample_index)] = int(length)
+            total = [truth[(p.group, p.sample_index)] for p in pieces]
             piece_ws = WorkloadStep(
                 step=r,
                 batch=batch,
@@ -636,20 +638,17 @@ class Simulator:
             done_at = dict.fromkeys(held, 0.0)
             for piece, t in zip(pieces, backend.s.finish_time, strict=True):
                 done_at[piece.group] = max(done_at[piece.group], t) if piece.group in done_at else t
-            fresh_groups = sorted({p.group for p in pieces[n_carried:]})
-            train, stop = batch_cut(held, fresh_groups, done_at, b)
+            train, stop = step.end(done_at)
             made = self._tokens_at(planner, piece_ws, plan, stop) if math.isfinite(stop) else list(piece_ws.lengths)
             ended = [p.generated + m >= t for p, m, t in zip(pieces, made, total, strict=True)]
-            settled = book.settle(r, [int(m) for m in made], ended, train=train)
-            planner.observe(settled.finished)
+            settled = step.settle([int(m) for m in made], ended, train)
             self.keep_warm(outcome.usage)
             rep, u = outcome.report, outcome.usage
             prepare_s, learn_s = self._learning(float(settled.trained_prompt_and_response_tokens), g)
             report = rep.model_copy(
                 update={
                     **billing(replace(stopped_at(u, stop), prepare_s=prepare_s, learn_s=learn_s)),
-                    **settled.report_fields(),
-                    "samples": sum(len(x.lengths) for x in settled.trained),
+                    **step.report_fields(settled),
                     "estimate_error": rep.estimate_error if not math.isfinite(stop) else None,
                 }
             )
