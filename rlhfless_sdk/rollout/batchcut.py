@@ -82,7 +82,8 @@ class BatchCutStep:
         for g in self.fresh:
             if g not in self.completed and all(i in done for i in self._prompts_of[g]):
                 self.completed[g] = rank
-        return all(all(i in done for i in self._prompts_of[g]) for g in self.held)
+        # a held group complete before the step (every sample ended, waiting for its turn) has no work in it
+        return all(all(i in done for i in self._prompts_of.get(g, ())) for g in self.held)
 
     def stop(self, ctl: StepController) -> bool:
         """The end rule, for ``StepController.run(stop=...)``: the held groups and B - held fresh ones complete."""
@@ -114,5 +115,13 @@ class BatchCutStep:
         return settled
 
     def report_fields(self, settled: Settlement) -> dict:
-        """The step report's fields for a batch-cut step."""
-        return {**settled.report_fields(), "samples": sum(len(g.lengths) for g in settled.trained)}
+        """The step report's fields for a batch-cut step. Its prediction error is over the samples that ended in
+        it, each full length against its predicted total (a cut sample's tokens so far, or a carried sample's
+        remainder, would say nothing about the predictor)."""
+        ended = settled.finished
+        mae = sum(abs((f.predicted_length or 0.0) - f.response_length) for f in ended) / len(ended) if ended else 0.0
+        return {
+            **settled.report_fields(),
+            "samples": sum(len(g.lengths) for g in settled.trained),
+            "prediction_mae": mae,
+        }
