@@ -619,6 +619,9 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                 start = resp["action_ranges"][0][0]
                 lps = resp["rollout_log_probs"]
                 self.carry_state[key] = (list(resp["observation_tokens"][start:]), None if lps is None else lps[start:])
+        self._trace_groups(
+            (self.group_meta[tg.group][3], self.group_meta[tg.group][4], tg.lengths) for tg in settled.trained
+        )
         experiences = []
         for tg in settled.trained:
             for j in range(len(tg.lengths)):
@@ -834,27 +837,34 @@ class RlhflessSamplesGenerator(SamplesGenerator):
     def _write_trace(
         self, outcome: StepOutcome, uids: list[str], token_ids: list[list[int]], n: int, rows: list[int] | None = None
     ) -> None:
-        """Append the step's samples to the trace, in the JSON-lines format ``rlhfless simulate --trace`` reads:
-        the prompt's uid (stable across epochs; a prompt repeated within a batch gets ``#k``), the step, the sample
-        index, prompt and response lengths, and the prompt's token ids (so a replay deduplicates prefixes)."""
+        """Append the step's samples (of the groups ``rows``, default all) to the trace."""
+        keep = range(len(uids)) if rows is None else rows  # tail batching: only the groups that trained
+        self._trace_groups(
+            (uids[i], token_ids[i], [outcome.samples[sid].response_length for sid in range(i * n, (i + 1) * n)])
+            for i in keep
+        )
+
+    def _trace_groups(self, groups: Any) -> None:
+        """Append groups (uid, prompt token ids, each sample's response length) as trained in this step to the
+        trace, in the JSON-lines format ``rlhfless simulate --trace`` reads: the prompt's uid (stable across
+        epochs; a prompt repeated within a batch gets ``#k``), the step, the sample index, prompt and response
+        lengths, and the prompt's token ids (so a replay deduplicates prefixes). A replay's step is the groups
+        that trained in it, each sample at its full length (a carried sample's pieces summed)."""
         if self.trace_path is None:
             return
         self.trace_path.parent.mkdir(parents=True, exist_ok=True)
         with self.trace_path.open("a", encoding="utf-8") as fh:
-            keep = None if rows is None else set(rows)  # tail batching: only the groups that trained
-            for sid, s in enumerate(outcome.samples):  # batch order: prompt i's n samples at [i n, (i + 1) n)
-                i = sid // n
-                if keep is not None and i not in keep:
-                    continue
-                row = {
-                    "uid": uids[i],
-                    "step": self.step,
-                    "sample_idx": s.sample_index,
-                    "prompt_length": s.prompt_length,
-                    "response_length": s.response_length,
-                    "prompt": token_ids[i],
-                }
-                fh.write(json.dumps(row) + "\n")
+            for uid, prompt, lengths in groups:
+                for k, length in enumerate(lengths):
+                    row = {
+                        "uid": uid,
+                        "step": self.step,
+                        "sample_idx": k,
+                        "prompt_length": len(prompt),
+                        "response_length": int(length),
+                        "prompt": list(prompt),
+                    }
+                    fh.write(json.dumps(row) + "\n")
 
     def _finish_step(self, outcome: StepOutcome, plan: StepPlan) -> None:
         report = outcome.report

@@ -639,9 +639,18 @@ def test_partial_rollouts_carry_tokens_and_logprobs_across_steps(stack, seed):
     b, over, max_len = int(rng.integers(2, 4)), float(rng.choice([0.5, 1.0])), int(rng.choice([200, 240]))
     prompts = VARIED[: 2 * b + 1]
     rng.shuffle(prompts)
-    gen = _carry_generator(stack, over)
+    trace = stack.tmp / f"carry-trace-{seed}.jsonl"
+    trace.unlink(missing_ok=True)
+    gen = _carry_generator(stack, over, trace_path=trace)
     steps = _run_carrying(gen, prompts, b, max_len)
     _check_every_group_trained_once(steps, prompts, b, max_len)
+    # the run's trace: each step holds the groups that trained in it, every sample at its full length
+    from rlhfless_sdk.simulation.traces import load_trace
+
+    workload = load_trace(trace)
+    assert [s.lengths.tolist() for s in workload.steps] == [
+        [int(e.response_length[0]) for e in st["experiences"]] for st in steps if st["experiences"]
+    ]
     checked = 0
     for k, st in enumerate(steps):
         for group, index, cut in st["cuts"]:  # cut at the end of step k: it finishes in a later step
