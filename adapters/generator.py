@@ -35,7 +35,7 @@ from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 from rlhfless_sdk.api.records import Cluster, StepPlan, StepReport, TimePerTokenProfile
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.planner import StepPlanner
-from rlhfless_sdk.rollout.batchcut import BatchCutStep
+from rlhfless_sdk.rollout.batchcut import BatchCutStep, note_completed
 from rlhfless_sdk.rollout.carry import CarryBook, Group, Piece
 from rlhfless_sdk.rollout.controller import (
     EngineStatus,
@@ -47,7 +47,7 @@ from rlhfless_sdk.rollout.controller import (
     StepOutcome,
     StepUsage,
 )
-from rlhfless_sdk.rollout.tail import TailRounds, first_done
+from rlhfless_sdk.rollout.tail import TailRounds, first_done, round_fields
 
 log = logging.getLogger("rlhfless.openrlhf")
 
@@ -685,7 +685,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         *,
         images: list | None = None,
         train: int | None = None,
-        deferred: int = 0,
+        deferred: int | None = None,
         **kw: Any,
     ) -> list:
         """Generate every sample of ``prompts`` under the plan; experiences grouped by prompt, in order.
@@ -693,7 +693,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         ``train`` (tail batching's short round): the step ends once that many groups are complete; the others are
         aborted (their tokens dropped) and only the first ``train`` to complete (ties in batch order) make
         experiences, enter the length history and the trace. ``last_trained_groups`` names them (batch
-        positions, in order); ``deferred`` is what the step report says waits to be re-run."""
+        positions, in order); ``deferred`` (a tail-batching round) is what the step report says waits to be re-run."""
         t_start = time.time()
         n = int(kw.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
         token_ids, batch = self._prompt_batch(prompts, n)
@@ -718,9 +718,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         completed: dict[int, int] = {}  # group -> completion rank (groups seen complete at one poll tie)
 
         def stop(ctl: StepController) -> bool:
-            rank = len(completed)
-            for g in ctl.done_prompts():
-                completed.setdefault(g, rank)
+            note_completed(completed, ctl.done_prompts())
             return len(completed) >= train
 
         outcome = controller.run(observe=not cut, stop=stop if cut else None)
@@ -730,21 +728,11 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             backend.collect_carried()  # the aborted samples' calls return; their tokens are dropped
             done_at = np.array([completed.get(g, math.inf) for g in rows], dtype=np.float64)
             rows = first_done(done_at, train, False)[0].tolist()
-            kept = [sid for g in rows for sid in range(g * n, (g + 1) * n)]
-            samples = [outcome.samples[sid] for sid in kept]
-            self.planner.observe(samples)  # under their history keys
-            report = outcome.report.model_copy(
-                update={
-                    "samples": len(samples),
-                    "response_tokens": sum(s.response_length for s in samples),
-                    "groups_trained": len(rows),
-                    "deferred_prompts": deferred,
-                    "estimate_error": None,  # the plan's estimate is for every group run to its end
-                }
-            )
-            outcome = replace(outcome, report=report)
-        elif train is not None or deferred:
-            outcome = replace(outcome, report=outcome.report.model_copy(update={"deferred_prompts": deferred}))
+            self.planner.observe([outcome.samples[sid] for g in rows for sid in range(g * n, (g + 1) * n)])
+        if deferred is not None:  # a tail-batching round: the report counts what trains
+            trained = [outcome.samples[sid] for g in rows for sid in range(g * n, (g + 1) * n)]
+            fields = round_fields(trained, len(rows), deferred, cut)
+            outcome = replace(outcome, report=outcome.report.model_copy(update=fields))
         experiences = [
             self._process_response_into_experience(outcome.outputs[sid], **kw)
             for g in rows

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from rlhfless_sdk.api.batch import PromptBatch
@@ -29,6 +29,35 @@ from rlhfless_sdk.rollout.carry import CarryBook, Piece, Settlement, batch_cut
 if TYPE_CHECKING:
     from rlhfless_sdk.planning.planner import StepPlanner
     from rlhfless_sdk.rollout.controller import StepController
+
+
+def plan_pieces(
+    planner: StepPlanner,
+    book: CarryBook,
+    new: PromptBatch | None,
+    step: int,
+    fallbacks: list[str],
+    budget: int | None = None,
+) -> tuple[PromptBatch, StepPlan]:
+    """A carrying step's work planned: ``book.pieces`` (the carried samples, one prompt each, then ``new``'s groups,
+    a new sample's first piece at most ``budget`` tokens) and the plan. A carried sample's predicted length is what
+    the learned spread expects it still to generate. ``book.step_pieces`` holds the pieces, in batch order."""
+    pred = planner.predict(new, fallbacks) if new is not None and len(new) else None
+    spread = planner.spread
+    # a carried sample's expected remainder, in the predictor's units (the check model scales them again)
+    remaining = (lambda t, h, sp=spread: sp.remaining(t, h) / sp.scale) if spread is not None else None
+    batch, piece_pred, caps = book.pieces(
+        new, pred, budget=budget, remaining=remaining, cap=spread.cap if spread and spread.cap else None
+    )
+    return batch, planner.plan(batch, step=step, predicted=piece_pred, segment_tokens=budget, length_caps=caps)
+
+
+def note_completed(completed: dict[int, int], now: Iterable[int]) -> None:
+    """Record the groups seen complete at this poll (``now``; those already recorded keep their rank), all with the
+    same rank, the poll's: an end rule's completion order, ties broken later in launch order."""
+    rank = len(completed)
+    for g in now:
+        completed.setdefault(g, rank)
 
 
 class BatchCutStep:
@@ -50,24 +79,15 @@ class BatchCutStep:
         return max(math.ceil((1.0 + over) * self.b) - len(self.held), 0)
 
     def plan(self, new: PromptBatch | None) -> tuple[PromptBatch, StepPlan]:
-        """The step's work (the carried samples, one prompt each, then ``new``'s groups) and its plan. A carried
-        sample's predicted length is what the learned spread expects it still to generate."""
-        planner = self.planner
-        pred = planner.predict(new, self.fallbacks) if new is not None and len(new) else None
+        """The step's work (the carried samples, one prompt each, then ``new``'s groups) and its plan."""
         self.n_carried = len(self.book.carried)
-        spread = planner.spread
-        # a carried sample's expected remainder, in the predictor's units (the check model scales them again)
-        remaining = (lambda t, h, sp=spread: sp.remaining(t, h) / sp.scale) if spread is not None else None
-        batch, piece_pred, caps = self.book.pieces(
-            new, pred, remaining=remaining, cap=spread.cap if spread and spread.cap else None
-        )
+        batch, plan = plan_pieces(self.planner, self.book, new, self.step, self.fallbacks)
         self.pieces = self.book.step_pieces
         self.fresh = list(dict.fromkeys(p.group for p in self.pieces[self.n_carried :]))
         prompts_of: dict[int, set[int]] = defaultdict(set)
         for piece, prompt in zip(self.pieces, batch.sample_prompt_index().tolist(), strict=True):
             prompts_of[piece.group].add(prompt)  # a carried sample is a prompt of its own, a new group one prompt
         self._prompts_of = {g: sorted(v) for g, v in prompts_of.items()}
-        plan = planner.plan(batch, step=self.step, predicted=piece_pred, segment_tokens=None, length_caps=caps)
         return batch, plan
 
     def cuts(self) -> bool:
@@ -78,10 +98,7 @@ class BatchCutStep:
         """Note the fresh groups complete by now (``done_prompts``: batch positions all of whose samples have
         finished); True once every held group is complete."""
         done = set(done_prompts)
-        rank = len(self.completed)
-        for g in self.fresh:
-            if g not in self.completed and all(i in done for i in self._prompts_of[g]):
-                self.completed[g] = rank
+        note_completed(self.completed, [g for g in self.fresh if all(i in done for i in self._prompts_of[g])])
         # a held group complete before the step (every sample ended, waiting for its turn) has no work in it
         return all(all(i in done for i in self._prompts_of.get(g, ())) for g in self.held)
 

@@ -18,10 +18,12 @@ import math
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.records import FinishedSample
 
 
 class TailError(RlhflessError):
@@ -100,6 +102,21 @@ class TailRounds:
         self.deferred.extend(aborted)
         self._round = None
         return aborted
+
+
+def round_fields(trained: Sequence[FinishedSample], groups: int, deferred: int, cut: bool) -> dict[str, Any]:
+    """The step report's fields for a round: its ``trained`` samples (every sample of the ``groups`` that train),
+    the prompts ``deferred`` after it, and no estimate error for a round that was cut (the plan's estimate is for
+    every group run to its end)."""
+    fields: dict[str, Any] = {
+        "samples": len(trained),
+        "response_tokens": int(sum(s.response_length for s in trained)),
+        "groups_trained": groups,
+        "deferred_prompts": deferred,
+    }
+    if cut:
+        fields["estimate_error"] = None
+    return fields
 
 
 def first_done(done_at: np.ndarray, train: int, long: bool) -> tuple[np.ndarray, float]:

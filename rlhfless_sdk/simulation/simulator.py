@@ -46,7 +46,7 @@ from rlhfless_sdk.api.records import (
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.engine import DONE, RUNNING, EngineCostModel, EngineModel, EngineSamples
 from rlhfless_sdk.planning.planner import StepPlanner
-from rlhfless_sdk.rollout.batchcut import BatchCutStep
+from rlhfless_sdk.rollout.batchcut import BatchCutStep, plan_pieces
 from rlhfless_sdk.rollout.carry import CarryBook
 from rlhfless_sdk.rollout.controller import (
     EngineStatus,
@@ -59,9 +59,19 @@ from rlhfless_sdk.rollout.controller import (
     billing,
     stopped_at,
 )
-from rlhfless_sdk.rollout.tail import TailRounds, first_done
+from rlhfless_sdk.rollout.tail import TailRounds, first_done, round_fields
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
+
+
+def _true_totals(
+    truth: dict[tuple[int, int], int], pieces: Sequence[Any], n_carried: int, new_lengths: np.ndarray
+) -> list[int]:
+    """Each piece's true total length: the new samples' (after the ``n_carried`` carried ones) recorded in
+    ``truth`` from ``new_lengths``, the carried ones' read from it."""
+    for piece, length in zip(pieces[n_carried:], np.asarray(new_lengths).tolist(), strict=True):
+        truth[(piece.group, piece.sample_index)] = int(length)
+    return [truth[(p.group, p.sample_index)] for p in pieces]
 
 
 def _round_batch(steps: Sequence[WorkloadStep], refs: Sequence[Any]) -> tuple[PromptBatch, np.ndarray]:
@@ -580,15 +590,9 @@ class Simulator:
             tokens = float((batch.prompt_lengths * batch.n_samples)[keep].sum() + lengths[sample_keep].sum())
             prepare_s, learn_s = self._learning(tokens, g)
             usage = replace(stopped_at(u, stop), prepare_s=prepare_s, learn_s=learn_s)
+            cut = not rnd.long and len(trained_rows) < len(batch)
             report = rep.model_copy(
-                update={
-                    **billing(usage),
-                    "samples": int(sample_keep.sum()),
-                    "response_tokens": int(lengths[sample_keep].sum()),
-                    "groups_trained": int(keep.sum()),
-                    "deferred_prompts": len(rounds.deferred),
-                    "estimate_error": None if not rnd.long and len(trained_rows) < len(batch) else rep.estimate_error,
-                }
+                update={**billing(usage), **round_fields(trained_samples, int(keep.sum()), len(rounds.deferred), cut)}
             )
             out.append(SimulatedStep.of(report, plan, outcome))
             if on_step is not None:
@@ -624,10 +628,8 @@ class Simulator:
             new, new_lengths = _round_batch(steps_in, refs) if refs else (None, np.zeros(0, dtype=np.int64))
             planner.warm_actors = len(self.warm)
             batch, plan = step.plan(new)
-            pieces, n_carried = step.pieces, step.n_carried
-            for piece, length in zip(pieces[n_carried:], np.asarray(new_lengths).tolist(), strict=True):
-                truth[(piece.group, piece.sample_index)] = int(length)
-            total = [truth[(p.group, p.sample_index)] for p in pieces]
+            pieces = step.pieces
+            total = _true_totals(truth, pieces, step.n_carried, new_lengths)
             piece_ws = WorkloadStep(
                 step=r,
                 batch=batch,
@@ -672,20 +674,10 @@ class Simulator:
         """A carrying step's work (``book.pieces``: carried samples, then ``new``'s groups) planned; records the
         new samples' true lengths in ``truth``. Returns the batch, its plan, each piece's true total length and
         how many pieces are carried samples."""
-        pred = planner.predict(new, fallbacks) if new is not None else None
         n_carried = len(book.carried)
-        spread = planner.spread
-        # a carried sample's expected remainder, in the predictor's units (the check model scales them again)
-        remaining = (lambda t, h, sp=spread: sp.remaining(t, h) / sp.scale) if spread is not None else None
-        batch, piece_pred, caps = book.pieces(
-            new, pred, budget=budget, remaining=remaining, cap=spread.cap if spread and spread.cap else None
-        )
-        pieces = book.step_pieces
-        for piece, length in zip(pieces[n_carried:], np.asarray(new_lengths).tolist(), strict=True):
-            truth[(piece.group, piece.sample_index)] = int(length)
         planner.warm_actors = len(self.warm)
-        plan = planner.plan(batch, step=step, predicted=piece_pred, segment_tokens=budget, length_caps=caps)
-        return batch, plan, [truth[(p.group, p.sample_index)] for p in pieces], n_carried
+        batch, plan = plan_pieces(planner, book, new, step, fallbacks, budget)
+        return batch, plan, _true_totals(truth, book.step_pieces, n_carried, new_lengths), n_carried
 
     def _tokens_at(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, t: float) -> list[int]:
         """Each sample's tokens at time ``t`` of a step dispatched as the step controller does (no migration)."""
