@@ -26,6 +26,10 @@ _CHUNK = 900  # SQLite's default limit on bound parameters is 999
 _POLL_S = 0.05  # a locked database is retried this often, so Ctrl-C is never stuck in SQLite's own wait
 
 
+class _LockTimeout(sqlite3.OperationalError):
+    """Another process held the lock for longer than the store's timeout."""
+
+
 class HistoryError(RlhflessError):
     """The history store cannot be opened or written; the message names the file."""
 
@@ -57,13 +61,21 @@ class LengthHistory:
         self._check_or_create()
 
     def _retry_locked(self, fn) -> None:
+        """Run ``fn``, retrying a locked database in short waits until ``timeout_s`` has passed (SQLite's own
+        wait is kept short, so Ctrl-C is never stuck in it)."""
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 return fn()
+            except _LockTimeout:
+                raise  # an inner wait already took the whole timeout
             except sqlite3.OperationalError as exc:
-                if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() >= deadline:
+                if "locked" not in str(exc) and "busy" not in str(exc):
                     raise
+                if time.monotonic() >= deadline:
+                    raise _LockTimeout(
+                        f"database is locked by another process for more than {self.timeout_s:g} s"
+                    ) from None
                 time.sleep(_POLL_S)
 
     def _check_or_create(self) -> None:
@@ -110,19 +122,7 @@ class LengthHistory:
 
     def _begin(self) -> None:
         """Take the write lock, retrying a locked database in short waits until ``timeout_s`` has passed."""
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc):
-                    raise
-                if time.monotonic() >= deadline:
-                    raise sqlite3.OperationalError(
-                        f"database is locked by another process for more than {self.timeout_s:g} s"
-                    ) from None
-                time.sleep(_POLL_S)
+        self._retry_locked(lambda: self._db.execute("BEGIN IMMEDIATE"))
 
     def record(self, observations: Mapping[str, Sequence[float]]) -> int:
         """Store one observed step: each prompt's response lengths (their mean and count), in one transaction
