@@ -429,17 +429,23 @@ def test_the_tau_migrator_fires_once_an_engine_has_done_tau_of_its_planned_token
         predictor={"name": "prompt-length", "params": {"scale": 3.0}},  # 3x the prompt: every sample outgrows it
         migrator={"name": "tau-recorded", "params": {"tau": 0.7}},
     )
-    # three prompts on two engines, OpenRLHF's split: two long prompts on engine 0, a short one on engine 1. The
-    # short one's samples are predicted far shorter, so engine 1 passes tau of its plan well before engine 0 (on a
-    # tiny model both decode at about the same rate per sample: with prompts alike, both engines passed tau
-    # within one check of each other, and an engine that is itself cutting is no destination)
-    prompts = [VARIED[4], VARIED[3], VARIED[0]]
+    # two prompts, one per engine (OpenRLHF's split): a short one (33 tokens, predicted 99) whose samples outgrow
+    # their prediction at ~100 tokens, past tau of its engine's plan, and a long one (123 tokens, predicted 369)
+    # whose samples never do, so its engine is never a source itself and stays a destination until its samples
+    # end at 360 tokens. (With prompts alike, or paired on one engine, both engines became sources within a
+    # check or two of each other on the tiny model, and an engine that is itself cutting is no destination.)
+    prompts = [VARIED[0], VARIED[5]]
     gen = make_generator(stack, config, registry=reg, prompts=prompts, check_interval_s=0.05)
     max_new = 360
     kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
     experiences, *_ = gen.generate_samples(**kwargs)
     assert_groups(experiences, prompts, N_SAMPLES, max_new)
-    assert gen.last_report.migrations >= 1
+    seen = [
+        [(a.actor_id, round(a.done_fraction, 2), a.running, a.waiting, a.free_slots) for a in p.actors]
+        + [sorted((s.actor_id, s.tokens_generated, round(s.predicted_length)) for s in p.unfinished)[:2]]
+        for p, _ in recorder.seen
+    ]
+    assert gen.last_report.migrations >= 1, f"{len(seen)} snapshots: {seen[:3]} ... {seen[-3:]}"
     fired = [(p, d) for p, d in recorder.seen if d]
     assert fired
     for k, (progress, decisions) in enumerate(fired):
