@@ -186,7 +186,14 @@ class TimePerTokenProfile(Record):
     prefill_base_s: NonNegativeFloat = 0.0
     prefill_per_new_token_s: NonNegativeFloat
     prefill_per_cached_token_s: NonNegativeFloat = 0.0
-    kv_capacity_tokens: PositiveInt = Field(description="KV cache capacity of one actor, in tokens.")
+    kv_capacity_tokens: PositiveInt = Field(
+        description="KV cache capacity of one actor on GPUs of its own (dedicated memory), in tokens."
+    )
+    colocated_kv_capacity_tokens: PositiveInt | None = Field(
+        default=None,
+        description="KV cache capacity of one actor that shares its GPUs with the learner (colocated memory), in "
+        "tokens; None: not known for this profile.",
+    )
     max_num_seqs: PositiveInt = Field(default=256, description="Cap on concurrently running sequences per actor.")
     kv_bytes_per_token: PositiveInt = Field(description="Size of one token's KV cache (for migration by KV).")
     cold_start_s: NonNegativeFloat = Field(default=0.0, description="Time to start an actor (serverless billing).")
@@ -208,6 +215,21 @@ class TimePerTokenProfile(Record):
     )
     weight_sync_s: NonNegativeFloat = Field(default=0.0, description="Broadcast of new weights to rollout actors.")
     derivation: str = Field(default="", description="How the numbers were obtained (sources, arithmetic).")
+
+    def with_memory(self, memory: str) -> TimePerTokenProfile:
+        """This profile for an engine with ``memory``: ``dedicated`` (GPUs of its own: an async pipeline's engines,
+        burst engines, or a learner fully offloaded during generation) or ``colocated`` (beside the learner's
+        states, as OpenRLHF's ``--train.colocate_all`` runs it)."""
+        if memory == "dedicated":
+            return self
+        if memory != "colocated":
+            raise ValueError(f"unknown memory mode {memory!r}: expected dedicated or colocated")
+        if self.colocated_kv_capacity_tokens is None:
+            raise ValueError(
+                f"profile {self.name!r} has no colocated_kv_capacity_tokens: give it one (or "
+                "--colocated-kv-tokens N), or use dedicated memory"
+            )
+        return self.model_copy(update={"kv_capacity_tokens": self.colocated_kv_capacity_tokens})
 
     def learner_rates(self, algo: str) -> tuple[float, float]:
         """(scoring, learning) GPU-seconds per token for ``algo``: ``ppo`` (critic and reward model) or ``grpo``
@@ -231,6 +253,12 @@ class TimePerTokenProfile(Record):
             )
         if self.decode_overhead_s > self.decode_base_s:
             raise ValueError(f"decode_overhead_s {self.decode_overhead_s} exceeds decode_base_s {self.decode_base_s}")
+        colocated = self.colocated_kv_capacity_tokens
+        if colocated is not None and colocated > self.kv_capacity_tokens:
+            raise ValueError(
+                f"colocated_kv_capacity_tokens {colocated} exceeds kv_capacity_tokens {self.kv_capacity_tokens}: an "
+                "engine beside the learner cannot hold more KV than one on GPUs of its own"
+            )
         return self
 
 
@@ -441,6 +469,9 @@ class StepReport(Record):
         default=None, description="estimated_generation_s / generation_s - 1 (positive: the model overestimated)."
     )
     cold_starts: NonNegativeInt = Field(default=0, description="Engines started for this step (not warm).")
+    peak_gpus: NonNegativeInt = Field(
+        default=0, description="Most GPUs held at any instant of the step: the fleet (engines, learner), burst engines."
+    )
     stale_token_fraction: float = Field(
         default=0.0,
         ge=0.0,

@@ -176,6 +176,13 @@ class StepPlanner:
         #: Decode actors 0..warm_actors-1 are running already (no start-up); the backend keeps this current.
         self.warm_actors = 0
 
+    def keep_burst(self, idle_s: float) -> bool:
+        """Keep a burst engine warm for the next step, or release it. Kept, it is billed while it idles
+        (``idle_s``: from its last token to the next step's work, learning included); released, it pays its
+        start-up again when next used. Whichever costs fewer GPU-seconds; on a tie keep (no start-up delay)."""
+        cold = float(getattr(getattr(self.cost_model, "profile", None), "cold_start_s", 0.0))
+        return idle_s <= cold
+
     # -- helpers ---------------------------------------------------------------------------------------
     def policy_label(self, kind: str) -> str:
         name = self.config.policy_refs()[kind].name

@@ -88,6 +88,31 @@ class EngineUsage:
     last_s: float  # last token
     cold_start_s: float = 0.0  # the engine was started for this step (0: warm from the previous step)
     burst: bool = False  # a serverless engine beyond the fleet: billed on top of the fleet even when serverful
+    warm_in: bool = False  # burst: held since the step before (billed from the step's start, not its work)
+    kept: bool = False  # burst: held after the step for the next one (billed to the step's end)
+
+
+def held_s(e: EngineUsage, step_s: float) -> float:
+    """Seconds an engine is billed in a step of ``step_s``: from its first work to its last token (plus its
+    start-up when cold), or, for a burst engine held across steps, for as long as it is held: from the step's
+    start when it was kept from the step before, to the step's end when it is kept for the next one."""
+    if e.burst and (e.warm_in or e.kept):
+        if e.warm_in:
+            start = 0.0
+        elif e.first_s is not None:
+            start = e.first_s - e.cold_start_s
+        else:  # not used: started for nothing only if kept
+            start = step_s
+        end = step_s if e.kept else (e.last_s if e.first_s is not None else start)
+        return max(end - start, 0.0)
+    if e.first_s is None:
+        return 0.0
+    return e.last_s - e.first_s + e.cold_start_s
+
+
+def held(e: EngineUsage) -> bool:
+    """Whether the engine holds its GPUs at some instant of the step."""
+    return e.first_s is not None or (e.burst and (e.warm_in or e.kept))
 
 
 @dataclass
@@ -116,11 +141,13 @@ def billing(u: StepUsage) -> dict[str, Any]:
     generation = u.generation_s
     used = [e for e in u.engines if e.first_s is not None]
     time_s = generation + u.prepare_s + u.learn_s + u.sync_s if u.step_s is None else u.step_s
-    # An engine is billed from its first work to its last token, plus its start-up when it was cold; the
-    # backend delays a cold engine's first work by that start-up, so the start-up is in the step's time too.
-    billed = [(e.last_s - e.first_s + e.cold_start_s) * gpa for e in used]  # type: ignore[operator]
+    # An engine is billed from its first work to its last token, plus its start-up when it was cold (the backend
+    # delays a cold engine's first work by that start-up, so the start-up is in the step's time too); a burst
+    # engine kept warm between steps is billed for as long as it is held, idle and learning time included.
+    billed = [held_s(e, time_s) * gpa for e in u.engines]
     serverless = sum(billed) + u.prefill_s + learners * (u.prepare_s + u.learn_s) + g * u.sync_s
-    burst_gpu_s = sum(b for b, e in zip(billed, used, strict=True) if e.burst)
+    burst_gpu_s = sum(b for b, e in zip(billed, u.engines, strict=True) if e.burst)
+    burst_held = sum(1 for e in u.engines if e.burst and held(e))
     busy = np.array([e.busy_s for e in used]) if used else np.zeros(1)
     decode_gpus = max(len(used), 1) * gpa
     idle = 1.0 - float(busy.sum()) * gpa / (decode_gpus * generation) if generation > 0 else 0.0
@@ -135,6 +162,8 @@ def billing(u: StepUsage) -> dict[str, Any]:
         "imbalance": float(busy.max() / busy.mean()) if busy.mean() > 0 else 1.0,
         "actor_busy_s": [e.busy_s for e in u.engines],
         "cold_starts": sum(1 for e in used if e.cold_start_s > 0),
+        # the fleet (engines and learner share it, or split it in an async pipeline) plus burst engines held
+        "peak_gpus": g + burst_held * gpa,
     }
 
 

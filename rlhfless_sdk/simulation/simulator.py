@@ -57,6 +57,7 @@ from rlhfless_sdk.rollout.controller import (
     StepOutcome,
     StepUsage,
     billing,
+    held,
     stopped_at,
 )
 from rlhfless_sdk.rollout.tail import TailRounds, first_done, round_fields
@@ -142,7 +143,10 @@ class SimulatedBackend:
         warm_prefill: bool = False,
         algo: str = "ppo",
         pauses: Sequence[tuple[float, float]] = (),
+        burst_profile: TimePerTokenProfile | None = None,
     ) -> None:
+        """``burst_profile``: the engine model of burst engines (GPUs of their own: dedicated memory); default
+        ``profile``."""
         self.profile, self.cluster, self.ws, self.plan = profile, cluster, ws, plan
         self.warm, self.warm_prefill = warm, warm_prefill
         self.rates = profile.learner_rates(algo)
@@ -159,7 +163,11 @@ class SimulatedBackend:
         cold = np.array([0.0 if a in warm else profile.cold_start_s for a in range(n)])
         start = np.maximum(start, cold)  # a cold actor boots while the prefill actor works
         self.cold = cold
-        self.actors = [EngineModel(a, profile, self.node_of.get(("decode", a), ""), float(start[a])) for a in range(n)]
+        nodes = [self.node_of.get(("decode", a), "") for a in range(n)]
+        self.actors = [
+            EngineModel(a, (burst_profile or profile) if node.startswith("burst") else profile, node, float(start[a]))
+            for a, node in enumerate(nodes)
+        ]
         chosen = plan.chosen_candidate()
         checks = checks_per_step * (4 if self.pulls else 1)  # a shared queue is refilled at every check
         self.interval = max((chosen.time_s if chosen else 1.0) / checks, 1e-3)
@@ -311,6 +319,7 @@ class SimulatedBackend:
                     a.last_token,
                     float(self.cold[a.aid]),
                     burst=a.node.startswith("burst"),
+                    warm_in=a.node.startswith("burst") and a.aid in self.warm,
                 )
                 for a in self.actors
             ],
@@ -335,12 +344,20 @@ class SimulatedStep:
     preemptions: int = 0
     frontier: list[dict] | None = None  # every candidate N: predicted and simulated (time, GPU-seconds)
     outcome: StepOutcome | None = None  # per sample: final actor, migrations, the pieces of its tokens
+    usage: StepUsage | None = None  # what the report bills (learning, burst engines kept or released)
 
     @classmethod
     def of(
-        cls, report: StepReport, plan: StepPlan, outcome: StepOutcome, frontier: list[dict] | None = None
+        cls,
+        report: StepReport,
+        plan: StepPlan,
+        outcome: StepOutcome,
+        frontier: list[dict] | None = None,
+        usage: StepUsage | None = None,
     ) -> SimulatedStep:
-        return cls(report, plan, plan.chosen_candidate(), outcome.usage.extra["preemptions"], frontier, outcome)
+        return cls(
+            report, plan, plan.chosen_candidate(), outcome.usage.extra["preemptions"], frontier, outcome, usage
+        )
 
 
 @dataclass
@@ -384,8 +401,16 @@ class Simulator:
         max_tokens: int | None = None,
         checks_per_step: int = 40,
         algo: str | None = None,
+        memory: str = "dedicated",
     ) -> None:
-        """``algo``: the learner's rates (``ppo`` or ``grpo``); default: what each workload implies."""
+        """``algo``: the learner's rates (``ppo`` or ``grpo``); default: what each workload implies. ``memory``:
+        the KV capacity of a synchronous engine, which shares its GPUs with the learner (``colocated``, the
+        profile's ``colocated_kv_capacity_tokens``) or has them to itself during generation (``dedicated``, the
+        profile's ``kv_capacity_tokens``: the learner offloaded). Engines on GPUs of their own (an async
+        pipeline's, burst engines) always get the dedicated capacity."""
+        self.memory = memory
+        self.dedicated = profile
+        profile = profile.with_memory(memory)
         self.profile = profile
         self.algo = algo
         self.cluster = cluster
@@ -476,7 +501,7 @@ class Simulator:
         for r in range(gpa, g, gpa):
             n = r // gpa
             spread = np.arange(batch.total_samples) % n
-            gen = self.check_model.estimate(batch, ws.lengths, spread, n, PrefillPlan(), warm_actors=n).time_s
+            gen = EngineCostModel(self.dedicated).estimate(batch, ws.lengths, spread, n, PrefillPlan(), warm_actors=n).time_s
             learn = tokens * rate / (g - r)
             key = (max(gen, learn), r)
             best = key if best is None or key < best else best
@@ -494,14 +519,15 @@ class Simulator:
         r = self.rollout_gpus(config, workload)
         gen_cluster = Cluster.of_gpus(r, min(r, self.cluster.nodes[0].num_gpus if self.cluster.nodes else r))
         learners = g - r
+        # OpenRLHF 0.11.2 refuses vLLM sleep with --train.async_enable: the engines hold GPUs of their own
         planner = StepPlanner(
             config,
             cluster=gen_cluster,
-            cost_model=self.cost_model,
+            cost_model=AnalyticCostModel(self.dedicated),
             registry=self.registry,
             gpus_per_actor=prof.gpus_per_actor,
             learner_gpus=0,
-            check_model=self.check_model,
+            check_model=EngineCostModel(self.dedicated),
         )
         token_counts = [float(ws.batch.prompt_lengths @ ws.batch.n_samples + ws.lengths.sum()) for ws in workload.steps]
         train_s = [sum(self._learning(t, learners)) for t in token_counts]
@@ -512,9 +538,9 @@ class Simulator:
             planner.warm_actors = len(self.warm)
             plan = planner.plan(ws.batch, step=ws.step)
             relative = [(max(a - start, 0.0), b - max(a, start)) for a, b in pauses if b > start]
-            backend = self.backend(planner, ws, plan, cluster=gen_cluster, pauses=relative)
+            backend = self.backend(planner, ws, plan, cluster=gen_cluster, pauses=relative, profile=self.dedicated)
             outcome = StepController(planner, backend, ws.batch, plan, step=ws.step).run(observe=True)
-            self.keep_warm(outcome.usage)
+            self.hold(planner, outcome.usage)  # no burst engine here: the fleet's engines that worked stay warm
             done[k] = (plan, outcome, backend.tokens_before_pauses)
             return start + outcome.usage.generation_s
 
@@ -542,10 +568,24 @@ class Simulator:
                 on_step(report)
         return SimulationResult(config.name, steps, rollout_gpus=r)
 
-    def keep_warm(self, usage: StepUsage) -> None:
-        """The engines (and the prefill actor) that worked in a step stay warm for the next one."""
-        self.warm = frozenset(a for a, e in enumerate(usage.engines) if e.first_s is not None)
+    def hold(self, planner: StepPlanner, usage: StepUsage) -> StepUsage:
+        """``usage`` of a finished step (its learning included), with each burst engine kept for the next step
+        or released, as the planner decides on cost (``StepPlanner.keep_burst``). The fleet's engines (and the
+        prefill actor) that worked in the step stay warm for the next one; kept burst engines too."""
+        step_s = usage.step_s
+        if step_s is None:
+            step_s = usage.generation_s + usage.prepare_s + usage.learn_s + usage.sync_s
+        engines = []
+        for e in usage.engines:
+            if e.burst and held(e):
+                idle = step_s - (e.last_s if e.first_s is not None else 0.0)
+                e = replace(e, kept=planner.keep_burst(idle))
+            engines.append(e)
+        self.warm = frozenset(
+            a for a, e in enumerate(engines) if (e.first_s is not None and not e.burst) or (e.burst and e.kept)
+        )
         self.warm_prefill = self.warm_prefill or usage.prefill_s > 0
+        return replace(usage, engines=engines)
 
     def _learning(self, tokens: float, gpus: int) -> tuple[float, float]:
         """(scoring, learning) seconds of ``tokens`` (prompt + response) on ``gpus`` GPUs, for the run's algorithm."""
@@ -585,16 +625,15 @@ class Simulator:
             sample_keep = np.repeat(keep, batch.n_samples)
             trained_samples = [x for x, k in zip(outcome.samples, sample_keep.tolist(), strict=True) if k]
             planner.observe(trained_samples)
-            self.keep_warm(outcome.usage)
             rep, u = outcome.report, outcome.usage
             tokens = float((batch.prompt_lengths * batch.n_samples)[keep].sum() + lengths[sample_keep].sum())
             prepare_s, learn_s = self._learning(tokens, g)
-            usage = replace(stopped_at(u, stop), prepare_s=prepare_s, learn_s=learn_s)
+            usage = self.hold(planner, replace(stopped_at(u, stop), prepare_s=prepare_s, learn_s=learn_s))
             cut = not rnd.long and len(trained_rows) < len(batch)
             report = rep.model_copy(
                 update={**billing(usage), **round_fields(trained_samples, int(keep.sum()), len(rounds.deferred), cut)}
             )
-            out.append(SimulatedStep.of(report, plan, outcome))
+            out.append(SimulatedStep.of(report, plan, outcome, usage=usage))
             if on_step is not None:
                 on_step(report)
             r += 1
@@ -644,17 +683,17 @@ class Simulator:
             made = self._tokens_at(planner, piece_ws, plan, stop) if math.isfinite(stop) else list(piece_ws.lengths)
             ended = [p.generated + m >= t for p, m, t in zip(pieces, made, total, strict=True)]
             settled = step.settle([int(m) for m in made], ended, train)
-            self.keep_warm(outcome.usage)
             rep, u = outcome.report, outcome.usage
             prepare_s, learn_s = self._learning(float(settled.trained_prompt_and_response_tokens), g)
+            usage = self.hold(planner, replace(stopped_at(u, stop), prepare_s=prepare_s, learn_s=learn_s))
             report = rep.model_copy(
                 update={
-                    **billing(replace(stopped_at(u, stop), prepare_s=prepare_s, learn_s=learn_s)),
+                    **billing(usage),
                     **step.report_fields(settled),
                     "estimate_error": rep.estimate_error if not math.isfinite(stop) else None,
                 }
             )
-            out.append(SimulatedStep.of(report, plan, outcome))
+            out.append(SimulatedStep.of(report, plan, outcome, usage=usage))
             if on_step is not None:
                 on_step(report)
             r += 1
@@ -717,20 +756,15 @@ class Simulator:
             ]
             piece_ws = WorkloadStep(step=step_no, batch=batch, lengths=np.asarray(targets, dtype=np.int64))
             outcome = self.execute(planner, piece_ws, plan)
-            self.keep_warm(outcome.usage)
             ended = [p.generated + t >= tt for p, t, tt in zip(pieces, targets, total, strict=True)]
             settled = book.settle(k, [s.response_length for s in outcome.samples], ended)
             planner.observe(settled.finished)
             planner.note_error(outcome.report.estimate_error)
             rep, u = outcome.report, outcome.usage
             prepare_s, learn_s = self._learning(float(settled.trained_prompt_and_response_tokens), g)
-            report = rep.model_copy(
-                update={
-                    **billing(replace(u, prepare_s=prepare_s, learn_s=learn_s)),
-                    **settled.report_fields(),
-                }
-            )
-            steps.append(SimulatedStep.of(report, plan, outcome))
+            usage = self.hold(planner, replace(u, prepare_s=prepare_s, learn_s=learn_s))
+            report = rep.model_copy(update={**billing(usage), **settled.report_fields()})
+            steps.append(SimulatedStep.of(report, plan, outcome, usage=usage))
             if on_step is not None:
                 on_step(report)
         return SimulationResult(config.name, steps)
@@ -741,8 +775,9 @@ class Simulator:
         plan = planner.plan(ws.batch, step=ws.step)
         outcome = self.execute(planner, ws, plan, observe=True)
         front = self.frontier(planner, ws, plan, outcome.report) if frontier else None
-        self.keep_warm(outcome.usage)
-        return SimulatedStep.of(outcome.report, plan, outcome, front)
+        usage = self.hold(planner, outcome.usage)
+        report = outcome.report.model_copy(update=billing(usage))
+        return SimulatedStep.of(report, plan, outcome, front, usage)
 
     def backend(
         self,
@@ -752,10 +787,12 @@ class Simulator:
         *,
         cluster: Cluster | None = None,
         pauses: Sequence[tuple[float, float]] = (),
+        profile: TimePerTokenProfile | None = None,
     ) -> SimulatedBackend:
-        """The simulated engines for one step of ``plan``, warm where the previous step left them."""
+        """The simulated engines for one step of ``plan``, warm where the previous step left them (``profile``:
+        the engines' model, default the synchronous engines')."""
         return SimulatedBackend(
-            self.profile,
+            profile or self.profile,
             cluster or self.cluster,
             ws,
             plan,
@@ -766,6 +803,7 @@ class Simulator:
             warm_prefill=self.warm_prefill,
             algo=self.run_algo,
             pauses=pauses,
+            burst_profile=self.dedicated,
         )
 
     def execute(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, *, observe: bool = False) -> StepOutcome:
