@@ -30,7 +30,7 @@ def main() -> None:
     workload = load_workload(args.trace, prompts=128, samples=8, steps=args.steps, seed=0)
     simulator = Simulator(load_profile("qwen2.5-7b-l40s"), make_cluster(args.gpus, 8), registry=registry)
     refs = [PolicyRef(name=n) for n in args.predictors.split(",")]
-    rows = compare_predictors(registry, refs, workload, simulator, registry.scheduler("rlhfless"))
+    rows = compare_predictors(registry, refs, workload, simulator, registry.scheduler("rlhfless-paper"))
 
     print(f"{'predictor':<14}{'MAE':>8}{'Acc@100':>9}{'Kendall':>9}{'time s':>9}{'GPU-s':>8}")
     for r in rows:

@@ -40,12 +40,22 @@ def test_shipped_presets_validate(path, registry):
     assert cfg.name in registry.names("scheduler")
 
 
-def test_paper_defaults_in_rlhfless_preset(registry):
-    cfg = registry.scheduler("rlhfless")
+def test_paper_defaults_in_rlhfless_paper_preset(registry):
+    cfg = registry.scheduler("rlhfless-paper")
     assert cfg.predictor.name == "ewma" and cfg.predictor.params["window"] == 1
     assert cfg.migrator.name == "tau" and cfg.migrator.params["tau"] == 0.7
     assert cfg.scaler.name == "cost-aware" and registry.validate_params("scaler", cfg.scaler).lam == 0.7
     assert cfg.prefill_planner.name == "dedup" and cfg.assigner.name == "sorted"
+
+
+def test_rlhfless_preset_is_never_slower_than_openrlhf(registry):
+    """``rlhfless``: OpenRLHF's dispatch on the deadline scaler's count, no cut-and-migrate, no dedup prefill;
+    ``rlhfless-slo`` is the same preset under its earlier name."""
+    cfg = registry.scheduler("rlhfless")
+    assert (cfg.assigner.name, cfg.migrator.name, cfg.prefill_planner.name) == ("least-pending", "none", "none")
+    assert cfg.scaler.name == "deadline" and cfg.scaler.params == {"slack": 0.01, "max_uncertainty": 0.05}
+    same = {"name": "x", "description": ""}
+    assert cfg.model_copy(update=same) == registry.scheduler("rlhfless-slo").model_copy(update=same)
 
 
 def test_openrlhf_preset_is_openrlhfs_behaviour(registry):
@@ -60,7 +70,7 @@ def test_openrlhf_preset_is_openrlhfs_behaviour(registry):
 
 def test_presets_are_package_data():
     names = {e.name for e in files("rlhfless_configs").iterdir()}
-    assert {"rlhfless.yaml", "openrlhf.yaml"} <= names
+    assert {"rlhfless.yaml", "rlhfless-paper.yaml", "openrlhf.yaml"} <= names
 
 
 def test_good_file(tmp_path):
@@ -132,12 +142,13 @@ def test_schema_is_json_schema():
     assert {"predictor", "prefill_planner", "assigner", "migrator", "scaler", "placer"} <= set(schema["required"])
 
 
-def test_show_round_trips(tmp_path, registry):
-    res = CliRunner().invoke(main, ["config", "show", "rlhfless"])
+@pytest.mark.parametrize("name", ["rlhfless", "rlhfless-paper"])
+def test_show_round_trips(tmp_path, registry, name):
+    res = CliRunner().invoke(main, ["config", "show", name])
     assert res.exit_code == 0
     path = tmp_path / "again.yaml"
     path.write_text(res.output)
-    assert read_scheduler_config(path, registry) == registry.scheduler("rlhfless")
+    assert read_scheduler_config(path, registry) == registry.scheduler(name)
 
 
 def test_every_problem_is_reported_at_once(tmp_path):

@@ -137,7 +137,7 @@ def test_engines_sit_in_the_placer_built_placement_group(stack):
     assert all(b["GPU"] == 1 and any(k.startswith("node:") for k in b) for b in stack.bundles)
 
 
-@pytest.mark.parametrize("scheduler", ["openrlhf", "rlhfless"])
+@pytest.mark.parametrize("scheduler", ["openrlhf", "rlhfless", "rlhfless-paper"])
 def test_two_rollout_steps_keep_groups(stack, scheduler):
     gen = make_generator(stack, scheduler, num_prompts=8)
     kwargs = {"max_new_tokens": 48, "temperature": 1.0, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
@@ -150,7 +150,7 @@ def test_two_rollout_steps_keep_groups(stack, scheduler):
     assert gen.last_metrics["rlhfless/actual_length_mean"] > 0
     lines = (stack.tmp / f"{scheduler}.jsonl").read_text().splitlines()
     assert len(lines) == 2
-    if scheduler == "rlhfless":  # the template prefix was warmed once and vLLM counted the hits inside it
+    if scheduler == "rlhfless-paper":  # the template prefix was warmed once and vLLM counted the hits inside it
         assert report.prefill_tokens_saved > 0
         # an engine outside the scaler's active subset gets no work (it idles; RLHFless never sleeps it)
         assert report.actor_busy_s[1] == 0.0 or report.num_actors == 2
@@ -301,7 +301,7 @@ def test_a_trace_written_by_real_steps_replays_in_the_simulator(stack, tmp_path)
 
 # -- evaluation and dynamic filtering go the way OpenRLHF's own generator takes them --
 def test_evaluation_rollouts_take_openrlhfs_path_and_leave_the_schedule_alone(stack):
-    gen = make_generator(stack, "rlhfless", num_prompts=4)
+    gen = make_generator(stack, "rlhfless-paper", num_prompts=4)  # EWMA: its _estimate shows what it observed
     gen.eval_dataloader = dataloader(PROMPTS[4:8], 4)
     evaluated = gen.generate_eval_samples(max_new_tokens=16, n_samples_per_prompt=2, max_len=512)
     assert sorted(e.prompts[0] for e in evaluated) == sorted(p for p in PROMPTS[4:8] for _ in range(2))
@@ -823,7 +823,7 @@ class MoveFirstRecorded(MoveFirst):
 @pytest.fixture(scope="module")
 def contract_rollouts(stack, registry_with):
     """One greedy step of 4 prompts x N_SAMPLES, correction on: OpenRLHF's own ``SamplesGenerator`` over the
-    engines, then RLHFless's generator (the rlhfless preset, one sample forcibly migrated mid-generation)."""
+    engines, then RLHFless's generator (the rlhfless-paper preset, one sample forcibly migrated mid-generation)."""
     from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
     from rlhfless_openrlhf.generator import prompt_uid
 
@@ -850,7 +850,7 @@ def contract_rollouts(stack, registry_with):
 
     reg = registry_with(**{"move-first-recorded-plugin": Plugin()})
     # with two engines the dedup prefill planner makes one of them the prefill actor: no engine to migrate to
-    config = reg.scheduler("rlhfless").derive(
+    config = reg.scheduler("rlhfless-paper").derive(
         name="contract-test", migrator="move-first-recorded", prefill_planner="none", min_actors=2
     )
     MOVED.clear()

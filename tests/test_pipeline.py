@@ -106,7 +106,9 @@ def test_async_presets_generate_every_sample_once_within_their_staleness_bound(a
         assert r.samples == ws.batch.total_samples
         assert [s.response_length for s in step.outcome.samples] == ws.lengths.tolist()
         assert r.response_tokens == int(ws.lengths.sum())
-        assert r.time_s > 0 and r.generation_s > 0
+        # a step's window may hold no generation (the last: its batch was generated during the step before)
+        assert r.time_s > 0 and 0 <= r.generation_s <= r.time_s
+        assert r.gpu_seconds <= r.gpu_seconds_serverful * (1 + 1e-9)
         assert 0 <= r.max_token_age_steps <= 1  # queue size 1
         assert (r.stale_token_fraction > 0) == (r.max_token_age_steps > 0)
     first = res.reports[0]

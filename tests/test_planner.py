@@ -132,9 +132,9 @@ def faulty_registry(registry_with):
 
 
 def make_planner(registry, **policies):
-    config = registry.scheduler("rlhfless").model_copy(
+    config = registry.scheduler("rlhfless-paper").model_copy(
         update={
-            k: registry.scheduler("rlhfless").policy_refs()[k].model_copy(update={"name": v, "params": {}})
+            k: registry.scheduler("rlhfless-paper").policy_refs()[k].model_copy(update={"name": v, "params": {}})
             for k, v in policies.items()
         }
     )
@@ -212,12 +212,12 @@ def test_cost_aware_plan_is_the_argmin_of_its_candidates(registry):
     """The planner hands the scaler every candidate it estimated and keeps its argmin."""
     batch, _ = SyntheticWorkload(256, 8, seed=1).batch()
     plan = StepPlanner(
-        registry.scheduler("rlhfless"),
+        registry.scheduler("rlhfless-paper"),
         cluster=Cluster.uniform(2, 8),
         cost_model=AnalyticCostModel(PROFILE),
         registry=registry,
     ).plan(batch)
-    scaler = registry.create("scaler", registry.scheduler("rlhfless").scaler)
+    scaler = registry.create("scaler", registry.scheduler("rlhfless-paper").scaler)
     scores = scaler.scores(plan.candidates)
     chosen = [e.num_actors for e in plan.candidates].index(plan.num_actors)
     assert scores[chosen] == scores.min()

@@ -319,7 +319,7 @@ def test_a_policy_that_writes_to_its_inputs_falls_back_and_changes_nothing(vanda
     from rlhfless_sdk.planning.planner import StepPlanner
 
     reg = vandal_registry
-    base = reg.scheduler("rlhfless").derive(name="base", predictor="prompt-length", migrator="none")
+    base = reg.scheduler("rlhfless-paper").derive(name="base", predictor="prompt-length", migrator="none")
     cluster, cost = Cluster.uniform(2, 4), AnalyticCostModel(PROFILE)
     before = _columns(batch)
     vandal = base.derive(name="vandal", **{kind: "vandal"})
@@ -349,7 +349,7 @@ def test_a_migrator_and_an_observer_that_write_change_nothing_for_later_schedule
     w = synthetic_workload(SyntheticWorkload(prompts, n, seed=seed), 2)
     sim = Simulator(load_profile("qwen2.5-7b-l40s"), make_cluster(8, 8), registry=reg)
     alone = sim.run(reg.scheduler("openrlhf"), w).reports
-    vandal = reg.scheduler("rlhfless").derive(name="vandal", migrator="vandal", predictor="vandal")
+    vandal = reg.scheduler("rlhfless-paper").derive(name="vandal", migrator="vandal", predictor="vandal")
     sim.run(vandal, w)
     after = sim.run(reg.scheduler("openrlhf"), w).reports
     skip = {"planner_ms"}
@@ -398,7 +398,7 @@ def _simulate(reg, config):
 
 def test_a_migrator_that_raises_is_named_in_the_steps_fallbacks(caplog, registry_with):
     reg = registry_with(**{"step-plugin": StepPlugin()})
-    reports = _simulate(reg, reg.scheduler("rlhfless").derive(name="boom-test", migrator="boom"))
+    reports = _simulate(reg, reg.scheduler("rlhfless-paper").derive(name="boom-test", migrator="boom"))
     assert all(r.fallbacks == ["migrator:boom"] for r in reports)
     assert "migrator 'boom' (plugin 'step-plugin') failed" in caplog.text
 
@@ -408,7 +408,7 @@ def test_a_slow_policy_is_named_once_per_step_with_its_time(caplog, monkeypatch,
 
     monkeypatch.setattr(planner_module, "SLOW_POLICY_S", 0.1)  # the 10 s assigner of the report, made short
     reg = registry_with(**{"step-plugin": StepPlugin()})
-    _simulate(reg, reg.scheduler("rlhfless").derive(name="slow-test", assigner="slow", migrator="none"))
+    _simulate(reg, reg.scheduler("rlhfless-paper").derive(name="slow-test", assigner="slow", migrator="none"))
     slow = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
     assert len(slow) == 2  # one per step, although the assigner runs once per candidate actor count
     assert all("assigner 'slow' (plugin 'step-plugin') took" in m and "call(s)" in m for m in slow)

@@ -416,10 +416,11 @@ def test_plan_is_valid_for_every_preset(scheduler, batch, cluster, lo, extra_hi)
     type(plan).model_validate(plan.model_dump())  # the record is valid, not only constructed
 
 
-def test_empty_batch_and_single_prompt():
+@pytest.mark.parametrize("scheduler", ["rlhfless", "rlhfless-paper"])
+def test_empty_batch_and_single_prompt(scheduler):
     cluster = S.Cluster.uniform(1, 8)
     planner = StepPlanner(
-        REG.scheduler("rlhfless"), cluster=cluster, cost_model=AnalyticCostModel(PROFILE), registry=REG
+        REG.scheduler(scheduler), cluster=cluster, cost_model=AnalyticCostModel(PROFILE), registry=REG
     )
     empty = planner.plan(PromptBatch.empty())
     assert empty.assignment == [] and empty.num_actors >= 1

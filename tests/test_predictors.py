@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.config import PolicyRef
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import ActorProgress, FinishedSample, SampleProgress, StepProgress
 from rlhfless_sdk.cli.compare import kendall_tau, with_predictor
@@ -95,7 +96,7 @@ def test_group_refines_unfinished_siblings(registry):
             return []
 
     planner = Simulator(load_profile("qwen2.5-3b-h100"), make_cluster(4, 4), registry=registry).planner(
-        registry.scheduler("rlhfless").model_copy(update={"predictor": registry.scheduler("rlhfless").predictor})
+        registry.scheduler("rlhfless-paper")
     )
     planner.policies["predictor"] = group
     planner.policies["migrator"] = Spy()
@@ -107,9 +108,7 @@ def test_group_refines_unfinished_siblings(registry):
 def test_each_new_predictor_runs_in_a_grpo_simulation(registry, name):
     w = synthetic_workload(SyntheticWorkload(48, 8, seed=4), 3)
     sim = Simulator(load_profile("qwen2.5-7b-l40s"), make_cluster(8, 8), registry=registry)
-    res = sim.run(
-        with_predictor(registry.scheduler("rlhfless"), type(registry.scheduler("rlhfless").predictor)(name=name)), w
-    )
+    res = sim.run(with_predictor(registry.scheduler("rlhfless-paper"), PolicyRef(name=name)), w)
     assert [r.samples for r in res.reports] == [384, 384, 384]
     assert res.reports[-1].prediction_mae < res.reports[0].prediction_mae
 

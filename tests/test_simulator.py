@@ -18,7 +18,7 @@ from rlhfless_sdk.api.records import Cluster, MigrationDecision, TimePerTokenPro
 from rlhfless_sdk.cli.main import main
 from rlhfless_sdk.cli.plan_report import resolve_scheduler
 from rlhfless_sdk.cli.simulate import make_cluster
-from rlhfless_sdk.rollout.controller import StepController
+from rlhfless_sdk.rollout.controller import StepController, held_s
 from rlhfless_sdk.simulation.simulator import SimulatedBackend, Simulator
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep, synthetic_workload
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload
@@ -162,13 +162,15 @@ def test_migration_keeps_every_token_and_charges_its_cost(mode):
 def test_predictor_learns_across_steps(registry):
     w = synthetic_workload(SyntheticWorkload(64, 4, seed=3), 3)
     sim = Simulator(load_profile("qwen2.5-7b-l40s"), make_cluster(8, 8), registry=registry)
-    mae = [r.prediction_mae for r in sim.run(registry.scheduler("rlhfless"), w).reports]
+    mae = [r.prediction_mae for r in sim.run(registry.scheduler("rlhfless-paper"), w).reports]
     assert mae[1] < 0.6 * mae[0]  # step 0 is a cold start; then each prompt has a history
     oracle = sim.run(registry.scheduler("oracle"), w).reports
     assert all(r.prediction_mae < mae[1] for r in oracle)
 
 
-@pytest.mark.parametrize("name", ["openrlhf", "verl", "rlhfless", "ablation-dedup", "ablation-assign", "oracle"])
+@pytest.mark.parametrize(
+    "name", ["openrlhf", "verl", "rlhfless", "rlhfless-paper", "ablation-dedup", "ablation-assign", "oracle"]
+)
 def test_every_sample_finishes_once(registry, name):
     w = synthetic_workload(SyntheticWorkload(48, 4, seed=1), 2)
     sim = Simulator(load_profile("qwen2.5-3b-h100"), make_cluster(8, 4), registry=registry)
@@ -304,7 +306,7 @@ def test_simulate_reports_the_time_cost_frontier():
 
 @settings(max_examples=12, deadline=None)
 @given(
-    name=st.sampled_from(["openrlhf", "verl", "rlhfless", "rlhfless-slo", "ablation-dedup"]),
+    name=st.sampled_from(["openrlhf", "verl", "rlhfless", "rlhfless-paper", "ablation-dedup"]),
     prompts=st.integers(2, 24),
     n=st.integers(1, 4),
     seed=st.integers(0, 10_000),
@@ -340,19 +342,25 @@ def test_runaway_samples_hit_the_cap_and_leave_the_other_lengths_alone():
     assert 0.05 < (loops == 4096).mean() < 0.2
 
 
-def test_simulate_takes_kv_capacity_algorithm_and_long_reasoning_tails():
+@pytest.mark.parametrize("memory", ["colocated", "dedicated"])
+def test_simulate_takes_kv_capacity_algorithm_and_long_reasoning_tails(memory):
+    """Synchronous engines get the memory asked for; the async pipeline's engines always the dedicated one."""
     args = ["simulate", "--prompts", "24", "--samples", "4", "--steps", "2", "--max-length", "512"]
-    args += ["--runaway", "0.2", "--kv-tokens", "20000", "--algo", "ppo", "--no-frontier", "--json"]
+    args += ["--runaway", "0.2", "--dedicated-kv-tokens", "20000", "--colocated-kv-tokens", "9000"]
+    args += ["--memory", memory, "--algo", "ppo", "--no-frontier", "--json"]
     args += ["--scheduler", "openrlhf", "--scheduler", "openrlhf-async", "--rollout-gpus", "12"]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
-    assert out["kv_capacity_tokens"] == 20000 and out["algo"] == "ppo"
+    assert out["kv_capacity_tokens"] == (9000 if memory == "colocated" else 20000) and out["algo"] == "ppo"
+    assert out["dedicated_kv_capacity_tokens"] == 20000 and out["colocated_kv_capacity_tokens"] == 9000
     assert out["workload"]["response_length"]["max"] == 512
     sync, asyn = out["schedulers"]
     assert asyn["rollout_gpus"] == 12 and sync["rollout_gpus"] is None
     for row in out["schedulers"]:
-        assert {"stale_token_fraction", "max_token_age_steps", "mean_step_time_after_first_s"} <= set(row)
+        assert {"stale_token_fraction", "max_token_age_steps", "steady_step_s", "peak_gpus", "bound_s"} <= set(row)
+        assert row["steady_step_s"] is None and row["speedup_steady"] is None  # 2 steps: no steady step
+        assert row["peak_gpus"] == 16 and 0 < row["bound_fraction"] <= 1
         for step in row["steps"]:
             assert step["estimated_generation_s"] is not None and step["estimate_error"] is not None
     assert sync["stale_token_fraction"] == 0 and asyn["max_token_age_steps"] == 1
@@ -360,11 +368,19 @@ def test_simulate_takes_kv_capacity_algorithm_and_long_reasoning_tails():
 
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
-    [("--kv-tokens", "0", "--kv-tokens"), ("--runaway", "1.5", "--runaway"), ("--algo", "dpo", "--algo")],
+    [
+        ("--dedicated-kv-tokens", "0", "--dedicated-kv-tokens"),
+        ("--kv-tokens", "5000", "--dedicated-kv-tokens N"),  # which memory? say it
+        ("--colocated-kv-tokens", "999999999", "exceeds kv_capacity_tokens"),
+        ("--runaway", "1.5", "--runaway"),
+        ("--algo", "dpo", "--algo"),
+        ("--rollout-gpus", "most", "'best'"),
+        ("--max-actors", "40", "--allow-burst"),
+    ],
 )
 def test_simulate_refuses_bad_model_flags(flag, value, message):
     res = CliRunner().invoke(main, ["simulate", "--prompts", "4", "--steps", "1", flag, value])
-    assert res.exit_code == 2 and message in res.output
+    assert res.exit_code in (1, 2) and message in res.output, res.output
 
 
 def test_grpo_learns_cheaper_than_ppo_on_the_same_schedule(registry):
@@ -386,41 +402,80 @@ def test_grpo_learns_cheaper_than_ppo_on_the_same_schedule(registry):
 
 
 def test_plan_and_compare_predictors_take_the_kv_capacity():
-    res = CliRunner().invoke(main, ["plan", "--prompts", "32", "--kv-tokens", "5000", "--json"])
+    res = CliRunner().invoke(main, ["plan", "--prompts", "32", "--colocated-kv-tokens", "5000", "--json"])
     assert res.exit_code == 0, res.output
     args = ["compare-predictors", "--prompts", "16", "--samples", "2", "--steps", "2", "--predictors", "ewma"]
-    args += ["--kv-tokens", "5000", "--runaway", "0.1", "--max-length", "300", "--json"]
+    args += ["--memory", "dedicated", "--dedicated-kv-tokens", "5000", "--colocated-kv-tokens", "4000"]
+    args += ["--runaway", "0.1", "--max-length", "300", "--json"]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["workload"]["response_length"]["max"] == 300
 
 
-def test_burst_actors_run_beyond_the_fleet_and_are_billed_on_top_of_it(registry):
-    work = synthetic_workload(SyntheticWorkload(64, 4, seed=6), 2)
-    sim = Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 4), registry=registry)
+@pytest.mark.parametrize("cold", [0.5, 600.0])
+def test_burst_actors_run_beyond_the_fleet_and_are_billed_on_top_of_it(registry, cold):
+    """Burst engines are billed on top of the fleet for as long as they are held: released after a step (start-up
+    cheaper than idling through learning), each pays its start-up again; kept (start-up dearer), each is billed
+    through the idle tail and learning, and from the next step's start."""
+    work = synthetic_workload(SyntheticWorkload(64, 4, seed=6), 3)
+    prof = load_profile("qwen2.5-7b-l40s").model_copy(update={"cold_start_s": cold})
+    sim = Simulator(prof, Cluster.uniform(1, 4), registry=registry)
     burst = registry.scheduler("openrlhf").derive(
         name="burst-test", scaler={"name": "fixed", "params": {"num_actors": 6}}, burst=2.0
     )
     res = sim.run(burst, work)
-    for st_ in res.steps:
+    for i, st_ in enumerate(res.steps):
         r = st_.report
         assert r.num_actors == 6  # 2 engines beyond the 4-GPU fleet
+        assert r.peak_gpus == 6
         assert sum(p.node.startswith("burst") for p in st_.plan.placement if p.actor.role == "decode") == 2
-        used = [e for e in st_.outcome.usage.engines if e.first_s is not None and e.burst]
-        extra = sum(e.last_s - e.first_s + e.cold_start_s for e in used)
-        assert extra > 0
-        assert r.gpu_seconds_serverful == pytest.approx(4 * r.time_s + extra)  # the fleet, plus burst serverless
+        bursts = [e for e in st_.usage.engines if e.burst]
+        assert len(bursts) == 2
+        extra = sum(held_s(e, r.time_s) for e in bursts)
+        assert r.gpu_seconds_serverful == pytest.approx(4 * r.time_s + extra)  # the fleet, plus burst as held
         assert r.gpu_seconds <= r.gpu_seconds_serverful * (1 + 1e-9)
+        for e in bursts:
+            if cold > 100:  # kept: held to the step's end, and from the step's start after the first step
+                assert e.kept and e.warm_in == (i > 0)
+                start = 0.0 if i else e.first_s - e.cold_start_s
+                assert held_s(e, r.time_s) == pytest.approx(r.time_s - start)
+            else:  # released: billed its work plus a start-up, every step
+                assert not e.kept and not e.warm_in and e.cold_start_s == cold
+                assert held_s(e, r.time_s) == pytest.approx(e.last_s - e.first_s + cold)
 
 
 def test_max_actors_lets_scaling_schedulers_burst_and_keeps_fixed_ones_on_the_fleet():
     args = ["simulate", "--prompts", "32", "--samples", "4", "--steps", "2", "--gpus", "4", "--gpus-per-node", "4"]
     args += ["--max-actors", "8", "--no-frontier", "--json", "--scheduler", "openrlhf", "--scheduler", "rlhfless-fast"]
-    res = CliRunner().invoke(main, args)
+    res = CliRunner().invoke(main, [*args, "--allow-burst"])
     assert res.exit_code == 0, res.output
     fixed, fast = json.loads(res.output)["schedulers"]
-    assert all(s["num_actors"] == 4 for s in fixed["steps"])
-    assert all(s["num_actors"] <= 8 for s in fast["steps"])
+    assert all(s["num_actors"] == 4 and s["peak_gpus"] == 4 for s in fixed["steps"])
+    assert all(s["num_actors"] <= 8 and 4 <= s["peak_gpus"] <= 8 for s in fast["steps"])
+    assert fast["peak_gpus"] == max(s["peak_gpus"] for s in fast["steps"])
+
+
+def test_simulate_compares_at_equal_peak_gpus_unless_burst_is_asked(tmp_path):
+    """Presets with `burst:` run on the fleet by default; with --allow-burst they may hold more, and the table
+    flags every row that does."""
+    six = tmp_path / "six.yaml"
+    six.write_text(
+        "name: six\npredictor: prompt-length\nprefill_planner: none\nassigner: least-pending\nmigrator: none\n"
+        "scaler: {name: fixed, params: {num_actors: 6}}\nplacer: pack\nburst: 2.0\n"
+    )
+    args = ["simulate", "--prompts", "48", "--samples", "4", "--steps", "3", "--gpus", "4", "--gpus-per-node", "4"]
+    args += ["--no-frontier", "--scheduler", "openrlhf", "--scheduler", "rlhfless-fast", "--scheduler", str(six)]
+    res = CliRunner().invoke(main, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    for row in json.loads(res.output)["schedulers"]:
+        assert row["peak_gpus"] == 4 and all(s["peak_gpus"] == 4 and s["num_actors"] <= 4 for s in row["steps"])
+    res = CliRunner().invoke(main, [*args, "--allow-burst", "--json"])
+    rows = json.loads(res.output)["schedulers"]
+    assert rows[2]["peak_gpus"] == 6 and all(s["num_actors"] == 6 for s in rows[2]["steps"])
+    res = CliRunner().invoke(main, [*args, "--allow-burst"])
+    assert "six !" in res.output and "holds more than the 4 GPUs" in res.output
+    res = CliRunner().invoke(main, args)
+    assert " !" not in res.output and "equal peak" in res.output
 
 
 def test_a_shared_pull_queue_starts_every_sample_once_on_the_simulated_engines(registry):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GRPO on GSM8K with Qwen2.5-3B-Instruct on one 8-GPU node, OpenRLHF 0.11.2, scheduled by RLHFless or not.
-#   SCHEDULER=rlhfless bash examples/openrlhf/grpo_gsm8k_qwen2.5-3b.sh
-#   SCHEDULER=openrlhf bash examples/openrlhf/grpo_gsm8k_qwen2.5-3b.sh     # OpenRLHF's own behaviour
+#   SCHEDULER=rlhfless bash examples/openrlhf/grpo_gsm8k_qwen2.5-3b.sh        # never slower than OpenRLHF
+#   SCHEDULER=rlhfless-paper bash examples/openrlhf/grpo_gsm8k_qwen2.5-3b.sh  # the paper's exact configuration
+#   SCHEDULER=openrlhf bash examples/openrlhf/grpo_gsm8k_qwen2.5-3b.sh        # OpenRLHF's own behaviour
 # Needs a CUDA machine with OpenRLHF's full install (pip install 'openrlhf[vllm]==0.11.2') and rlhfless.
 # Not run by this project yet: the development machines have no GPU.
 set -euo pipefail

@@ -80,39 +80,106 @@ def dumps(obj: Any, **kw: Any) -> str:
     return json.dumps(finite(obj), allow_nan=False, **kw)
 
 
+MEMORY_HELP = (
+    "KV memory of a synchronous engine, which time-shares its GPUs with the learner: colocated (beside the "
+    "learner's states, vLLM's gpu_memory_utilization about 0.55: the profile's colocated_kv_capacity_tokens) or "
+    "dedicated (the learner offloaded while generating: the profile's kv_capacity_tokens). Engines on GPUs of "
+    "their own (async pipelines, burst engines) always get the dedicated capacity."
+)
+
+
+def _no_kv_tokens(ctx: click.Context, param: click.Parameter, value: int | None) -> None:
+    if value is not None:
+        raise click.BadParameter(
+            "--kv-tokens gave every engine one capacity, async and burst engines included; say which memory: "
+            "--dedicated-kv-tokens N (engines on GPUs of their own) and/or --colocated-kv-tokens N (beside the "
+            "learner), and --memory for what synchronous engines get",
+            ctx,
+            param,
+        )
+
+
 def model_options(*, algo: bool = True) -> Any:
-    """``--kv-tokens N`` (per-engine KV capacity, overriding the profile's: e.g. a colocated vLLM at
-    ``gpu_memory_utilization`` 0.5) and, where learning is simulated, ``--algo``."""
+    """``--memory`` (the KV capacity a synchronous engine gets), ``--dedicated-kv-tokens N`` and
+    ``--colocated-kv-tokens N`` (the two capacities, overriding the profile's) and, where learning is simulated,
+    ``--algo``."""
 
     def wrap(fn: Any) -> Any:
-        fn = click.option(
-            "--kv-tokens",
-            type=POSITIVE,
-            default=None,
-            help="KV-cache capacity of one engine, in tokens (default: the profile's, a dedicated engine's).",
-        )(fn)
-        if algo:
-            fn = click.option(
-                "--algo",
-                type=click.Choice(["auto", "ppo", "grpo"]),
-                default="auto",
+        options = [
+            click.option(
+                "--memory",
+                type=click.Choice(["colocated", "dedicated"]),
+                default="colocated",
                 show_default=True,
-                help="Learner costs: ppo (critic, reward model) or grpo (critic-free); auto: grpo when prompts "
-                "have several samples.",
-            )(fn)
+                help=MEMORY_HELP,
+            ),
+            click.option(
+                "--dedicated-kv-tokens",
+                type=POSITIVE,
+                default=None,
+                help="KV capacity of an engine on GPUs of its own, in tokens (default: the profile's).",
+            ),
+            click.option(
+                "--colocated-kv-tokens",
+                type=POSITIVE,
+                default=None,
+                help="KV capacity of an engine beside the learner, in tokens (default: the profile's).",
+            ),
+            click.option(
+                "--kv-tokens", type=POSITIVE, default=None, hidden=True, expose_value=False, callback=_no_kv_tokens
+            ),
+        ]
+        if algo:
+            options.append(
+                click.option(
+                    "--algo",
+                    type=click.Choice(["auto", "ppo", "grpo"]),
+                    default="auto",
+                    show_default=True,
+                    help="Learner costs: ppo (critic, reward model) or grpo (critic-free); auto: grpo when prompts "
+                    "have several samples.",
+                )
+            )
+        for option in reversed(options):
+            fn = option(fn)
         return fn
 
     return wrap
 
 
-def run_profile(profile: str, kv_tokens: int | None = None) -> Any:
-    """The named (or YAML) profile, with ``--kv-tokens`` applied."""
+def run_profile(
+    profile: str,
+    dedicated_kv_tokens: int | None = None,
+    colocated_kv_tokens: int | None = None,
+    memory: str | None = None,
+) -> Any:
+    """The named (or YAML) profile with the two KV capacities overridden (checked: colocated <= dedicated);
+    with ``memory``, the profile of a synchronous engine with that memory."""
+    from pydantic import ValidationError
+
     from rlhfless_sdk.api.profiles import load_profile
 
     prof = load_profile(profile)
-    if kv_tokens is not None:
-        prof = prof.model_copy(update={"kv_capacity_tokens": kv_tokens, "name": f"{prof.name}@kv{kv_tokens}"})
-    return prof
+    update: dict[str, Any] = {}
+    if dedicated_kv_tokens is not None:
+        update["kv_capacity_tokens"] = dedicated_kv_tokens
+    if colocated_kv_tokens is not None:
+        update["colocated_kv_capacity_tokens"] = colocated_kv_tokens
+    if update:
+        tag = "".join(f"@{k.split('_')[0]}kv{v}" for k, v in update.items())
+        try:
+            prof = type(prof).model_validate({**prof.model_dump(), **update, "name": f"{prof.name}{tag}"})
+        except ValidationError as exc:
+            raise click.BadParameter(
+                "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors()),
+                param_hint="--dedicated-kv-tokens / --colocated-kv-tokens",
+            ) from None
+    if memory is None:
+        return prof
+    try:
+        return prof.with_memory(memory)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--memory") from None
 
 
 def synthetic_shape_options(fn: Any) -> Any:
@@ -148,6 +215,13 @@ def synthetic_shape_options(fn: Any) -> Any:
             type=click.FloatRange(0.0, 1.0),
             show_default=True,
             help="Synthetic: share of samples that never stop and hit --max-length (repetition loops).",
+        ),
+        click.option(
+            "--length-growth",
+            default=1.0,
+            type=FiniteFloat(0.0, inclusive=False),
+            show_default=True,
+            help="Synthetic: the last step's lengths are X times the first's, growing geometrically (reasoning RL).",
         ),
     ]
     for option in reversed(options):

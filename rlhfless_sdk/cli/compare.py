@@ -3,8 +3,9 @@
 Each predictor replays the workload step by step and sees only earlier steps (``observe`` after each step's
 prediction). Accuracy is per sample (|prediction of its prompt - its length|) over every step but the first,
 where no history exists yet; Kendall's tau is between predicted and true per-prompt mean lengths, per step,
-then averaged. The simulated figures come from the ``rlhfless`` scheduler (or another base) with the
-predictor swapped in.
+then averaged. The simulated figures come from the ``rlhfless-paper`` scheduler (the paper's configuration,
+whose sorted assignment and cut-and-migrate act on the predictions; or another base) with the predictor
+swapped in.
 """
 
 from __future__ import annotations

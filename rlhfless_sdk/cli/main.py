@@ -22,6 +22,9 @@ from rlhfless_sdk.cli.args import (
     run_profile,
     synthetic_shape_options,
 )
+from rlhfless_sdk.cli.args import (
+    plot_path as plot_path_check,
+)
 
 
 class _Group(click.Group):
@@ -184,7 +187,9 @@ def plan_cmd(
     profile: str,
     history: int,
     seed: int,
-    kv_tokens: int | None,
+    memory: str,
+    dedicated_kv_tokens: int | None,
+    colocated_kv_tokens: int | None,
     max_actors: int | None,
     as_json: bool,
 ) -> None:
@@ -204,7 +209,7 @@ def plan_cmd(
     registry = get_plugin_manager().registry
     configs = [resolve_scheduler(s, registry) for s in schedulers]
     configs = [allow_burst(c, max_actors) for c in configs]
-    prof = run_profile(profile, kv_tokens)
+    prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)
     cluster = Cluster.of_gpus(gpus, gpus_per_node)
     workload = SyntheticWorkload(prompts, samples, seed=seed)
     cost_model = AnalyticCostModel(prof)
@@ -263,17 +268,38 @@ def plan_cmd(
     type=POSITIVE,
     default=None,
     help="Most decode actors a scheduler that scales may run; beyond the fleet (--gpus) they are serverless burst "
-    "actors, billed on top of it. Schedulers with a fixed engine count keep the fleet. Default: the fleet.",
+    "actors (needs --allow-burst). Schedulers with a fixed engine count keep the fleet. Default: the fleet.",
+)
+@click.option(
+    "--allow-burst",
+    "allow_burst_engines",
+    is_flag=True,
+    help="Let presets with `burst:` (or --max-actors) run serverless engines beyond the fleet, billed while held. "
+    "Off: every scheduler runs on the same peak GPUs (--gpus).",
 )
 @click.option(
     "--rollout-gpus",
-    type=POSITIVE,
     default=None,
-    help="Async schedulers (openrlhf-async...): GPUs that only generate; default: the split that balances "
-    "generation and learning on the first step.",
+    metavar="N|best",
+    help="Async schedulers (openrlhf-async...): GPUs that only generate; 'best': run the whole workload at every "
+    "split and keep the fastest. Default: every split tried on the first 3 steps, the fastest run on all.",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with a `schedulers` list.")
 @plot_option("cost against time per step")
+@click.option(
+    "--frontier-plot",
+    type=click.Path(path_type=Path),
+    callback=plot_path_check,
+    default=None,
+    help="Draw run time against GPU-seconds: the baselines (fixed engine counts) at several cluster sizes as "
+    "lines, this run's schedulers as points (PNG, PDF, SVG or JPEG).",
+)
+@click.option(
+    "--frontier-gpus",
+    default=None,
+    metavar="N,N,...",
+    help="Cluster sizes of the baselines on --frontier-plot (default: --gpus, 1.25x and 1.5x it).",
+)
 @click.option(
     "--frontier/--no-frontier",
     default=True,
@@ -299,7 +325,9 @@ def simulate_cmd(**kw) -> None:
 @click.option("--samples", default=8, type=POSITIVE, show_default=True, help="Synthetic workload: samples per prompt.")
 @click.option("--steps", default=0, type=NON_NEGATIVE, help="Steps to replay (default: all of a trace, 5 synthetic).")
 @click.option("--seed", default=0, type=NON_NEGATIVE, show_default=True)
-@click.option("--scheduler", default="rlhfless", show_default=True, help="Scheduler the predictors are swapped into.")
+@click.option(
+    "--scheduler", default="rlhfless-paper", show_default=True, help="Scheduler the predictors are swapped into."
+)
 @click.option("--profile", default="qwen2.5-7b-l40s", show_default=True)
 @click.option("--gpus", default=16, type=POSITIVE, show_default=True)
 @click.option("--simulate/--no-simulate", default=True, show_default=True, help="Also simulate each predictor.")
@@ -318,7 +346,9 @@ def compare_predictors_cmd(
     profile: str,
     gpus: int,
     simulate: bool,
-    kv_tokens: int | None,
+    memory: str,
+    dedicated_kv_tokens: int | None,
+    colocated_kv_tokens: int | None,
     algo: str,
     as_json: bool,
     plot_path: Path | None,
@@ -336,7 +366,7 @@ def compare_predictors_cmd(
     refs = [PolicyRef(name=n.strip()) for n in predictors.split(",") if n.strip()]
     for ref in refs:
         registry.policy("predictor", ref.name)  # fail before any work on an unknown name
-    prof = run_profile(profile, kv_tokens)
+    prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)
     workload = load_workload(trace, prompts, samples, steps, seed, max_tokens=prof.kv_capacity_tokens, **shape)
     base = resolve_scheduler(scheduler, registry)
     run_algo = None if algo == "auto" else algo
@@ -378,7 +408,7 @@ def bench_group() -> None:
 @click.option(
     "--actors", default=16, type=POSITIVE, show_default=True, help="Most decode actors the scaler may choose."
 )
-@click.option("--scheduler", default="rlhfless", show_default=True)
+@click.option("--scheduler", default="rlhfless-paper", show_default=True)
 @click.option("--profile", default="qwen2.5-7b-l40s", show_default=True)
 @click.option("--repeat", default=5, type=POSITIVE, show_default=True, help="Timed plans after one warm-up.")
 @click.option("--json", "as_json", is_flag=True)
@@ -424,7 +454,7 @@ def bench_predict_cmd(predictor: str, prompts: int, samples: int, repeat: int, a
 @click.option("--samples", default=8, type=POSITIVE, show_default=True)
 @click.option("--gpus", default=160, type=POSITIVE, show_default=True)
 @click.option("--gpus-per-node", default=8, type=POSITIVE, show_default=True)
-@click.option("--scheduler", default="rlhfless", show_default=True)
+@click.option("--scheduler", default="rlhfless-paper", show_default=True)
 @click.option("--profile", default="llama-70b-8xh100", show_default=True)
 @click.option("--steps", default=2, type=POSITIVE, show_default=True)
 @click.option("--json", "as_json", is_flag=True)

@@ -47,17 +47,20 @@ def compare(results: list[SimulationResult]) -> list[dict[str, Any]]:
     out = []
     for r in results:
         tot = r.totals()
+        steady = tot["steady_step_s"]
         out.append(
             {
                 "name": r.scheduler,
                 **tot,
                 "speedup": _ratio(base["total_time_s"], tot["total_time_s"]),
-                "speedup_after_first": _ratio(
-                    base["mean_step_time_after_first_s"], tot["mean_step_time_after_first_s"]
-                ),
+                # undefined (None) with fewer than 3 steps
+                "speedup_steady": _ratio(base["steady_step_s"], steady)
+                if steady is not None and base["steady_step_s"] is not None
+                else None,
                 "cost_reduction": 1.0 - _ratio(tot["total_gpu_seconds"], base["total_gpu_seconds"]),
                 "cost_reduction_vs_serverful": 1.0
                 - _ratio(tot["total_gpu_seconds"], base["total_gpu_seconds_serverful"]),
+                "split_search": r.split_search,
                 "steps": [
                     {**s.report.model_dump(), **({"frontier": s.frontier} if s.frontier is not None else {})}
                     for s in r.steps
@@ -65,6 +68,13 @@ def compare(results: list[SimulationResult]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def equal_peak(config: SchedulerConfig, fleet_actors: int) -> SchedulerConfig:
+    """``config`` on the fleet only: no burst engine, at most the fleet's decode actors (the default of
+    ``simulate``: every scheduler compared on the same peak GPUs)."""
+    most = min(config.max_actors or fleet_actors, fleet_actors)
+    return config.derive(burst=1.0, max_actors=max(most, config.min_actors))
 
 
 def run_simulation(
@@ -82,7 +92,8 @@ def run_simulation(
     return results
 
 
-def print_tables(rows: list[dict[str, Any]]) -> None:
+def print_tables(rows: list[dict[str, Any]], gpus: int = 0) -> None:
+    """Per-step tables, then the totals; a row holding more than ``gpus`` GPUs at its peak is flagged."""
     base_steps = rows[0]["steps"]
     click.echo(
         "per step: 'est err' compares the cost model's generation time, estimated before the step, with the "
@@ -91,7 +102,7 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         click.secho(f"\n{row['name']}", bold=True)
         click.echo(
-            f"{'step':>5}{'N':>4}{'time s':>9}{'gen s':>8}{'GPU-s':>9}{'srvful':>9}{'speedup':>9}{'cost':>7}"
+            f"{'step':>5}{'N':>4}{'peak':>5}{'time s':>9}{'gen s':>8}{'GPU-s':>9}{'srvful':>9}{'speedup':>9}{'cost':>7}"
             f"{'idle':>6}{'migr':>6}{'prefill saved':>15}{'MAE':>6}{'est err':>8}{'stale':>7}"
         )
         for i, st in enumerate(row["steps"]):
@@ -101,7 +112,7 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
             speed = f"{b['time_s'] / st['time_s']:>8.2f}x" if b and st["time_s"] > 0 else f"{'-':>9}"
             cost = f"{st['gpu_seconds'] / b['gpu_seconds'] - 1:>+7.0%}" if b and b["gpu_seconds"] > 0 else f"{'-':>7}"
             click.echo(
-                f"{st['step']:>5}{st['num_actors']:>4}{st['time_s']:>9.1f}{st['generation_s']:>8.1f}"
+                f"{st['step']:>5}{st['num_actors']:>4}{st['peak_gpus']:>5}{st['time_s']:>9.1f}{st['generation_s']:>8.1f}"
                 f"{st['gpu_seconds']:>9.0f}{st['gpu_seconds_serverful']:>9.0f}{speed}"
                 f"{cost}{st['idle_fraction']:>6.2f}{st['migrations']:>6}"
                 f"{st['prefill_tokens_saved']:>15}{st['prediction_mae'] or 0:>6.0f}"
@@ -115,24 +126,39 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
                 )
                 click.echo(f"{'':>9}frontier (N: time s/GPU-s, * chosen): {points}")
     click.secho(
-        "\ntotals: speedup and GPU-seconds change against the first scheduler, both billed serverless; "
-        "'vs srvful': against the first billed serverful; 'steps 2+': speedup of the mean step after the first "
-        "(a long run's pace, without start-up or an async pipeline's fill)",
+        "\ntotals: speedup and GPU-seconds change against the first scheduler, both billed serverless; 'vs srvful': "
+        "against the first billed serverful; 'peak': most GPUs held at once; 'steady s': mean step time of the "
+        "workload's steps but the first and the last (a long run's pace; '-' with fewer than 3 steps), 'x': its "
+        "speedup; 'bound': the work bound (GPU work / peak GPUs) over the run's time",
         bold=True,
     )
     click.echo(
-        f"{'scheduler':<18}{'time s':>9}{'GPU-s':>9}{'srvful':>9}{'speedup':>9}{'cost':>7}{'vs srvful':>10}"
-        f"{'idle':>6}{'migr':>6}{'stale':>7}{'age':>5}{'steps 2+':>10}"
+        f"{'scheduler':<24}{'peak':>5}{'time s':>9}{'steady s':>9}{'x':>7}{'GPU-s':>9}{'srvful':>9}{'speedup':>9}"
+        f"{'cost':>7}{'vs srvful':>10}{'bound':>7}{'idle':>6}{'migr':>6}{'stale':>7}{'age':>5}"
     )
+    over = False
     for row in rows:
+        flag = " !" if gpus and row["peak_gpus"] > gpus else ""
+        over = over or bool(flag)
+        steady = f"{row['steady_step_s']:>9.1f}" if row["steady_step_s"] is not None else f"{'-':>9}"
+        x = f"{row['speedup_steady']:>6.2f}x" if row["speedup_steady"] is not None else f"{'-':>7}"
+        bound = f"{row['bound_fraction']:>7.0%}" if row["bound_fraction"] is not None else f"{'-':>7}"
         click.echo(
-            f"{row['name']:<18}{row['total_time_s']:>9.1f}{row['total_gpu_seconds']:>9.0f}"
-            f"{row['total_gpu_seconds_serverful']:>9.0f}{row['speedup']:>8.2f}x{-row['cost_reduction']:>+7.0%}"
-            f"{-row['cost_reduction_vs_serverful']:>+10.0%}{row['mean_idle_fraction']:>6.2f}{row['migrations']:>6}"
-            f"{row['stale_token_fraction']:>7.0%}{row['max_token_age_steps']:>5}{row['speedup_after_first']:>9.2f}x"
+            f"{row['name'] + flag:<24}{row['peak_gpus']:>5}{row['total_time_s']:>9.1f}{steady}{x}"
+            f"{row['total_gpu_seconds']:>9.0f}{row['total_gpu_seconds_serverful']:>9.0f}{row['speedup']:>8.2f}x"
+            f"{-row['cost_reduction']:>+7.0%}{-row['cost_reduction_vs_serverful']:>+10.0%}{bound}"
+            f"{row['mean_idle_fraction']:>6.2f}{row['migrations']:>6}{row['stale_token_fraction']:>7.0%}"
+            f"{row['max_token_age_steps']:>5}"
         )
         if row.get("rollout_gpus"):
-            click.echo(f"{'':<18}(async: {row['rollout_gpus']} GPUs generate, the rest learn)")
+            how = "best of every split" if row.get("split_search") else "set"
+            click.echo(f"{'':<24}(async: {row['rollout_gpus']} GPUs generate, the rest learn; split {how})")
+    if over:
+        click.secho(
+            f"! holds more than the {gpus} GPUs of --gpus at its peak (burst engines): not comparable with the rows "
+            "above at equal hardware; compare it with the baselines run on its peak (--frontier-plot)",
+            fg="yellow",
+        )
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -220,7 +246,7 @@ def load_workload(
         max_length=shape.get("max_length", 1024),
         runaway=shape.get("runaway", 0.0),
     )
-    return synthetic_workload(synthetic, steps or 5)
+    return synthetic_workload(synthetic, steps or 5, shape.get("length_growth", 1.0))
 
 
 def simulate_main(
@@ -236,29 +262,46 @@ def simulate_main(
     sample_sigma: float = 0.35,
     max_length: int = 1024,
     runaway: float = 0.0,
+    length_growth: float = 1.0,
     schedulers: tuple[str, ...] = (),
     ablation: bool = False,
     profile: str = "qwen2.5-7b-l40s",
     gpus: int = 16,
     gpus_per_node: int = 8,
-    kv_tokens: int | None = None,
+    memory: str = "colocated",
+    dedicated_kv_tokens: int | None = None,
+    colocated_kv_tokens: int | None = None,
     algo: str = "auto",
-    rollout_gpus: int | None = None,
+    rollout_gpus: str | None = None,
     max_actors: int | None = None,
+    allow_burst_engines: bool = False,
     as_json: bool = False,
     plot_path: Path | None = None,
+    frontier_plot: Path | None = None,
+    frontier_gpus: str | None = None,
     frontier: bool = True,
 ) -> None:
     names = list(schedulers) or (ABLATION if ablation else ["openrlhf", "rlhfless"])
     if ablation and schedulers:
         names = list(schedulers) + [n for n in ABLATION if n not in schedulers]
+    dedicated = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens)
+    prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)  # a synchronous engine's
+    if gpus < prof.gpus_per_actor:
+        raise click.ClickException(f"--gpus {gpus} is fewer than one actor of profile {profile} needs")
+    fleet_actors = gpus // prof.gpus_per_actor
+    if max_actors is not None and max_actors > fleet_actors and not allow_burst_engines:
+        raise click.ClickException(
+            f"--max-actors {max_actors} is beyond the fleet's {fleet_actors} engines on --gpus {gpus}: add "
+            "--allow-burst to run burst engines (billed while held; the row is flagged as holding more GPUs)"
+        )
     configs = [resolve_scheduler(n, registry) for n in names]
     configs = [allow_burst(c, max_actors) for c in configs]
-    if rollout_gpus is not None:
+    if not allow_burst_engines:
+        configs = [equal_peak(c, fleet_actors) for c in configs]
+    split = parse_rollout_gpus(rollout_gpus)
+    if isinstance(split, int):
         configs = [
-            c.derive(pipeline={**c.pipeline.model_dump(), "rollout_gpus": rollout_gpus})
-            if c.pipeline.mode == "async"
-            else c
+            c.derive(pipeline={**c.pipeline.model_dump(), "rollout_gpus": split}) if c.pipeline.mode == "async" else c
             for c in configs
         ]
     shape = {
@@ -267,22 +310,58 @@ def simulate_main(
         "sample_sigma": sample_sigma,
         "max_length": max_length,
         "runaway": runaway,
+        "length_growth": length_growth,
     }
-    prof = run_profile(profile, kv_tokens)
     workload = load_workload(trace, prompts, samples, steps, seed, max_tokens=prof.kv_capacity_tokens, **shape)
-    if gpus < prof.gpus_per_actor:
-        raise click.ClickException(f"--gpus {gpus} is fewer than one actor of profile {profile} needs")
     run_algo = workload.algo if algo == "auto" else algo
-    sim = Simulator(prof, make_cluster(gpus, gpus_per_node), registry=registry, algo=run_algo)
+    probe = None if split == "best" else 3
+
+    def simulator(n_gpus: int) -> Simulator:
+        return Simulator(
+            dedicated,
+            make_cluster(n_gpus, gpus_per_node),
+            registry=registry,
+            algo=run_algo,
+            memory=memory,
+            split_probe_steps=probe,
+        )
+
+    sim = simulator(gpus)
     results = run_simulation(configs, workload, sim, progress=not as_json, frontier=frontier)
     rows = compare(results)
+    work = results[0].work
     meta = {
         "workload": workload_summary(workload),
         "profile": prof.name,
+        "memory": memory,
         "kv_capacity_tokens": prof.kv_capacity_tokens,
+        "dedicated_kv_capacity_tokens": dedicated.kv_capacity_tokens,
+        "colocated_kv_capacity_tokens": dedicated.colocated_kv_capacity_tokens,
+        "cold_start_s": dedicated.cold_start_s,
         "algo": run_algo,
         "gpus": gpus,
+        "burst_allowed": allow_burst_engines,
+        "work_gpu_seconds": work.gpu_s if work is not None else None,
+        "bound_s": work.bound_s(gpus) if work is not None else None,
     }
+    sizes: list[int] = []
+    front_rows: list[dict[str, Any]] = []
+    if frontier_plot is not None:
+        sizes = frontier_sizes(frontier_gpus, gpus, prof.gpus_per_actor)
+        baselines = [c for c in configs if c.policy("scaler").name == "fixed"]
+        if not baselines:
+            raise click.ClickException(
+                "--frontier-plot draws the baselines (schedulers with a fixed engine count: openrlhf, verl, "
+                "openrlhf-async...) at several cluster sizes: give at least one with --scheduler"
+            )
+        for n in sizes:
+            if n == gpus:
+                res = [r for r, c in zip(results, configs, strict=True) if c in baselines]
+            else:
+                res = run_simulation(baselines, workload, simulator(n), progress=not as_json, frontier=False)
+            for r in res:
+                front_rows.append({"name": r.scheduler, "gpus": n, **r.totals()})
+        meta["frontier"] = front_rows
     if as_json:
         click.echo(dumps({**meta, "schedulers": rows}, indent=2))
     else:
@@ -290,11 +369,102 @@ def simulate_main(
         click.echo(
             f"workload {w['name']}: {w['steps']} steps x {w['prompts_per_step']} prompts, {w['samples']} samples, "
             f"response length {w['response_length']['min']}-{w['response_length']['max']} "
-            f"(median {w['response_length']['median']:.0f}); profile {prof.name} ({prof.kv_capacity_tokens:,} KV "
-            f"tokens per engine); {run_algo} learner; {gpus} GPUs"
+            f"(median {w['response_length']['median']:.0f}); profile {dedicated.name}; {run_algo} learner; "
+            f"{gpus} GPUs ({'burst allowed' if allow_burst_engines else 'equal peak: no burst'})"
         )
-        print_tables(rows)
+        click.echo(
+            f"memory: synchronous engines {memory} ({prof.kv_capacity_tokens:,} KV tokens each); async and burst "
+            f"engines dedicated ({dedicated.kv_capacity_tokens:,}); the profile's colocated capacity "
+            f"{_tokens(dedicated.colocated_kv_capacity_tokens)}, dedicated {dedicated.kv_capacity_tokens:,}; "
+            f"engine start-up {dedicated.cold_start_s:g} s"
+        )
+        if work is not None:
+            click.echo(
+                f"work bound: {work.gpu_s:,.0f} GPU-s (decode {work.decode_gpu_s:,.0f}, prefill "
+                f"{work.prefill_gpu_s:,.0f}, learning {work.learn_gpu_s:,.0f}) / {gpus} GPUs = "
+                f"{work.bound_s(gpus):,.1f} s; no schedule on {gpus} GPUs is faster"
+            )
+        print_tables(rows, gpus)
     if plot_path is not None:
         plot(rows, plot_path, f"{workload.name}, {prof.name}, {gpus} GPUs")
         if not as_json:
             click.echo(f"\nplot: {plot_path}")
+    if frontier_plot is not None:
+        plot_frontier(rows, front_rows, frontier_plot, f"{workload.name}, {dedicated.name}, {memory} memory")
+        if not as_json:
+            click.echo(f"\nfrontier plot: {frontier_plot}")
+
+
+def _tokens(n: int | None) -> str:
+    return "unknown" if n is None else f"{n:,}"
+
+
+def parse_rollout_gpus(value: str | None) -> int | str | None:
+    """``--rollout-gpus``: a number of GPUs, ``best`` (every split run on the whole workload, the fastest kept),
+    or None (every split tried on the first 3 steps, the fastest run on the whole workload)."""
+    if value is None or value == "best":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither a number of GPUs nor 'best'", param_hint="--rollout-gpus"
+        ) from None
+    if n < 1:
+        raise click.BadParameter(f"{n} must be at least 1", param_hint="--rollout-gpus")
+    return n
+
+
+def frontier_sizes(value: str | None, gpus: int, gpa: int) -> list[int]:
+    """``--frontier-gpus``: comma-separated cluster sizes (default: --gpus, 1.25x and 1.5x it, in whole
+    engines); each a multiple of the GPUs an engine needs."""
+    if value is None:
+        sizes = sorted({gpus, *(max(gpa, round(gpus * f / gpa) * gpa) for f in (1.25, 1.5))})
+    else:
+        try:
+            sizes = sorted({int(v) for v in value.split(",") if v.strip()})
+        except ValueError:
+            raise click.BadParameter(
+                f"{value!r}: expected GPU counts like 16,20,24", param_hint="--frontier-gpus"
+            ) from None
+    bad = [n for n in sizes if n < 2 * gpa or n % gpa]
+    if not sizes or bad:
+        raise click.BadParameter(
+            f"{bad or value}: each size must be a multiple of {gpa} GPUs and hold an engine and a learner",
+            param_hint="--frontier-gpus",
+        )
+    return sizes
+
+
+def plot_frontier(rows: list[dict[str, Any]], front: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Run time against GPU-seconds (serverful: every GPU held, burst engines as held): each baseline a line
+    through its cluster sizes, each scheduler of the run a point labelled with its peak GPUs. A point is a win
+    only where it is left of and below the baselines' line at its own peak."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise click.ClickException("--frontier-plot needs matplotlib: pip install 'rlhfless[plot]'") from exc
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for name in dict.fromkeys(r["name"] for r in front):
+        pts = sorted((r for r in front if r["name"] == name), key=lambda r: r["gpus"])
+        xs = [p["total_gpu_seconds_serverful"] for p in pts]
+        ys = [p["total_time_s"] for p in pts]
+        (line,) = ax.plot(xs, ys, "o-", alpha=0.7, label=f"{name} at {', '.join(str(p['gpus']) for p in pts)} GPUs")
+        for p, x, y in zip(pts, xs, ys, strict=True):
+            ax.annotate(
+                f"{p['gpus']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=line.get_color()
+            )
+    for row in rows:
+        x, y = row["total_gpu_seconds_serverful"], row["total_time_s"]
+        ax.plot([x], [y], "*", ms=14, markeredgecolor="black", label=f"{row['name']} (peak {row['peak_gpus']} GPUs)")
+    ax.set_xlabel("GPU-seconds of the run (serverful: every GPU held, burst engines while held)")
+    ax.set_ylabel("run time (s)")
+    ax.set_title(title + "\nlines: baselines at each cluster size; stars: this run; lower-left is better")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -38,7 +38,6 @@ from rlhfless_sdk.api.records import (
     CandidateEstimate,
     Cluster,
     Node,
-    PrefillPlan,
     StepPlan,
     StepReport,
     TimePerTokenProfile,
@@ -61,6 +60,7 @@ from rlhfless_sdk.rollout.controller import (
     stopped_at,
 )
 from rlhfless_sdk.rollout.tail import TailRounds, first_done, round_fields
+from rlhfless_sdk.simulation.bound import WorkBound, work_bound
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
 
@@ -117,6 +117,17 @@ def with_burst(cluster: Cluster, gpus: int) -> Cluster:
     sizes = [per_node] * (extra // per_node) + ([extra % per_node] if extra % per_node else [])
     burst = [Node(name=f"burst{i}", num_gpus=n, gpu_type=gpu_type) for i, n in enumerate(sizes)]
     return Cluster(nodes=[*cluster.nodes, *burst])
+
+
+def covered(spans: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
+    """Seconds of [lo, hi] inside at least one of ``spans`` ((start, end) pairs)."""
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in spans if min(b, hi) > max(a, lo))
+    total, end = 0.0, lo
+    for a, b in clipped:
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
 
 
 class SimulatedBackend:
@@ -355,9 +366,7 @@ class SimulatedStep:
         frontier: list[dict] | None = None,
         usage: StepUsage | None = None,
     ) -> SimulatedStep:
-        return cls(
-            report, plan, plan.chosen_candidate(), outcome.usage.extra["preemptions"], frontier, outcome, usage
-        )
+        return cls(report, plan, plan.chosen_candidate(), outcome.usage.extra["preemptions"], frontier, outcome, usage)
 
 
 @dataclass
@@ -365,17 +374,34 @@ class SimulationResult:
     scheduler: str
     steps: list[SimulatedStep]
     rollout_gpus: int | None = None  # async mode: GPUs that only generate
+    workload_steps: int = 0  # the workload's steps (a carrying run may take one more to finish its carry)
+    gpus: int = 0  # the fleet
+    work: WorkBound | None = None  # the GPU work any schedule of the workload must do
+    split_search: list[dict] | None = None  # async at its best split: each split tried and its time
 
     @property
     def reports(self) -> list[StepReport]:
         return [s.report for s in self.steps]
 
-    def totals(self) -> dict[str, float]:
+    def steady(self) -> list[StepReport]:
+        """The steps a long run's pace is measured on, the same for every scheduler: the workload's steps but the
+        first (engines' start-up, an async pipeline's fill) and the last (its drain); none with fewer than 3."""
+        n = self.workload_steps or len(self.steps)
+        return self.reports[1 : n - 1] if n >= 3 else []
+
+    def totals(self) -> dict[str, float | None]:
         r = self.reports
+        steady = self.steady()
+        peak = max((x.peak_gpus for x in r), default=self.gpus)
+        total = sum(x.time_s for x in r)
+        bound = self.work.bound_s(peak) if self.work is not None and peak else None
         return {
-            "total_time_s": sum(x.time_s for x in r),
-            # a long run's pace: the first step carries the engines' start-up (and an async pipeline's fill)
-            "mean_step_time_after_first_s": float(np.mean([x.time_s for x in r[1:]])) if len(r) > 1 else 0.0,
+            "total_time_s": total,
+            # a long run's pace: without the first step's start-up or pipeline fill and the last step's drain
+            "steady_step_s": float(np.mean([x.time_s for x in steady])) if steady else None,
+            "peak_gpus": peak,
+            "bound_s": bound,
+            "bound_fraction": bound / total if bound is not None and total > 0 else None,
             "total_generation_s": sum(x.generation_s for x in r),
             "total_gpu_seconds": sum(x.gpu_seconds for x in r),
             "total_gpu_seconds_serverful": sum(x.gpu_seconds_serverful for x in r),
@@ -402,6 +428,7 @@ class Simulator:
         checks_per_step: int = 40,
         algo: str | None = None,
         memory: str = "dedicated",
+        split_probe_steps: int | None = 3,
     ) -> None:
         """``algo``: the learner's rates (``ppo`` or ``grpo``); default: what each workload implies. ``memory``:
         the KV capacity of a synchronous engine, which shares its GPUs with the learner (``colocated``, the
@@ -409,6 +436,7 @@ class Simulator:
         profile's ``kv_capacity_tokens``: the learner offloaded). Engines on GPUs of their own (an async
         pipeline's, burst engines) always get the dedicated capacity."""
         self.memory = memory
+        self.split_probe_steps = split_probe_steps  # async with no split set: steps each split is tried on
         self.dedicated = profile
         profile = profile.with_memory(memory)
         self.profile = profile
@@ -453,6 +481,19 @@ class Simulator:
         on_step: Callable[[StepReport], Any] | None = None,
         frontier: bool = False,
     ) -> SimulationResult:
+        """Every step of ``workload`` under ``config``, with the workload's work bound on this cluster."""
+        result = self._run(config, workload, on_step, frontier)
+        result.workload_steps, result.gpus = len(workload.steps), self.cluster.total_gpus
+        result.work = work_bound(workload, self.dedicated, self.algo or workload.algo)
+        return result
+
+    def _run(
+        self,
+        config: SchedulerConfig,
+        workload: Workload,
+        on_step: Callable[[StepReport], Any] | None,
+        frontier: bool,
+    ) -> SimulationResult:
         self.warm, self.warm_prefill = frozenset(), False
         self.run_algo = self.algo or workload.algo
         carries = config.policy("straggler").name != KIND["straggler"].baseline
@@ -461,7 +502,10 @@ class Simulator:
                 raise RlhflessError(
                     f"scheduler {config.name!r}: a straggler policy with the async pipeline is not simulated yet"
                 )
-            return self.run_async(config, workload, on_step)
+            fixed = self.rollout_gpus(config)
+            if fixed is None:
+                return self.best_split(config, workload, on_step)
+            return self.run_async(config, workload, on_step, fixed)
         planner = self.planner(config)
         if hasattr(planner.policies["straggler"], "over_provision"):  # over-provisioning: cut at B groups
             if planner.keeps_tokens(0, []):
@@ -478,56 +522,78 @@ class Simulator:
         return SimulationResult(config.name, steps)
 
     # -- OpenRLHF's async mode ------------------------------------------------------------------------------
-    def rollout_gpus(self, config: SchedulerConfig, workload: Workload) -> int:
-        """The GPUs that generate in async mode: the config's, or the split of the cluster that best balances
-        generation of the first step (its true lengths spread evenly over the engines, run on the engine model,
-        KV pressure included) against its learning: the split a user would tune OpenRLHF to."""
+    def splits(self) -> list[int]:
+        """Every rollout/learner split of the fleet: GPUs that generate, in whole engines, at least one GPU left
+        to learn."""
+        g, gpa = self.cluster.total_gpus, self.profile.gpus_per_actor
+        if g - 1 < gpa:
+            raise RlhflessError(f"async mode needs more than {gpa} GPU(s) (one engine and a learner); got {g}")
+        return list(range(gpa, g, gpa))
+
+    def rollout_gpus(self, config: SchedulerConfig) -> int | None:
+        """The config's fixed split (checked), or None: find the best."""
         g, gpa = self.cluster.total_gpus, self.profile.gpus_per_actor
         fixed = config.pipeline.rollout_gpus
-        if fixed is not None:
-            if fixed % gpa or not gpa <= fixed <= g - 1:
-                raise RlhflessError(
-                    f"scheduler {config.name!r}: rollout_gpus={fixed} must be a multiple of {gpa} (GPUs per "
-                    f"engine) and leave at least one of the {g} GPUs to learn"
-                )
-            return fixed
-        if g - 1 < gpa or not workload.steps:
-            raise RlhflessError(f"async mode needs more than {gpa} GPU(s) (one engine and a learner); got {g}")
-        ws = workload.steps[0]
-        batch = ws.batch
-        tokens = float(batch.prompt_lengths @ batch.n_samples + ws.lengths.sum())
-        rate = sum(self.profile.learner_rates(self.run_algo))
-        best: tuple[float, int] | None = None
-        for r in range(gpa, g, gpa):
-            n = r // gpa
-            spread = np.arange(batch.total_samples) % n
-            gen = EngineCostModel(self.dedicated).estimate(batch, ws.lengths, spread, n, PrefillPlan(), warm_actors=n).time_s
-            learn = tokens * rate / (g - r)
-            key = (max(gen, learn), r)
-            best = key if best is None or key < best else best
+        if fixed is not None and (fixed % gpa or not gpa <= fixed <= g - 1):
+            raise RlhflessError(
+                f"scheduler {config.name!r}: rollout_gpus={fixed} must be a multiple of {gpa} (GPUs per "
+                f"engine) and leave at least one of the {g} GPUs to learn"
+            )
+        return fixed
+
+    def best_split(
+        self, config: SchedulerConfig, workload: Workload, on_step: Callable[[StepReport], Any] | None
+    ) -> SimulationResult:
+        """The async pipeline at the split a user tuning it would keep: every split is run on the first
+        ``split_probe_steps`` steps (all of them when None) and the fastest there runs the whole workload."""
+        probe_steps = self.split_probe_steps
+        probe = workload if probe_steps is None else Workload(workload.name, workload.steps[:probe_steps])
+        tried: list[dict] = []
+        best: tuple[float, int, SimulationResult] | None = None
+        for r in self.splits():
+            res = self.run_async(config, probe, None, r)
+            t = sum(x.time_s for x in res.reports)
+            tried.append({"rollout_gpus": r, "time_s": t})
+            if best is None or t < best[0]:
+                best = (t, r, res)
         assert best is not None
-        return best[1]
+        _, r, res = best
+        if probe is not workload:
+            res = self.run_async(config, workload, on_step, r)
+        elif on_step is not None:
+            for rep in res.reports:
+                on_step(rep)
+        res.split_search = tried
+        return res
 
     def run_async(
-        self, config: SchedulerConfig, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
+        self,
+        config: SchedulerConfig,
+        workload: Workload,
+        on_step: Callable[[StepReport], Any] | None,
+        r: int,
     ) -> SimulationResult:
-        """OpenRLHF's async loop (``rlhfless_sdk.simulation.pipeline``): ``rollout_gpus`` GPUs generate with
-        the scheduler's policies while the others learn; each step's report spans the time between two weight
-        broadcasts and gives how stale its tokens were."""
+        """OpenRLHF's async loop (``rlhfless_sdk.simulation.pipeline``): ``r`` GPUs generate with the scheduler's
+        policies while the others learn. Step k's report spans the time between two weight broadcasts (k - 1's
+        and k's) and bills what happened in that window: the engines from their first work to their last token on
+        any batch, the learners while they train, every GPU during a broadcast; its ``generation_s`` is the time
+        in the window during which some batch was generating. So no step bills more than every GPU for its time,
+        and none is shorter than its generation."""
+        self.warm, self.warm_prefill = frozenset(), False
+        self.run_algo = self.algo or workload.algo
         pipe = config.pipeline
-        g, prof = self.cluster.total_gpus, self.profile
-        r = self.rollout_gpus(config, workload)
+        g, prof = self.cluster.total_gpus, self.dedicated
         gen_cluster = Cluster.of_gpus(r, min(r, self.cluster.nodes[0].num_gpus if self.cluster.nodes else r))
         learners = g - r
         # OpenRLHF 0.11.2 refuses vLLM sleep with --train.async_enable: the engines hold GPUs of their own
         planner = StepPlanner(
             config,
             cluster=gen_cluster,
-            cost_model=AnalyticCostModel(self.dedicated),
+            cost_model=AnalyticCostModel(prof),
             registry=self.registry,
             gpus_per_actor=prof.gpus_per_actor,
             learner_gpus=0,
-            check_model=EngineCostModel(self.dedicated),
+            check_model=EngineCostModel(prof),
         )
         token_counts = [float(ws.batch.prompt_lengths @ ws.batch.n_samples + ws.lengths.sum()) for ws in workload.steps]
         train_s = [sum(self._learning(t, learners)) for t in token_counts]
@@ -538,7 +604,7 @@ class Simulator:
             planner.warm_actors = len(self.warm)
             plan = planner.plan(ws.batch, step=ws.step)
             relative = [(max(a - start, 0.0), b - max(a, start)) for a, b in pauses if b > start]
-            backend = self.backend(planner, ws, plan, cluster=gen_cluster, pauses=relative, profile=self.dedicated)
+            backend = self.backend(planner, ws, plan, cluster=gen_cluster, pauses=relative, profile=prof)
             outcome = StepController(planner, backend, ws.batch, plan, step=ws.step).run(observe=True)
             self.hold(planner, outcome.usage)  # no burst engine here: the fleet's engines that worked stay warm
             done[k] = (plan, outcome, backend.tokens_before_pauses)
@@ -546,23 +612,45 @@ class Simulator:
 
         timeline = partial_pipeline if pipe.partial_rollout else locked_pipeline
         times = timeline(len(workload.steps), generate, train_s, prof.weight_sync_s, pipe.queue_size)
+        # what each GPU did on the run's clock: engine e's work on every batch, the learners', the broadcasts
+        engine_spans: dict[int, list[tuple[float, float]]] = {}
+        for k, b in enumerate(times):
+            for e, usage in enumerate(done[k][1].usage.engines):
+                if usage.first_s is not None:
+                    engine_spans.setdefault(e, []).append(
+                        (b.gen_start + usage.first_s - usage.cold_start_s, b.gen_start + usage.last_s)
+                    )
+        syncs = [(b.sync_start, b.sync_end) for b in times]
+        trains = [(b.train_start, b.train_end) for b in times]
+        gens = [(b.gen_start, b.gen_end) for b in times]
+        gpa = prof.gpus_per_actor
         steps = []
         for k, (ws, b) in enumerate(zip(workload.steps, times, strict=True)):
             plan, outcome, before = done[k]
             rep, u = outcome.report, outcome.usage
             total = int(ws.lengths.sum())
             stale, oldest = token_ages(k, b.version, before, total)
-            step_s = b.sync_end - (times[k - 1].sync_end if k else 0.0)
+            lo, hi = (times[k - 1].sync_end if k else 0.0), b.sync_end
             prepare_s, learn_s = self._learning(token_counts[k], learners)
-            usage = replace(u, gpus=g, learner_gpus=learners, prepare_s=prepare_s, learn_s=learn_s, step_s=step_s)
+            usage = replace(u, gpus=g, learner_gpus=learners, prepare_s=prepare_s, learn_s=learn_s, step_s=hi - lo)
+            engines_gpu_s = sum(covered([*spans, *syncs], lo, hi) for spans in engine_spans.values()) * gpa
+            idle_engines = r // gpa - len(engine_spans)  # never worked: held during broadcasts only
+            billed = (
+                engines_gpu_s
+                + idle_engines * gpa * covered(syncs, lo, hi)
+                + learners * covered([*trains, *syncs], lo, hi)
+            )
             report = rep.model_copy(
                 update={
                     **billing(usage),
+                    "generation_s": covered(gens, lo, hi),
+                    "gpu_seconds": billed,
+                    "gpu_seconds_serverful": g * (hi - lo),
                     "stale_token_fraction": stale / total if total else 0.0,
                     "max_token_age_steps": oldest,
                 }
             )
-            sim = SimulatedStep.of(report, plan, outcome)
+            sim = SimulatedStep.of(report, plan, outcome, usage=usage)
             steps.append(sim)
             if on_step is not None:
                 on_step(report)

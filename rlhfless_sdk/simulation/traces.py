@@ -235,11 +235,15 @@ def _step(step: int, groups: dict[str, list[_Row]]) -> WorkloadStep:
     return WorkloadStep(step=step, batch=batch, lengths=lengths)
 
 
-def synthetic_workload(synthetic: SyntheticWorkload, steps: int) -> Workload:
-    """``steps`` epochs over the same synthetic prompts, lengths drifting from step to step."""
-    out = Workload(name=f"synthetic-{synthetic.num_prompts}x{synthetic.n_samples}")
+def synthetic_workload(synthetic: SyntheticWorkload, steps: int, length_growth: float = 1.0) -> Workload:
+    """``steps`` epochs over the same synthetic prompts, lengths drifting from step to step; with
+    ``length_growth`` X the lengths grow geometrically over the run, the last step's X times the first's (as
+    responses lengthen during reasoning RL), before the cap."""
+    name = f"synthetic-{synthetic.num_prompts}x{synthetic.n_samples}"
+    out = Workload(name=name if length_growth == 1.0 else f"{name}-grow{length_growth:g}")
     for s in range(steps):
-        batch, lengths = replace(synthetic, step=s).batch()
+        scale = length_growth ** (s / (steps - 1)) if steps > 1 else 1.0
+        batch, lengths = replace(synthetic, step=s, scale=synthetic.scale * scale).batch()
         out.steps.append(WorkloadStep(step=s, batch=batch, lengths=lengths))
     return out
 

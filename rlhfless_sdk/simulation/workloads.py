@@ -35,6 +35,7 @@ class SyntheticWorkload:
     step: int = 0
     step_sigma: float = 0.15
     runaway: float = 0.0
+    scale: float = 1.0  # this step's lengths grow by this factor (``synthetic_workload``'s length growth)
 
     def batch(self) -> tuple[PromptBatch, np.ndarray]:
         """The prompts (with token ids and true per-prompt mean lengths) and every sample's true length."""
@@ -49,7 +50,7 @@ class SyntheticWorkload:
         flat[offsets[:, None] + np.arange(self.template_tokens)] = templates[which]
         mean = self.median_length * rng.lognormal(0.0, self.prompt_sigma, size=p)
         step_rng = np.random.default_rng([self.seed, self.step])
-        mean = mean * step_rng.lognormal(0.0, self.step_sigma, size=p)
+        mean = mean * step_rng.lognormal(0.0, self.step_sigma, size=p) * self.scale
         noise = step_rng.lognormal(0.0, self.sample_sigma, size=p * self.n_samples)
         per_sample = np.repeat(mean, self.n_samples) * noise
         per_sample = np.clip(np.rint(per_sample), 1, self.max_length).astype(np.int64)
