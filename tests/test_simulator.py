@@ -506,3 +506,27 @@ def test_a_shared_pull_queue_starts_every_sample_once_on_the_simulated_engines(r
         assert max(w for _, _, w in starts) < 2  # at most the buffer waiting, this one included
         assert [s.response_length for s in outcome.samples] == ws.lengths.tolist()
         assert len({e for _, e, _ in starts}) == 4  # every engine pulled work
+
+
+def test_frontier_plot_runs_the_baselines_at_each_cluster_size(tmp_path):
+    png = tmp_path / "frontier.png"
+    args = ["simulate", "--prompts", "16", "--samples", "2", "--steps", "3", "--gpus", "4", "--gpus-per-node", "4"]
+    args += ["--no-frontier", "--scheduler", "openrlhf", "--scheduler", "rlhfless-fast", "--json"]
+    args += ["--frontier-plot", str(png), "--frontier-gpus", "4,6"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    front = json.loads(res.output)["frontier"]
+    assert sorted((r["name"], r["gpus"]) for r in front) == [("openrlhf", 4), ("openrlhf", 6)]
+    assert all(r["peak_gpus"] == r["gpus"] for r in front)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = CliRunner().invoke(main, [*args[:-4], "--frontier-plot", str(png), "--frontier-gpus", "4,5x"])
+    assert bad.exit_code == 2 and "--frontier-gpus" in bad.output
+
+
+def test_length_growth_lengthens_the_last_step_by_the_factor():
+    flat = synthetic_workload(SyntheticWorkload(64, 4, seed=2, max_length=100_000), 4)
+    grown = synthetic_workload(SyntheticWorkload(64, 4, seed=2, max_length=100_000), 4, length_growth=3.0)
+    assert grown.name.endswith("-grow3")
+    assert np.array_equal(flat.steps[0].lengths, grown.steps[0].lengths)
+    ratio = np.median(grown.steps[-1].lengths) / np.median(flat.steps[-1].lengths)
+    assert 2.9 < ratio < 3.1

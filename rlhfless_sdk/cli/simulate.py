@@ -447,7 +447,7 @@ def plot_frontier(rows: list[dict[str, Any]], front: list[dict[str, Any]], path:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise click.ClickException("--frontier-plot needs matplotlib: pip install 'rlhfless[plot]'") from exc
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, ax = plt.subplots(figsize=(11, 5.5))
     for name in dict.fromkeys(r["name"] for r in front):
         pts = sorted((r for r in front if r["name"] == name), key=lambda r: r["gpus"])
         xs = [p["total_gpu_seconds_serverful"] for p in pts]
@@ -457,14 +457,24 @@ def plot_frontier(rows: list[dict[str, Any]], front: list[dict[str, Any]], path:
             ax.annotate(
                 f"{p['gpus']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=line.get_color()
             )
+    baseline_names = {r["name"] for r in front}
     for row in rows:
+        if row["name"] in baseline_names:  # already on its line
+            continue
         x, y = row["total_gpu_seconds_serverful"], row["total_time_s"]
-        ax.plot([x], [y], "*", ms=14, markeredgecolor="black", label=f"{row['name']} (peak {row['peak_gpus']} GPUs)")
+        (pt,) = ax.plot(
+            [x], [y], "*", ms=14, markeredgecolor="black", label=f"{row['name']} (peak {row['peak_gpus']} GPUs)"
+        )
+        ax.annotate(
+            f"{row['peak_gpus']}", (x, y), textcoords="offset points", xytext=(6, -10), fontsize=7, color=pt.get_color()
+        )
     ax.set_xlabel("GPU-seconds of the run (serverful: every GPU held, burst engines while held)")
     ax.set_ylabel("run time (s)")
-    ax.set_title(title + "\nlines: baselines at each cluster size; stars: this run; lower-left is better")
+    ax.set_title(
+        title + "\nlines: baselines at each cluster size (GPUs beside each point); stars: the others, at their peak"
+    )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

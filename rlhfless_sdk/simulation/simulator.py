@@ -658,8 +658,9 @@ class Simulator:
 
     def hold(self, planner: StepPlanner, usage: StepUsage) -> StepUsage:
         """``usage`` of a finished step (its learning included), with each burst engine kept for the next step
-        or released, as the planner decides on cost (``StepPlanner.keep_burst``). The fleet's engines (and the
-        prefill actor) that worked in the step stay warm for the next one; kept burst engines too."""
+        or released, as the planner decides on cost (``StepPlanner.keep_burst``). The fleet's engines live on
+        GPUs the run holds for its learner anyway: once started they stay up (an engine that sits a step out is
+        woken, not restarted), as OpenRLHF creates its engines once; kept burst engines stay warm too."""
         step_s = usage.step_s
         if step_s is None:
             step_s = usage.generation_s + usage.prepare_s + usage.learn_s + usage.sync_s
@@ -669,8 +670,12 @@ class Simulator:
                 idle = step_s - (e.last_s if e.first_s is not None else 0.0)
                 e = replace(e, kept=planner.keep_burst(idle))
             engines.append(e)
+        fleet_actors = self.cluster.total_gpus // self.profile.gpus_per_actor
+        burst = {a for a, e in enumerate(engines) if e.burst}
         self.warm = frozenset(
-            a for a, e in enumerate(engines) if (e.first_s is not None and not e.burst) or (e.burst and e.kept)
+            {a for a in self.warm if a not in burst and (a < len(engines) or a < fleet_actors)}
+            | {a for a, e in enumerate(engines) if not e.burst and e.first_s is not None}
+            | {a for a, e in enumerate(engines) if e.burst and e.kept}
         )
         self.warm_prefill = self.warm_prefill or usage.prefill_s > 0
         return replace(usage, engines=engines)
