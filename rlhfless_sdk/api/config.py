@@ -63,8 +63,8 @@ class PipelineConfig(Record):
     partial_rollout: bool = Field(default=False, description="async: keep generating through a weight update.")
     rollout_gpus: PositiveInt | None = Field(
         default=None,
-        description="async: GPUs that generate (the rest learn); default: the split that balances the two, "
-        "chosen on the first step.",
+        description="async: GPUs that generate (the rest learn); default: the fastest split, every one tried on "
+        "the first steps.",
     )
 
     @model_validator(mode="after")

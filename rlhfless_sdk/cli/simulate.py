@@ -151,8 +151,9 @@ def print_tables(rows: list[dict[str, Any]], gpus: int = 0) -> None:
             f"{row['max_token_age_steps']:>5}"
         )
         if row.get("rollout_gpus"):
-            how = "best of every split" if row.get("split_search") else "set"
-            click.echo(f"{'':<24}(async: {row['rollout_gpus']} GPUs generate, the rest learn; split {how})")
+            tried = row.get("split_search")
+            how = f"the fastest of {len(tried)} splits {row.get('split_tried_on', 'tried')}" if tried else "as set"
+            click.echo(f"{'':<24}(async: {row['rollout_gpus']} GPUs generate, the rest learn; {how})")
     if over:
         click.secho(
             f"! holds more than the {gpus} GPUs of --gpus at its peak (burst engines): not comparable with the rows "
@@ -329,6 +330,9 @@ def simulate_main(
     sim = simulator(gpus)
     results = run_simulation(configs, workload, sim, progress=not as_json, frontier=frontier)
     rows = compare(results)
+    for row in rows:
+        if row.get("split_search"):
+            row["split_tried_on"] = "on the whole workload" if probe is None else f"on the first {probe} steps"
     work = results[0].work
     meta = {
         "workload": workload_summary(workload),

@@ -450,6 +450,7 @@ class Simulator:
         self.warm: frozenset[int] = frozenset()  # actors that worked in the previous step
         self.warm_prefill = False
         self.run_algo = algo or "ppo"
+        self._bounds: dict[int, tuple[Workload, str, WorkBound]] = {}
 
     def planning_cluster(self, config: SchedulerConfig) -> Cluster:
         """The fleet, plus serverless burst nodes when the config allows more decode actors than it holds
@@ -484,8 +485,16 @@ class Simulator:
         """Every step of ``workload`` under ``config``, with the workload's work bound on this cluster."""
         result = self._run(config, workload, on_step, frontier)
         result.workload_steps, result.gpus = len(workload.steps), self.cluster.total_gpus
-        result.work = work_bound(workload, self.dedicated, self.algo or workload.algo)
+        result.work = self.work_bound(workload)
         return result
+
+    def work_bound(self, workload: Workload) -> WorkBound:
+        """The workload's work bound on this simulator's engines (computed once per workload)."""
+        algo = self.algo or workload.algo
+        cached = self._bounds.get(id(workload))
+        if cached is None or cached[0] is not workload or cached[1] != algo:
+            cached = self._bounds[id(workload)] = (workload, algo, work_bound(workload, self.dedicated, algo))
+        return cached[2]
 
     def _run(
         self,
