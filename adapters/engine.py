@@ -8,7 +8,9 @@ It adds, without changing how OpenRLHF calls it:
   continues from prompt + partial tokens with the remaining budget, as a keyed piece of its own (visible in that
   engine's progress, and cut again if the scheduler says so); the rest is delivered to the engine that cut it,
   whose pending ``generate`` returns the stitched output, so OpenRLHF's executor builds the same response dict as
-  for any sample and the group stays together and in order;
+  for any sample and the group stays together and in order. A sample cut at a step's end and carried (partial
+  rollouts) or aborted (tail batching) does not train as it is: its response is built here, without OpenRLHF's
+  executor, so no reward is computed for it;
 - ``warm_prefixes``: prefill shared prefixes once (prefix caching on) before the batch;
 - ``rl_begin_step`` / ``rl_stats``: fresh per-step accounting (per-sample progress, busy time, first/last token
   times, response tokens, vLLM's own cached-token counts and the share of them inside a warmed prefix) and
@@ -29,10 +31,44 @@ from typing import Any
 
 import ray
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
-from rlhfless_openrlhf.messages import Continuation, CutSample, EngineStats
+from rlhfless_openrlhf.messages import CARRIED, Continuation, CutSample, EngineStats
 from vllm.inputs import TokensPrompt
 
 _SAMPLE_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("rlhfless_sample_key", default=None)
+
+
+class _Untrained(Exception):
+    """Raised out of OpenRLHF's executor (from ``generate``) for a sample that will not train as it is: carried
+    into a later step or aborted. ``generate_group`` builds its response dict itself, skipping the executor's
+    reward call (a reward model or function over a partial response, wasted; over HTTP, slow)."""
+
+    def __init__(self, prompt_token_ids: list[int], token_ids: list[int], logprobs: list[Any] | None) -> None:
+        super().__init__("rlhfless: a carried sample")
+        self.prompt_token_ids, self.token_ids, self.logprobs = prompt_token_ids, token_ids, logprobs
+
+    def response(self, prompt: str, label: Any, images: Any, sampling_params: Any) -> dict[str, Any]:
+        """The response dict OpenRLHF 0.11.2's single-turn executor builds (``SingleTurnAgentExecutor.execute``),
+        without a reward: the tokens so far after the prompt the executor tokenized, their rollout logprobs."""
+        observation = list(self.prompt_token_ids) + list(self.token_ids)
+        rollout_log_probs = None
+        if sampling_params.logprobs is not None and self.logprobs is not None:
+            rollout_log_probs = [0.0] * len(self.prompt_token_ids)
+            for token, entry in zip(self.token_ids, self.logprobs, strict=True):
+                logprob = entry.get(token)
+                rollout_log_probs.append(logprob.logprob if logprob is not None else 0.0)
+        return {
+            "prompt": prompt,
+            "label": label,
+            "images": images,
+            "mm_train_inputs": None,
+            "observation_tokens": observation,
+            "action_ranges": [(len(self.prompt_token_ids), len(observation))],
+            "rollout_log_probs": rollout_log_probs,
+            "truncated": False,
+            "reward": None,
+            "scores": None,
+            "extra_logs": {},
+        }
 
 
 class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ignore[name-defined,misc]
@@ -119,7 +155,14 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         """Run one piece of a sample under ``key``. If ``cut`` stops it, hand the partial tokens to the cutter,
         wait for the rest (generated elsewhere, itself possibly cut again) and return the stitched whole:
         (vLLM's final output, token ids, logprobs or None, finish reason)."""
-        final = await self._run(prompt_token_ids, params, key, mm, first_piece)
+        try:
+            final = await self._run(prompt_token_ids, params, key, mm, first_piece)
+        except BaseException:
+            partial = self._rl_partial.pop(key, None)
+            if partial is not None and not partial.done():
+                partial.set_result(None)  # a cut waiting on this piece gets nothing, instead of waiting forever
+            self._rl_cut.pop(key, None)
+            raise
         out = final.outputs[0]
         cut = self._rl_cut.get(key)
         if cut is None or out.finish_reason != "abort":
@@ -162,6 +205,8 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         )
         if final.outputs[0].finish_reason != "abort":
             return final  # never cut: vLLM's own output
+        if reason == CARRIED:  # handed back at the step's end: no reward for it
+            raise _Untrained(list(prompt_token_ids), tokens, logprobs)
         stitched = SimpleNamespace(token_ids=tokens, text="", finish_reason=reason, logprobs=logprobs)
         return SimpleNamespace(outputs=[stitched], prompt_token_ids=list(prompt_token_ids), migrated=True)
 
@@ -185,6 +230,8 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
                 raise RuntimeError(f"rlhfless: carried sample {key} has no logprob for each of its {len(had)} tokens")
             carried = [{t: SimpleNamespace(logprob=float(lp))} for t, lp in zip(had, had_logprobs, strict=True)]
             logprobs = carried + logprobs
+        if reason == CARRIED:  # carried again: no reward for it this step either
+            raise _Untrained(prompt_token_ids, had + tokens, logprobs)
         stitched = SimpleNamespace(token_ids=had + tokens, text="", finish_reason=reason, logprobs=logprobs)
         return SimpleNamespace(outputs=[stitched], prompt_token_ids=prompt_token_ids, migrated=True)
 
@@ -205,15 +252,18 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
 
         async def one(key: str) -> dict[str, Any]:
             _SAMPLE_KEY.set(key)  # each gather task runs in its own copy of the context
-            response = await self.executor.execute(
-                prompt=prompt,
-                label=label,
-                sampling_params=sampling_params,
-                max_length=max_length,
-                hf_tokenizer=hf_tokenizer,
-                llm_engine=self,
-                images=images,
-            )
+            try:
+                response = await self.executor.execute(
+                    prompt=prompt,
+                    label=label,
+                    sampling_params=sampling_params,
+                    max_length=max_length,
+                    hf_tokenizer=hf_tokenizer,
+                    llm_engine=self,
+                    images=images,
+                )
+            except _Untrained as untrained:  # carried or aborted at the step's end: no reward call
+                response = untrained.response(prompt, label, images, sampling_params)
             response["rlhfless_key"] = key
             return response
 
@@ -228,10 +278,12 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
             return None
         loop = asyncio.get_running_loop()
         self._rl_cut[key] = loop.create_future()
-        self._rl_partial[key] = loop.create_future()
+        # held here, not looked up after the abort: if the abort yields, the piece may end (and ``_keyed`` pop
+        # this future, setting what the cut kept) before it returns
+        partial = self._rl_partial[key] = loop.create_future()
         self._rl_progress.pop(key, None)  # no longer this engine's running work
         await self.llm.abort(request_id)
-        info = await self._rl_partial[key] if key in self._rl_partial else None
+        info = await partial
         if info is None:
             self._rl_cut.pop(key, None)
             self._rl_partial.pop(key, None)

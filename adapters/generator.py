@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import ray
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
-from rlhfless_openrlhf.messages import Continuation, CutSample, EngineStats
+from rlhfless_openrlhf.messages import CARRIED, Continuation, CutSample, EngineStats
 from vllm import SamplingParams
 
 from rlhfless_sdk.api.batch import PromptBatch
@@ -132,6 +132,9 @@ class RayBackend:
         self.cut_log: list[tuple[int, int, CutSample]] = []  # every cut of the step: (sample, engine, what it kept)
         self.carried: set[int] = set()  # samples cut at the step's end, their tokens kept for a later step
         self.carried_out: dict[int, dict[str, Any]] = {}  # sample -> its engine's response with what it has
+        self.engine_of: list[int] = [-1] * len(req.keys)  # the engine running the sample's piece ``now_key``
+        self.ending = False  # the step's end rule fired: the controller cuts every running sample now
+        self.precut: dict[int, tuple[int, str, CutSample | None]] | None = None  # sample -> (engine, key, cut)
         self.started = False
 
     @property
@@ -167,6 +170,7 @@ class RayBackend:
             self.chain[sid] = []
             key = self._new_key(sid)
             self.root[sid] = key
+            self.engine_of[sid] = e
             piece.keys.append(key)
         for piece in pieces.values():
             self._dispatch(piece)
@@ -281,8 +285,13 @@ class RayBackend:
         return status
 
     def cut(self, engine: int, sample: int) -> int | None:
-        key = self.now_key[sample]
-        info = None if key is None else self.gen._call(engine, "cut", key)
+        if self.ending and self.precut is None:  # the step ends: every running sample is cut, all at once
+            self.precut = self._cut_running()
+        if self.precut is not None and sample in self.precut:
+            engine, key, info = self.precut.pop(sample)
+        else:
+            key = self.now_key[sample]
+            info = None if key is None else self.gen._call(engine, "cut", key)
         if info is None:
             return None  # it finished before the cut landed (or the engine died)
         first = self.chain[sample][0].cut if self.chain[sample] else info
@@ -291,6 +300,24 @@ class RayBackend:
         self.cut_log.append((sample, engine, info))
         self.now_key[sample] = None
         return kept
+
+    def _cut_running(self) -> dict[int, tuple[int, str, CutSample | None]]:
+        """Cut every sample running now, in one round: each engine gets all its cuts at once, and one ``ray.get``
+        waits for them all (not one round trip per sample). Per sample: (engine, piece key, what the cut kept;
+        None: it finished before the cut landed, or its engine died)."""
+        running = [(sid, self.engine_of[sid], key) for sid, key in enumerate(self.now_key) if key is not None]
+        refs = [self.handles[e].cut.remote(key) for _sid, e, key in running]
+        try:
+            infos = ray.get(refs)
+        except _DEAD:  # an engine died: its cuts come back empty, the others' as they are
+            infos = []
+            for (_sid, e, _key), ref in zip(running, refs, strict=True):
+                try:
+                    infos.append(ray.get(ref))
+                except _DEAD as exc:
+                    self.gen._mark_dead(e, exc)
+                    infos.append(None)
+        return {sid: (e, key, info) for (sid, e, key), info in zip(running, infos, strict=True)}
 
     def resume(self, engine: int, sample: int, mode: str = "tokens") -> None:
         link = self.chain[sample][-1]  # by tokens: the target re-prefills the prompt and every kept token
@@ -303,29 +330,37 @@ class RayBackend:
             len(info.partial),
         )
         link.cont, link.cont_engine = cont, engine
+        self.engine_of[sample] = engine
         self.continuations[cont] = (sample, len(self.chain[sample]) - 1)
         self.handles[link.holder].deliver.remote(link.key, cont)
 
     def carry(self, engine: int, sample: int) -> None:
         """The step ended: the engine that cut the sample last hands what it has back along the chain, so the
-        first engine's call returns the sample's response so far (kept in ``carried_out``)."""
+        first engine's call returns the sample's response so far (kept in ``carried_out``). The ``carried``
+        finish reason tells the engine that this response will not train as it is: OpenRLHF's executor, and so
+        its reward call, is skipped for it."""
         link = self.chain[sample][-1]
         logprobs = None if self.req.params.logprobs is None else []
-        empty = Continuation(token_ids=[], logprobs=logprobs, finish_reason="carried")
+        empty = Continuation(token_ids=[], logprobs=logprobs, finish_reason=CARRIED)
         self.handles[link.holder].deliver.remote(link.key, empty)
         self.carried.add(sample)
 
-    def collect_carried(self, timeout_s: float = 120.0) -> None:
+    def collect_carried(self, timeout_s: float | None = None) -> None:
         """After the step: wait for the calls still out (those of carried samples, which return what they have
         once ``carry`` released them) and keep their responses in ``carried_out``. A carried sample whose engine
-        died comes back with nothing: it starts over in the next step."""
+        died comes back with nothing: it starts over in the next step. ``timeout_s`` (default the generator's
+        ``carry_timeout_s``, ``--scheduler.carry_timeout``): how long to wait for them."""
+        timeout_s = self.gen.carry_timeout_s if timeout_s is None else timeout_s
         deadline = time.time() + timeout_s
         while self.pending:
             ready, _ = ray.wait(
                 list(self.pending), num_returns=len(self.pending), timeout=max(deadline - time.time(), 0)
             )
             if not ready:
-                raise RuntimeError(f"rollout backend: {len(self.pending)} call(s) of carried samples never returned")
+                raise RuntimeError(
+                    f"rollout backend: {len(self.pending)} call(s) of carried samples did not return within "
+                    f"{timeout_s:g} s (--scheduler.carry_timeout)"
+                )
             for ref in ready:
                 _piece, results = self._returned(ref)
                 for resp in results or ():  # None: its engine died, the carried samples start over
@@ -338,25 +373,39 @@ class RayBackend:
         return time.time() - self.t_start
 
     def usage(self) -> StepUsage:
+        live = self.engines()
+        refs = {e: self.handles[e].rl_stats.remote() for e in live}  # ask every engine at once
         stats: dict[int, EngineStats] = {}
-        for e in self.engines():
-            st = self.gen._call(e, "rl_stats")
-            if st is not None:
-                stats[e] = st
-        engines = []
-        for e in range(len(self.handles)):
-            st = stats.get(e)
-            if st is None or st.first is None:
-                engines.append(EngineUsage(st.busy_s if st else 0.0, None, 0.0))
-            else:
-                engines.append(EngineUsage(st.busy_s, st.first, st.last if st.last is not None else st.first))
-        return StepUsage(
-            generation_s=time.time() - self.t_start,
-            engines=engines,
-            gpus=len(self.handles),  # serverful: every engine OpenRLHF holds, for the whole step
-            gpus_per_engine=1,  # OpenRLHF's engines stay up between steps: warm, no start-up to bill
-            prefill_tokens_saved=sum(int(s.dedup_saved_tokens) for s in stats.values()),
-        )
+        for e, ref in refs.items():
+            try:
+                stats[e] = ray.get(ref)
+            except _DEAD as exc:
+                self.gen._mark_dead(e, exc)
+        return step_usage(time.time() - self.t_start, stats, len(self.handles), engine_gpus(self.gen.args))
+
+
+def engine_gpus(args: Any) -> int:
+    """GPUs one of OpenRLHF's rollout engines holds: its tensor parallel size (``--vllm.tensor_parallel_size``)."""
+    return max(int(getattr(getattr(args, "vllm", None), "tensor_parallel_size", 1) or 1), 1)
+
+
+def step_usage(generation_s: float, stats: dict[int, EngineStats], engines: int, gpus_per_engine: int) -> StepUsage:
+    """The step's usage for the report from each live engine's stats (``engines`` in all, each on
+    ``gpus_per_engine`` GPUs): an engine is billed on all its GPUs, and OpenRLHF holds every engine's."""
+    usage = []
+    for e in range(engines):
+        st = stats.get(e)
+        if st is None or st.first is None:
+            usage.append(EngineUsage(st.busy_s if st else 0.0, None, 0.0))
+        else:
+            usage.append(EngineUsage(st.busy_s, st.first, st.last if st.last is not None else st.first))
+    return StepUsage(
+        generation_s=generation_s,
+        engines=usage,
+        gpus=engines * gpus_per_engine,  # serverful: every engine OpenRLHF holds, for the whole step
+        gpus_per_engine=gpus_per_engine,  # OpenRLHF's engines stay up between steps: warm, no start-up to bill
+        prefill_tokens_saved=sum(int(s.dedup_saved_tokens) for s in stats.values()),
+    )
 
 
 class RlhflessSamplesGenerator(SamplesGenerator):
@@ -375,6 +424,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         report_path: str | Path | None = None,
         trace_path: str | Path | None = None,
         check_interval_s: float = 0.5,
+        carry_timeout_s: float = 120.0,
         gpus_per_node: int = 8,
         registry: Registry | None = None,
     ) -> None:
@@ -396,9 +446,16 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.report_path = None if report_path is None else Path(report_path)
         self.trace_path = None if trace_path is None else Path(trace_path)
         self.check_interval_s = check_interval_s
+        self.carry_timeout_s = carry_timeout_s  # how long a step's end waits for its carried samples' calls
         self.dead: set[int] = set()
         # partial rollouts cut at B groups: what is carried between steps
         self.keeps_tokens = self.planner.keeps_tokens(0, [])
+        if self.keeps_tokens and self.args.algo.advantage.is_correction_level == "off":
+            log.warning(
+                "rlhfless: scheduler %s trains carried tokens one weight update stale, but importance-sampling "
+                "correction is off (--algo.advantage.is_correction_level): they train without an importance weight",
+                config.name,
+            )
         # tail batching: rounds of prompts from OpenRLHF's dataloader, the slowest groups' prompts deferred
         self.tails = not self.keeps_tokens and hasattr(self.planner.policies["straggler"], "over_provision")
         self.tail: TailRounds | None = None
@@ -599,7 +656,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         )
         backend = RayBackend(self, req, plan, t_start)
         controller = StepController(self.planner, backend, batch, plan, step=self.step)
-        outcome = controller.run(observe=False, stop=step.stop if step.cuts() else None)
+        outcome = controller.run(observe=False, stop=_ending(backend, step.stop) if step.cuts() else None)
         step.scan(controller.done_prompts())  # groups that completed in the last poll (or all before a cut)
         backend.collect_carried()
         carried = set(outcome.carried)
@@ -721,7 +778,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             note_completed(completed, ctl.done_prompts())
             return len(completed) >= train
 
-        outcome = controller.run(observe=not cut, stop=stop if cut else None)
+        outcome = controller.run(observe=not cut, stop=_ending(backend, stop) if cut else None)
         rows = list(range(len(prompts)))
         if cut:
             stop(controller)  # groups that completed in the last poll
@@ -893,6 +950,19 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                     continue
             kept.extend(group)
         return kept
+
+
+def _ending(backend: RayBackend, rule: Any) -> Any:
+    """The end rule ``rule`` for ``StepController.run(stop=...)``, telling ``backend`` when it fires: the controller
+    then cuts every running sample, which the backend does in one round."""
+
+    def stop(ctl: StepController) -> bool:
+        if rule(ctl):
+            backend.ending = True
+            return True
+        return False
+
+    return stop
 
 
 def merge_metrics(logs_dict: dict[str, Any] | None, generator: Any) -> dict[str, Any] | None:

@@ -98,6 +98,18 @@ LEARNING: tuple[Expect, ...] = (
         ("global_step", "logs_dict", "client_states"),
         needs_gpu_install=True,
     ),
+    Expect(
+        "openrlhf.trainer.ppo_trainer",
+        "PPOTrainer.save_best_checkpoint",
+        ("eval_metrics", "global_step", "client_states"),
+        needs_gpu_install=True,
+    ),
+    Expect(
+        "openrlhf.trainer.ppo_trainer",
+        "PPOTrainer._detect_eval_metric_key",
+        ("eval_metrics",),
+        needs_gpu_install=True,
+    ),
     Expect("openrlhf.trainer.ppo_trainer", "PPOTrainer.broadcast_to_vllm", (), needs_gpu_install=True),
     Expect("openrlhf.trainer.ppo_trainer", "PPOTrainer.init_checkpoint_states", (), needs_gpu_install=True),
     Expect(

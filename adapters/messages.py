@@ -36,11 +36,16 @@ class CutSample:
 
 @dataclass
 class Continuation:
-    """What ``continue_sample`` produced, delivered to the engine that holds the cut sample."""
+    """What ``continue_sample`` produced, delivered to the engine that holds the cut sample. ``finish_reason``
+    ``CARRIED``: none, the step ended (the sample is carried into a later step, or aborted)."""
 
     token_ids: list[int]
     logprobs: list[Any] | None
     finish_reason: str
+
+
+#: The finish reason of a sample handed back at a step's end, to be continued later or dropped (never trained as is).
+CARRIED = "carried"
 
 
 @dataclass

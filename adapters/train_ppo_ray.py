@@ -9,10 +9,16 @@ Every flag of ``openrlhf.cli.train_ppo_ray`` passes through unchanged; these are
   --scheduler.report FILE    the JSON-lines step report (default rlhfless_steps.jsonl)
   --scheduler.trace FILE     also write every sample (uid, step, sample index, prompt and response length,
                              prompt tokens) as a trace that `rlhfless simulate --trace FILE` replays
+  --scheduler.carry_timeout S  how long the end of a step that carries or aborts samples (partial rollouts, tail
+                             batching) waits for the engines to hand back what those samples have (default 120)
 
 The scheduler, the config and the profile are checked, and so are the OpenRLHF internals the adapter uses,
 before Ray starts; so are OpenRLHF's flags, once OpenRLHF has parsed them: a mode the adapter cannot run is
-refused with one line naming the flag. Then OpenRLHF's own launcher runs, with three hooks: ``hierarchize``
+refused with one line naming the flag. A scheduler whose straggler policy keeps a cut sample's tokens across a
+weight update (``rlhfless-fast``: partial rollouts) trains those tokens one update stale, so it needs OpenRLHF's
+importance-sampling correction, which is off by default: unless ``--algo.advantage.is_correction_level`` is
+passed, the launcher sets it to ``token`` (saying so in one line); passed as ``off``, the launch is refused. Then
+OpenRLHF's own launcher runs, with three hooks: ``hierarchize``
 adds the scheduler to ``args`` (which reaches every Ray actor inside ``strategy.args``), ``create_vllm_engines``
 builds RLHFless's engine class (placed by the scheduler's placer where OpenRLHF builds the engines' own
 placement group), and the trainer is RLHFless's subclass of ``PPOTrainer`` (``PPOTrainerAsync`` with
@@ -21,13 +27,32 @@ placement group), and the trainer is RLHFless's subclass of ``PPOTrainer`` (``PP
 
 from __future__ import annotations
 
+import logging
 import os
 import runpy
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-OUR_FLAGS = ("--scheduler", "--scheduler.config", "--scheduler.profile", "--scheduler.report", "--scheduler.trace")
+OUR_FLAGS = (
+    "--scheduler",
+    "--scheduler.config",
+    "--scheduler.profile",
+    "--scheduler.report",
+    "--scheduler.trace",
+    "--scheduler.carry_timeout",
+)
+
+#: Seconds the end of a carrying step waits for the carried samples to come back (``--scheduler.carry_timeout``).
+CARRY_TIMEOUT_S = 120.0
+
+#: OpenRLHF's importance-sampling correction of the rollout logprobs (its default: ``off``).
+IS_CORRECTION = "--algo.advantage.is_correction_level"
+#: The shortest abbreviation of it that argparse expands (``--algo.advantage.is_correction_`` is ambiguous).
+IS_CORRECTION_ABBREV = "--algo.advantage.is_correction_l"
+
+log = logging.getLogger("rlhfless.openrlhf")
 
 
 def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -71,12 +96,58 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
     profile = load_profile(ours.get("--scheduler.profile", "qwen2.5-7b-l40s"))
     report = str(Path(ours.get("--scheduler.report", "rlhfless_steps.jsonl")).resolve())
     trace = str(Path(ours["--scheduler.trace"]).resolve()) if "--scheduler.trace" in ours else None
-    return {
+    settings = {
         "scheduler": config.model_dump(mode="json"),
         "profile": profile.model_dump(mode="json"),
         "report": report,
         "trace": trace,
+        "carry_timeout_s": _seconds(ours.get("--scheduler.carry_timeout"), "--scheduler.carry_timeout"),
     }
+    settings["keeps_tokens"] = keeps_tokens(settings)
+    return settings
+
+
+def _seconds(value: str | None, flag: str) -> float:
+    if value is None:
+        return CARRY_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise SystemExit(f"error: {flag} takes a number of seconds > 0, got {value!r}")
+    return seconds
+
+
+def keeps_tokens(settings: dict[str, Any]) -> bool:
+    """Whether the scheduler trains tokens generated under older weights: its straggler policy keeps a cut sample's
+    tokens across a weight update (partial rollouts). Asked as the samples generator asks it, of a step planner."""
+    from rlhfless_sdk.api.config import SchedulerConfig
+    from rlhfless_sdk.api.records import Cluster, TimePerTokenProfile
+    from rlhfless_sdk.planning.costmodel import AnalyticCostModel
+    from rlhfless_sdk.planning.planner import StepPlanner
+
+    planner = StepPlanner(
+        SchedulerConfig.model_validate(settings["scheduler"]),
+        cluster=Cluster.of_gpus(1, 1),
+        cost_model=AnalyticCostModel(TimePerTokenProfile.model_validate(settings["profile"])),
+        learner_gpus=0,
+        prefill_actor=False,
+    )
+    return planner.keeps_tokens(0, [])
+
+
+def passed(flag: str, argv: Sequence[str], shortest: str | None = None) -> bool:
+    """Whether the command line ``argv`` sets ``flag`` the way argparse reads it: ``--flag VALUE``,
+    ``--flag=VALUE``, or an abbreviation of it from ``shortest`` (its shortest unambiguous prefix) on."""
+    shortest = shortest or flag
+    for arg in argv:
+        if arg == "--":  # argparse: positionals only from here
+            return False
+        name = arg.partition("=")[0]
+        if name.startswith(shortest) and flag.startswith(name):
+            return True
+    return False
 
 
 def _flag(args: Any, group: str, name: str) -> Any:
@@ -115,8 +186,10 @@ CANNOT_CARRY: tuple[tuple[str, Any, str], ...] = (
 )
 
 
-def check_modes(args: Any, settings: dict[str, Any] | None = None) -> None:
-    """Refuse, with one line naming the flag, an OpenRLHF mode the RLHFless generator cannot run faithfully."""
+def check_modes(args: Any, settings: dict[str, Any] | None = None, argv: Sequence[str] = ()) -> None:
+    """Refuse, with one line naming the flag, an OpenRLHF mode the RLHFless generator cannot run faithfully;
+    turn on the importance-sampling correction a scheduler that trains stale tokens needs (``argv``: OpenRLHF's
+    command line, to tell a level the user chose from OpenRLHF's default)."""
     for flag, used, why in REFUSED:
         if used(args):
             raise SystemExit(
@@ -130,21 +203,53 @@ def check_modes(args: Any, settings: dict[str, Any] | None = None) -> None:
                     f"error: {flag} cannot carry samples or defer prompts across steps, which the straggler policy "
                     f"{straggler!r} does ({why}); use --scheduler rlhfless instead"
                 )
+    if (settings or {}).get("keeps_tokens"):
+        correct_stale_tokens(args, settings, argv)
 
 
-def install(settings: dict[str, Any]) -> None:
-    """Hook RLHFless into OpenRLHF's launcher for this process (and, through args, its Ray actors)."""
+def correct_stale_tokens(args: Any, settings: dict[str, Any], argv: Sequence[str]) -> None:
+    """Partial rollouts train a carried sample's tokens one weight update after they were generated: each needs
+    its importance weight (the rollout logprob against the trained policy's). OpenRLHF asks vLLM for rollout
+    logprobs and applies the weight only with ``--algo.advantage.is_correction_level`` other than ``off``, its
+    default. So it is turned on (``token``) unless the user chose a level; an explicit ``off`` is refused."""
+    advantage = args.algo.advantage
+    level = getattr(advantage, "is_correction_level", "off")
+    name = settings["scheduler"]["name"]
+    straggler = settings["scheduler"]["straggler"]["name"]
+    if passed(IS_CORRECTION, argv, IS_CORRECTION_ABBREV):
+        if level == "off":
+            raise SystemExit(
+                f"error: {IS_CORRECTION} off cannot run with scheduler {name!r}: its straggler policy {straggler!r} "
+                "trains carried tokens one weight update stale, which needs the importance-sampling correction; "
+                f"pass {IS_CORRECTION} token (or seq), or use --scheduler rlhfless-onpolicy (no stale token)"
+            )
+        return
+    if level == "off":
+        advantage.is_correction_level = "token"
+        log.info(
+            "rlhfless: scheduler %r trains carried tokens one weight update stale (straggler policy %r): "
+            "importance-sampling correction on, %s token (pass the flag to choose another level)",
+            name,
+            straggler,
+            IS_CORRECTION,
+        )
+
+
+def install(settings: dict[str, Any], argv: Sequence[str] | None = None) -> None:
+    """Hook RLHFless into OpenRLHF's launcher for this process (and, through args, its Ray actors); ``argv``: the
+    command line OpenRLHF's parser reads (default: ``sys.argv[1:]`` when it runs)."""
     import openrlhf.trainer.ppo_trainer as ppo_trainer_module  # needs OpenRLHF's GPU dependencies
     import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async_module
     from rlhfless_openrlhf.trainer import RlhflessPPOTrainer, RlhflessPPOTrainerAsync
 
-    install_rollout_hooks(settings)
+    install_rollout_hooks(settings, argv)
     ppo_trainer_module.PPOTrainer = RlhflessPPOTrainer
     ppo_trainer_async_module.PPOTrainerAsync = RlhflessPPOTrainerAsync
 
 
-def install_rollout_hooks(settings: dict[str, Any]) -> None:
-    """The hooks that need only OpenRLHF's rollout side: the args and the engine builder."""
+def install_rollout_hooks(settings: dict[str, Any], argv: Sequence[str] | None = None) -> None:
+    """The hooks that need only OpenRLHF's rollout side: the args and the engine builder. ``argv``: the command
+    line OpenRLHF's parser reads (default: ``sys.argv[1:]`` when the hook runs, which is what the parser read)."""
     import openrlhf.trainer.ray as ray_pkg
     import openrlhf.utils.config as config_module
     import rlhfless_openrlhf.engines as engines_module
@@ -154,7 +259,7 @@ def install_rollout_hooks(settings: dict[str, Any]) -> None:
 
     def hierarchize(args: Any) -> Any:
         out = original(args)
-        check_modes(out, settings)
+        check_modes(out, settings, sys.argv[1:] if argv is None else argv)
         out.rlhfless = settings
         engines_module.launch_args = out  # the engine builder reads the learner's size from it
         return out
@@ -199,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     if settings is not None:
         log_lines()
-        install(settings)
+        install(settings, rest)
     sys.argv = ["openrlhf.cli.train_ppo_ray", *rest]
     runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=True)
 

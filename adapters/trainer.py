@@ -6,6 +6,10 @@ OpenRLHF builds ``SamplesGenerator`` inside a Ray actor (``PPOTrainer``; with ``
 trainer also adds the ``rlhfless/*`` metrics to what OpenRLHF logs to wandb / TensorBoard; in async mode the
 generator lives in another actor than the logger, so its metrics go to the JSON-lines step report only.
 
+What a straggler policy holds between steps (carried samples, deferred prompts) goes into every checkpoint
+OpenRLHF writes, the regular ones (``--ckpt.save_steps``) and the best ones (``--ckpt.best_metric_key``), inside
+the ``client_states`` OpenRLHF saves with the policy actor; it is snapshotted only at a step that writes one.
+
 A rollout engine that dies is survived for the step it dies in (its samples are regenerated elsewhere), but not
 after: OpenRLHF broadcasts weights to every engine over one NCCL group sized for all of them, which would hang. So
 the generator refuses to hand that step to training, and every weight broadcast first checks that each engine is
@@ -24,14 +28,18 @@ from rlhfless_openrlhf.generator import RlhflessSamplesGenerator, log_lines, mer
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.records import TimePerTokenProfile
 
+#: The key of the carried work inside OpenRLHF's checkpoint ``client_states``.
+CARRY_KEY = "rlhfless_carry"
+
 
 def swap_generator(strategy: Any, old: Any) -> RlhflessSamplesGenerator:
     """RLHFless's generator over OpenRLHF's dataloaders, tokenizer and engines (those of ``old``)."""
     rl = strategy.args.rlhfless  # put there by the launcher; it travels inside strategy.args
     log_lines()
+    correction = getattr(strategy.args.algo.advantage, "is_correction_level", "off")
     print(
         f"rlhfless: the {type(old).__name__} of OpenRLHF is replaced by RlhflessSamplesGenerator "
-        f"(scheduler {rl['scheduler']['name']}, report {rl.get('report')})",
+        f"(scheduler {rl['scheduler']['name']}, report {rl.get('report')}, importance correction {correction})",
         flush=True,
     )
     return RlhflessSamplesGenerator(
@@ -44,7 +52,20 @@ def swap_generator(strategy: Any, old: Any) -> RlhflessSamplesGenerator:
         profile=TimePerTokenProfile.model_validate(rl["profile"]),
         report_path=rl.get("report"),
         trace_path=rl.get("trace"),
+        carry_timeout_s=float(rl.get("carry_timeout_s") or 120.0),
     )
+
+
+def add_carry(generator: Any, client_states: dict | None) -> dict:
+    """``client_states`` (a new dict for None) with the generator's carried work in it, snapshotted once per dict
+    (a step's regular and best checkpoints share OpenRLHF's one dict). Updated in place: OpenRLHF hands the
+    caller's dict, not a copy, to every checkpoint of the step."""
+    states = {} if client_states is None else client_states
+    if CARRY_KEY not in states:
+        carry = generator.carry_snapshot()  # carried work, deferred prompts
+        if carry is not None:
+            states[CARRY_KEY] = carry
+    return states
 
 
 def check_engines_alive(engines: list | None) -> None:
@@ -77,15 +98,28 @@ class RlhflessPPOTrainerImpl(PPOTrainer.__ray_actor_class__):  # type: ignore[na
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
         merge_metrics(logs_dict, self.samples_generator)
-        carry = self.samples_generator.carry_snapshot()  # carried work, deferred prompts: into the checkpoint
-        if carry is not None:
-            client_states = {**(client_states or {}), "rlhfless_carry": carry}
+        if global_step % self.args.ckpt.save_steps == 0:  # OpenRLHF writes a checkpoint at this step
+            client_states = add_carry(self.samples_generator, client_states)
         return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+
+    def save_best_checkpoint(self, eval_metrics, global_step, client_states=None):
+        """OpenRLHF's, with the carried work in the best checkpoint too (OpenRLHF's ``fit`` hands it the step's
+        ``client_states``, which a step that is no regular save step has not had it put into)."""
+        if self._saves_best(eval_metrics):
+            client_states = add_carry(self.samples_generator, client_states)
+        return super().save_best_checkpoint(eval_metrics, global_step, client_states)
+
+    def _saves_best(self, eval_metrics) -> bool:
+        """Whether OpenRLHF 0.11.2's ``save_best_checkpoint`` writes a checkpoint for these metrics (a new best)."""
+        if not eval_metrics:
+            return False
+        key = self._detect_eval_metric_key(eval_metrics)
+        return key is not None and key in eval_metrics and eval_metrics[key] > self.best_eval_metric_value
 
     def init_checkpoint_states(self) -> dict:
         states = super().init_checkpoint_states()
         if states.get("global_step", 0):  # resuming: take back the carried work, or say it is dropped
-            restored = self.samples_generator.restore_carry(states.get("rlhfless_carry"))
+            restored = self.samples_generator.restore_carry(states.get(CARRY_KEY))
             print(f"rlhfless: resumed with {restored} carried sample(s) or deferred prompt(s)", flush=True)
         return states
 

@@ -41,7 +41,8 @@ class EwmaParams(Record):
     )
     history_best_effort: bool = Field(
         default=False,
-        description="A failed history write (locked, read-only) only warns; by default it stops the run.",
+        description="A failed history write (locked, read-only) only warns, and the step's lengths are kept for "
+        "this run only; by default it stops the run.",
     )
 
 
@@ -103,7 +104,7 @@ class EwmaPredictor:
         except HistoryError as exc:
             if not self.params.history_best_effort:
                 raise
-            log.warning("%s; this step's lengths are not kept (history_best_effort)", exc)
+            log.warning("%s; this step's lengths are kept for this run only (history_best_effort)", exc)
         for uid, values in self.store.recent(list(groups), self.params.window).items():
             self._estimate[uid] = self.smooth(values)
         self._recent_mean = float(np.mean([s.response_length for s in samples]))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -72,3 +74,37 @@ def openrlhf_learning():
     spec.loader.exec_module(placeholder)
     placeholder.install()
     pytest.importorskip("openrlhf.trainer.ppo_utils.experience_maker")
+
+
+@pytest.fixture
+def start_until():
+    """``start_until(cmd, signal)``: start ``cmd`` and return ``(proc, lines)`` once a line of its stderr holds
+    ``signal``, the child's word that it is ready (no sleep that a loaded machine outruns). ``lines`` keeps
+    filling with the rest of its stderr until it ends; ``proc.reader`` is the thread that reads it. A child
+    still running at the end of the test is killed."""
+    procs = []
+
+    def start(cmd, signal, *, timeout=600.0, **kw):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
+        procs.append(proc)
+        lines: list[str] = []
+        seen = threading.Event()
+
+        def read():
+            for line in proc.stderr:
+                lines.append(line)
+                if signal in line:
+                    seen.set()
+            seen.set()  # it ended without the signal
+
+        proc.reader = threading.Thread(target=read, daemon=True)
+        proc.reader.start()
+        seen.wait(timeout)  # a guard against a child that hangs before it is ready, never reached otherwise
+        assert any(signal in line for line in lines), f"{cmd} never printed {signal!r}: {''.join(lines)[-1000:]}"
+        return proc, lines
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

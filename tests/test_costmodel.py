@@ -124,3 +124,25 @@ def test_overlap_makes_a_busy_step_faster_and_keeps_every_sample(registry):
     for res in runs:
         assert [r.samples for r in res.reports] == [ws.batch.total_samples for ws in work.steps]
     assert runs[1].reports[1].generation_s < runs[0].reports[1].generation_s
+
+
+@pytest.mark.filterwarnings("error")  # numpy's "invalid value encountered" (0 x inf) fails the test
+@pytest.mark.parametrize("true_scale", [0, 1])
+def test_zero_predictions_and_zero_lengths_give_finite_estimates(true_scale):
+    """Predictions of 0 (the protocol allows them) with runaway samples, and a step whose lengths were all 0:
+    the check model's lengths stay finite (a runaway runs to the cap whatever its prediction), no 0 x inf."""
+    batch, lengths = SyntheticWorkload(32, 4, seed=3, runaway=0.3, max_length=2048).batch()
+    true = lengths * true_scale
+    zeros = np.zeros(len(batch))
+    spread = LengthSpread.observe(true, zeros[batch.sample_prompt_index()], groups=batch.sample_prompt_index())
+    if true_scale == 0:
+        assert spread.capped == 0.0  # nothing hit a cap of 0 tokens
+    else:
+        assert spread.capped > 0.2 and spread.cap == 2048
+    model = EngineCostModel(PROFILE)
+    drawn = model.lengths(batch, zeros, spread)
+    assert drawn.min() >= 0 and drawn.max() <= 2048
+    est = model.estimate(batch, zeros, np.zeros(len(batch), dtype=np.int64), 1, PrefillPlan(), spread=spread)
+    assert np.isfinite(est.time_s) and est.time_s < 1e4
+    left = spread.remaining(np.zeros(5), np.arange(5.0))
+    assert np.isfinite(left).all() and (left >= 1).all()

@@ -7,7 +7,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -129,14 +128,19 @@ def locked(path):
     return holder
 
 
-def test_a_locked_history_is_an_error_after_the_timeout(tmp_path):
+def test_a_locked_history_is_an_error_after_the_timeout(tmp_path, monkeypatch):
+    import rlhfless_sdk.api.history as history
+
     path = tmp_path / "h.sqlite"
     store = LengthHistory(path, timeout_s=0.3)
     holder = locked(path)
-    t0 = time.monotonic()
+    clock = [0.0]  # the store's clock: each retry's sleep advances it, so no wall-clock figure is asserted
+    monkeypatch.setattr(history.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(history.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
     with pytest.raises(HistoryError, match=r"h\.sqlite: cannot write.*locked by another process for more than 0.3 s"):
         store.record({"a": [1]})
-    assert time.monotonic() - t0 < 5
+    assert 0.3 <= clock[0] < 0.3 + 2 * history._POLL_S  # it gave up when the timeout had passed, not before
+    monkeypatch.undo()
     holder.execute("ROLLBACK")
     assert store.record({"a": [1]}) == 0  # free again: the write goes through
     assert len(store) == 1
@@ -169,19 +173,100 @@ def test_a_failed_history_write_stops_the_run_unless_best_effort(tmp_path):
     assert len(LengthHistory(path)) == 0  # nothing was written, and the best-effort run said so in its log
 
 
-def test_ctrl_c_while_waiting_for_a_locked_history_exits_130_promptly(tmp_path):
+def test_ctrl_c_while_waiting_for_a_locked_history_exits_130_promptly(tmp_path, start_until):
+    """Interrupted once it says it waits for the lock (its warning on stderr, not after a sleep that a loaded
+    machine outruns): exit status 130, not the error an hour's lock timeout would end in."""
     import os
     import signal
 
     path = tmp_path / "h.sqlite"
     LengthHistory(path).close()
-    holder = locked(path)  # held for the whole test: the run would wait 60 s for it
-    cfg = _config(tmp_path, path, history_timeout_s=60)
+    holder = locked(path)  # held for the whole test: the run would wait an hour for it
+    cfg = _config(tmp_path, path, history_timeout_s=3600)
     cmd = [sys.executable, "-m", "rlhfless_sdk", "simulate", "--prompts", "8", "--steps", "2", "--scheduler", cfg]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ})
-    time.sleep(5)  # start-up, then the first step's history write waits on the lock
-    assert proc.poll() is None
+    proc, lines = start_until(cmd, "is locked by another process; waiting up to 3600 s", env={**os.environ})
     proc.send_signal(signal.SIGINT)
-    _out, err = proc.communicate(timeout=20)  # not the 60 s lock timeout
+    proc.wait(timeout=600)  # a guard against a hang only
+    proc.reader.join()
     holder.execute("ROLLBACK")
-    assert proc.returncode == 130, err.decode()[-400:]
+    assert proc.returncode == 130, "".join(lines)[-400:]
+    assert "interrupted" in "".join(lines)
+
+
+def test_a_simulation_never_reads_what_an_earlier_run_left_in_the_file(tmp_path, registry):
+    """history.py's rule: a simulation must never see another run's future. Inside ``isolated_history`` (every
+    simulator run) a history file is written, but only what this store recorded is read; outside, the file's
+    whole history is (a restart)."""
+    from rlhfless_sdk.api.history import isolated_history
+    from rlhfless_sdk.api.profiles import load_profile
+    from rlhfless_sdk.cli.simulate import make_cluster
+    from rlhfless_sdk.simulation.simulator import Simulator
+    from rlhfless_sdk.simulation.traces import synthetic_workload
+    from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+
+    path = tmp_path / "h.sqlite"
+    with isolated_history():
+        store = LengthHistory(path)
+        assert store.isolated and store.recent(["a"], 3) == {} and store.last_step_mean() is None
+        store.record({"a": [10.0]})
+        assert store.recent(["a"], 3) == {"a": [10.0]}
+        again = LengthHistory(path)  # another run: the file holds the first's step, it reads nothing of it
+        assert again.recent(["a"], 3) == {} and again.last_step_mean() is None
+    assert LengthHistory(path).recent(["a"], 3) == {"a": [10.0]}  # written: a restart outside a simulation sees it
+
+    ewma = {"name": "ewma", "params": {"history_path": str(path)}}
+    config = registry.scheduler("openrlhf").derive(name="h", predictor=ewma)
+    work = synthetic_workload(SyntheticWorkload(16, 2, seed=4), 3)
+    sim = Simulator(load_profile("qwen2.5-7b-l40s"), make_cluster(4, 4), registry=registry)
+    skip = {"planner_ms"}
+    first = [r.model_dump(exclude=skip) for r in sim.run(config, work).reports]
+    second = [r.model_dump(exclude=skip) for r in sim.run(config, work).reports]
+    assert second == first  # step 0 of the second run saw nothing of the first's lengths
+    assert len(LengthHistory(path)) == 1 + 2 * 3 * 16  # yet both runs wrote theirs
+
+
+def test_a_schema_that_is_not_ours_and_a_failed_read_name_the_file(tmp_path):
+    path = tmp_path / "cols.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        db.execute("INSERT INTO meta VALUES ('app', 'rlhfless-length-history'), ('schema_version', '1')")
+        db.execute("CREATE TABLE lengths (uid TEXT, length REAL)")
+    with pytest.raises(HistoryError, match=r"cols\.sqlite: its lengths table has columns \['uid', 'length'\]"):
+        LengthHistory(path)
+    good = LengthHistory(tmp_path / "good.sqlite")
+    good.record({"a": [1.0]})
+    with sqlite3.connect(tmp_path / "good.sqlite") as db:
+        db.execute("DROP TABLE lengths")
+    with pytest.raises(HistoryError, match=r"good\.sqlite: cannot read the length history \(no such table"):
+        good.recent(["a"], 1)
+
+
+def _read_only(path):
+    path.chmod(0o444)
+    path.parent.chmod(0o555)
+    try:
+        (path.parent / "probe").touch()
+    except OSError:
+        return
+    path.parent.chmod(0o755)
+    pytest.skip("this user writes to read-only files and folders anyway (root)")
+
+
+def test_a_history_this_process_cannot_write_is_read_and_its_writes_fail_cleanly(tmp_path):
+    """A valid history in a read-only folder (no WAL files can be made there) is opened for reading; a write
+    fails naming the file, and the observation is kept in memory for the rest of the run."""
+    path = tmp_path / "ro" / "h.sqlite"
+    store = LengthHistory(path)
+    store.record({"a": [100.0], "b": [50.0]})
+    store.close()
+    _read_only(path)
+    try:
+        store = LengthHistory(path)
+        assert store.read_only and store.recent(["a", "b"], 2) == {"a": [100.0], "b": [50.0]}
+        assert store.last_step_mean() == 75.0 and len(store) == 2
+        with pytest.raises(HistoryError, match=r"h\.sqlite: cannot write the length history \(read-only"):
+            store.record({"a": [10.0]})
+        assert store.recent(["a"], 2) == {"a": [100.0, 10.0]} and store.last_step_mean() == 10.0
+    finally:
+        path.parent.chmod(0o755)
+        path.chmod(0o644)

@@ -62,6 +62,16 @@ def test_openrlhf_scheduler_leaves_openrlhf_unchanged():
     assert settings["scheduler"]["name"] == "rlhfless" and settings["profile"]["name"] == "qwen2.5-3b-h100"
 
 
+def test_the_carry_timeout_is_a_launcher_flag():
+    assert resolve({"--scheduler": "rlhfless-fast"})["carry_timeout_s"] == 120.0
+    assert resolve({"--scheduler": "rlhfless-fast", "--scheduler.carry_timeout": "600"})["carry_timeout_s"] == 600.0
+    ours, rest = split_args(["--scheduler.carry_timeout=30", "--x", "1"])
+    assert ours == {"--scheduler.carry_timeout": "30"} and rest == ["--x", "1"]
+    for bad in ("0", "-5", "soon", "inf", "nan"):
+        with pytest.raises(SystemExit, match=r"--scheduler\.carry_timeout takes a number of seconds > 0"):
+            resolve({"--scheduler": "rlhfless-fast", "--scheduler.carry_timeout": bad})
+
+
 def test_an_async_preset_is_refused_with_the_openrlhf_flags_to_use():
     with pytest.raises(SystemExit, match=r"--train\.async_enable"):
         resolve({"--scheduler": "openrlhf-async"})
@@ -184,6 +194,52 @@ def test_example_launch_scripts_use_the_launcher():
     assert flags == {"--scheduler", "--scheduler.profile"}
 
 
+def _script_launches(tmp_path, script: str, scheduler: str) -> list[list[str]]:
+    """Every ``python`` command line the example ``script`` runs with ``SCHEDULER=scheduler`` (a stand-in
+    ``python`` on PATH records them; nothing runs)."""
+    import os
+    import stat
+    import subprocess
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin" / "python"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\037" "$@" >> "$CALLS"; echo >> "$CALLS"; cat > /dev/null\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}", "CALLS": str(calls)}
+    env["SCHEDULER"] = scheduler
+    folder = Path(__file__).resolve().parent.parent / "examples" / "openrlhf"
+    run = subprocess.run(
+        ["bash", str(folder / script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    return [line.split("\037")[:-1] for line in calls.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("script", ["grpo_gsm8k_qwen2.5-3b.sh", "one_gpu_step.sh"])
+@pytest.mark.parametrize("scheduler", ["rlhfless", "rlhfless-fast", "rlhfless-onpolicy"])
+def test_example_scripts_pass_importance_correction_for_stale_tokens(tmp_path, script, scheduler):
+    """A launch whose scheduler trains stale tokens (partial rollouts) passes ``--algo.advantage.is_correction_level
+    token`` itself (the launcher would turn it on, saying so); the others leave OpenRLHF's default."""
+    from rlhfless_openrlhf.train_ppo_ray import IS_CORRECTION, passed
+
+    launches = [c[2:] for c in _script_launches(tmp_path, script, scheduler) if c[:2] == ["-m", LAUNCHER]]
+    names = []
+    for argv in launches:
+        ours, rest = split_args(argv)
+        settings = resolve(ours)
+        names.append(ours["--scheduler"])
+        if settings is not None and settings["keeps_tokens"]:
+            assert rest[rest.index(IS_CORRECTION) + 1] == "token", argv
+        else:
+            assert not passed(IS_CORRECTION, rest), argv
+    assert scheduler in names  # the script ran the scheduler asked for
+
+
+LAUNCHER = "rlhfless_openrlhf.train_ppo_ray"
+
+
 # -- OpenRLHF modes: refused at launch, or sized right -------------------------------------------------------
 def _hierarchized(**flat):
     """OpenRLHF's own hierarchized args from its CLI's defaults plus ``flat`` overrides (dotted names)."""
@@ -225,6 +281,92 @@ def test_an_unsupported_openrlhf_mode_is_refused_naming_its_flag(monkeypatch, fl
     _hierarchized()  # the defaults pass
 
 
+# -- importance-sampling correction for schedulers that train stale tokens -------------------------------------
+IS_FLAG = "--algo.advantage.is_correction_level"
+
+
+def _hooked(monkeypatch, preset: str, argv: list[str]):
+    """OpenRLHF's hierarchize with the launcher's hook for ``preset``, reading ``argv`` as OpenRLHF's command line."""
+    import openrlhf.trainer.ray as ray_pkg
+    import openrlhf.utils.config as config_module
+
+    monkeypatch.setattr(config_module, "hierarchize", config_module.hierarchize)
+    monkeypatch.setattr(ray_pkg, "create_vllm_engines", ray_pkg.create_vllm_engines)
+    install_rollout_hooks(resolve({"--scheduler": preset}), argv)
+
+
+def _runnable_presets() -> list[str]:
+    from rlhfless_sdk import get_plugin_manager
+
+    registry = get_plugin_manager().registry
+    runs = [n for n in registry.names("scheduler") if registry.scheduler(n).simulator_only() is None]
+    return [n for n in runs if n != "openrlhf"]  # that one runs OpenRLHF unchanged: no hook at all
+
+
+@pytest.mark.parametrize("preset", _runnable_presets())
+def test_a_scheduler_that_trains_stale_tokens_gets_importance_correction_by_default(monkeypatch, caplog, preset):
+    """OpenRLHF's default is no correction (``off``). A preset whose straggler policy keeps a cut sample's tokens
+    across a weight update (partial rollouts: rlhfless-fast) gets ``token``, with one line saying so; every other
+    preset is left as OpenRLHF has it."""
+    import logging
+
+    settings = resolve({"--scheduler": preset})
+    stale = settings["scheduler"]["straggler"]["name"] == "partial-batch"
+    assert settings["keeps_tokens"] is stale
+    _hooked(monkeypatch, preset, ["--actor.model_name_or_path", "m"])
+    with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+        args = _hierarchized(**{"algo.advantage.is_correction_level": "off"})
+    said = [r.getMessage() for r in caplog.records if IS_FLAG in r.getMessage()]
+    if stale:
+        assert args.algo.advantage.is_correction_level == "token"
+        assert len(said) == 1 and "importance-sampling correction on" in said[0] and preset in said[0]
+    else:
+        assert args.algo.advantage.is_correction_level == "off" and said == []
+
+
+@pytest.mark.parametrize("argv", [[IS_FLAG, "seq"], [f"{IS_FLAG}=seq"], ["--algo.advantage.is_correction_lev", "seq"]])
+def test_a_correction_level_the_user_chose_is_kept(monkeypatch, argv):
+    _hooked(monkeypatch, "rlhfless-fast", ["--rollout.n_samples_per_prompt", "8", *argv])
+    assert _hierarchized(**{"algo.advantage.is_correction_level": "seq"}).algo.advantage.is_correction_level == "seq"
+
+
+@pytest.mark.parametrize("argv", [[IS_FLAG, "off"], [f"{IS_FLAG}=off"]])
+def test_an_explicit_correction_off_is_refused_for_stale_tokens(monkeypatch, argv):
+    _hooked(monkeypatch, "rlhfless-fast", argv)
+    with pytest.raises(SystemExit) as refused:
+        _hierarchized(**{"algo.advantage.is_correction_level": "off"})
+    message = str(refused.value.code)
+    assert message.startswith(f"error: {IS_FLAG} off cannot run with scheduler 'rlhfless-fast'")
+    assert "\n" not in message
+    _hooked(monkeypatch, "rlhfless-onpolicy", argv)  # tail batching re-runs from scratch: off is the user's call
+    assert _hierarchized(**{"algo.advantage.is_correction_level": "off"}).algo.advantage.is_correction_level == "off"
+
+
+def test_an_explicit_correction_off_is_refused_through_openrlhfs_own_cli(monkeypatch, openrlhf_learning):
+    """The launcher's whole path up to OpenRLHF's argument parser, in this process: OpenRLHF's CLI parses the
+    flags, the hook refuses before ``train()`` (so before Ray starts) with one line, and no traceback."""
+    import sys
+
+    import openrlhf.trainer.ppo_trainer as ppo_trainer_module
+    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async_module
+    import openrlhf.trainer.ray as ray_pkg
+    import openrlhf.utils.config as config_module
+    import ray
+
+    for module, name in (
+        (config_module, "hierarchize"),
+        (ray_pkg, "create_vllm_engines"),
+        (ppo_trainer_module, "PPOTrainer"),
+        (ppo_trainer_async_module, "PPOTrainerAsync"),
+    ):
+        monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    with pytest.raises(SystemExit) as refused:
+        main(["--scheduler", "rlhfless-fast", "--actor.model_name_or_path", "m", IS_FLAG, "off"])
+    assert str(refused.value.code).startswith(f"error: {IS_FLAG} off cannot run with scheduler 'rlhfless-fast'")
+    assert not ray.is_initialized()
+
+
 def test_the_placer_keeps_the_learners_real_size_free():
     from rlhfless_openrlhf.engines import learner_gpus
 
@@ -250,6 +392,7 @@ def test_help_prints_the_launchers_flags_and_what_the_learning_side_needs():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "--scheduler.config FILE" in out.stdout and "--scheduler.report FILE" in out.stdout
+    assert "--scheduler.carry_timeout S" in out.stdout
     # either OpenRLHF's own flags follow (its learning side imports here) or the line saying what it needs
     assert "--actor.model_name_or_path" in out.stdout or "needs OpenRLHF's GPU install" in out.stdout
     assert "Traceback" not in out.stderr
@@ -299,14 +442,9 @@ LAUNCH = Path(__file__).resolve().with_name("openrlhf_cpu_launch.py")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "openrlhf"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_the_launcher_runs_openrlhfs_cli_with_its_classes_swapped(tmp_path, mode):
-    """``python -m rlhfless_openrlhf.train_ppo_ray --scheduler rlhfless <OpenRLHF flags>`` as far as a CPU
-    allows: OpenRLHF's parser and ``train()``, the hierarchize hook, the engine builder (RLHFless's engine class,
-    pinned by the placer), the trainer class swap and, inside the actor that generates, the samples generator
-    swap (``PPOTrainer``; ``PPOTrainerAsync``'s ``GenerateSamplesActor`` with ``--train.async_enable``). It
-    stops where OpenRLHF first needs CUDA: DeepSpeed's model init in the policy actor."""
+def _cpu_launch(tmp_path, *extra: str, scheduler: str = "rlhfless") -> tuple[int, str, str]:
+    """The drop-in launcher through ``openrlhf_cpu_launch.py`` with a tiny model and GSM8K-style prompts:
+    (exit status, stdout, stderr)."""
     import json
     import subprocess
     import sys
@@ -324,7 +462,7 @@ def test_the_launcher_runs_openrlhfs_cli_with_its_classes_swapped(tmp_path, mode
         )
     )
     flags = [
-        "--scheduler", "rlhfless", "--scheduler.report", str(tmp_path / "steps.jsonl"),
+        "--scheduler", scheduler, "--scheduler.report", str(tmp_path / "steps.jsonl"),
         "--actor.model_name_or_path", str(model), "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1",
         "--vllm.num_engines", "1", "--vllm.enable_prefix_caching", "--algo.advantage.estimator", "group_norm",
         "--rollout.n_samples_per_prompt", "2", "--algo.kl.init_coef", "0",
@@ -332,16 +470,30 @@ def test_the_launcher_runs_openrlhfs_cli_with_its_classes_swapped(tmp_path, mode
         "--reward.remote_url", str(EXAMPLES / "reward_gsm8k.py"),
         "--rollout.batch_size", "4", "--train.batch_size", "8", "--rollout.micro_batch_size", "2",
         "--train.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
-        "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "out"),
+        "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "out"), *extra,
     ]  # fmt: skip
-    if mode == "async":
-        flags.append("--train.async_enable")
     run = subprocess.run(
         [sys.executable, str(LAUNCH), *flags], capture_output=True, text=True, timeout=600, cwd=tmp_path
     )
-    out = run.stdout + run.stderr
-    assert run.returncode != 0  # it cannot finish without CUDA ...
+    return run.returncode, run.stdout, run.stderr
+
+
+def _ran_until_cuda(returncode: int, out: str) -> None:
+    assert returncode != 0  # it cannot finish without CUDA ...
     assert "PolicyModelActor.init_model_from_pretrained" in out and "cuda" in out.lower(), out[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_launcher_runs_openrlhfs_cli_with_its_classes_swapped(tmp_path, mode):
+    """``python -m rlhfless_openrlhf.train_ppo_ray --scheduler rlhfless <OpenRLHF flags>`` as far as a CPU
+    allows: OpenRLHF's parser and ``train()``, the hierarchize hook, the engine builder (RLHFless's engine class,
+    pinned by the placer), the trainer class swap and, inside the actor that generates, the samples generator
+    swap (``PPOTrainer``; ``PPOTrainerAsync``'s ``GenerateSamplesActor`` with ``--train.async_enable``). It
+    stops where OpenRLHF first needs CUDA: DeepSpeed's model init in the policy actor."""
+    returncode, stdout, stderr = _cpu_launch(tmp_path, *(["--train.async_enable"] if mode == "async" else []))
+    out = stdout + stderr
+    _ran_until_cuda(returncode, out)
     # ... but everything before the learner's model init ran, through OpenRLHF's own code
     assert "'scheduler': {'name': 'rlhfless'" in out  # OpenRLHF printed its args, the hook's settings inside
     assert "engines placed by the scheduler's placer" in out
@@ -349,6 +501,33 @@ def test_the_launcher_runs_openrlhfs_cli_with_its_classes_swapped(tmp_path, mode
     generating = "RlhflessPPOTrainerImpl" if mode == "sync" else "RlhflessGenerateSamplesActorImpl"
     swapped = [line for line in out.splitlines() if "is replaced by RlhflessSamplesGenerator" in line]
     assert swapped and generating in swapped[0] and "scheduler rlhfless" in swapped[0], out[-3000:]
+    assert "is_correction_level='off'" in out and IS_FLAG not in stderr  # OpenRLHF's default, left alone
+
+
+@pytest.mark.slow
+def test_partial_rollouts_launch_with_importance_correction_on(tmp_path):
+    """``--scheduler rlhfless-fast`` (partial rollouts: carried tokens train one weight update stale) without the
+    correction flag, through OpenRLHF's own CLI and ``train()`` on a CPU: the launcher says, in one line, that it
+    turns the correction on; OpenRLHF's printed args (``strategy.args``, which every actor receives) have it, and
+    so does the generating actor's own copy of them."""
+    returncode, stdout, stderr = _cpu_launch(tmp_path, scheduler="rlhfless-fast")
+    out = stdout + stderr
+    _ran_until_cuda(returncode, out)
+    said = [line for line in stderr.splitlines() if "importance-sampling correction on" in line]
+    assert len(said) == 1 and f"{IS_FLAG} token" in said[0] and "'rlhfless-fast'" in said[0], out[-3000:]
+    assert "is_correction_level='token'" in out and "is_correction_level='off'" not in out
+    swapped = [line for line in out.splitlines() if "is replaced by RlhflessSamplesGenerator" in line]
+    assert swapped and "RlhflessPPOTrainerImpl" in swapped[0] and "importance correction token" in swapped[0]
+
+
+@pytest.mark.slow
+def test_partial_rollouts_with_correction_off_are_refused_in_one_line(tmp_path):
+    returncode, stdout, stderr = _cpu_launch(tmp_path, IS_FLAG, "off", scheduler="rlhfless-fast")
+    assert returncode != 0
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {IS_FLAG} off cannot run with scheduler"), stderr
+    assert "Traceback" not in stdout + stderr
+    assert "RlhflessRolloutActorImpl" not in stdout + stderr  # refused before OpenRLHF's train() built anything
 
 
 def test_the_learning_side_internals_of_the_installed_openrlhf(openrlhf_learning, monkeypatch):

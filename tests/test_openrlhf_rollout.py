@@ -312,14 +312,34 @@ def test_evaluation_rollouts_take_openrlhfs_path_and_leave_the_schedule_alone(st
     assert len(gen.planner.policies["predictor"]._estimate) == 4  # the training prompts, observed
 
 
+SCORING_REWARD = """
+import importlib.util
+import json
+
+spec = importlib.util.spec_from_file_location("reward_gsm8k", {gsm8k!r})
+gsm8k = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gsm8k)
+
+
+def reward_func(queries, prompts, labels):
+    with open({scored!r}, "a", encoding="utf-8") as fh:  # one line per response scored
+        for query in queries:
+            fh.write(json.dumps(query) + "\\n")
+    return gsm8k.reward_func(queries, prompts, labels)
+"""
+
+
 @pytest.fixture(scope="module")
 def rewarded_engine(stack):
-    """One more engine whose executor scores responses with the GSM8K reward (OpenRLHF's --reward.remote_url)."""
+    """One more engine whose executor scores responses with the GSM8K reward (OpenRLHF's --reward.remote_url),
+    through a reward file that also notes each response it scores in ``stack.tmp / "scored.jsonl"``."""
     from pathlib import Path
 
     from rlhfless_openrlhf.engines import create_engines
 
-    reward = Path(__file__).resolve().parent.parent / "examples" / "openrlhf" / "reward_gsm8k.py"
+    gsm8k = Path(__file__).resolve().parent.parent / "examples" / "openrlhf" / "reward_gsm8k.py"
+    reward = stack.tmp / "reward_scoring.py"
+    reward.write_text(SCORING_REWARD.format(gsm8k=str(gsm8k), scored=str(stack.tmp / "scored.jsonl")))
     [engine] = create_engines(1, str(stack.model), cpu=True, remote_rm_url=str(reward))
     yield engine
     stack.ray.kill(engine)
@@ -517,6 +537,59 @@ def test_a_twice_cut_sample_completes_with_each_pieces_logprobs(stack, registry_
     assert all(np.isfinite(lp)) and all(x <= 0.0 for x in lp)
 
 
+def test_a_cut_whose_abort_yields_while_the_piece_ends_hands_its_tokens_back(stack):
+    """vLLM's ``abort`` awaits the engine core after queueing the request's final "abort" output, so the piece
+    being cut can end, and hand what it kept to the cut, before the abort returns. The cut must still return
+    those tokens, and the piece's call must return once the rest is delivered (else the step waits forever).
+
+    On a real engine that interleaving is a matter of timing. The one stand-in here forces it, a fault that cannot
+    be caused otherwise: the engine's vLLM ``abort`` is wrapped so that it aborts for real, then yields until the
+    aborted piece has ended before it returns. Everything else is the real engine and vLLM."""
+    from rlhfless_openrlhf.messages import Continuation
+    from vllm import SamplingParams
+
+    ray, engine, key = stack.ray, stack.engines[0], "race/0@1"
+
+    def slow_abort(actor):  # runs inside the engine actor
+        import asyncio
+
+        real = actor.llm.abort
+
+        async def abort(request_id, *args, **kwargs):
+            await real(request_id, *args, **kwargs)
+            for _ in range(2000):  # until the piece's generate saw its abort output and ended (10 s at most)
+                if request_id not in actor._rl_request.values():
+                    return
+                await asyncio.sleep(0.005)
+
+        actor._rlhfless_real_abort, actor.llm.abort = real, abort
+
+    def restore(actor):
+        actor.llm.abort = actor._rlhfless_real_abort
+
+    ray.get(engine.__ray_call__.remote(slow_abort))
+    try:
+        params = SamplingParams(max_tokens=300, min_tokens=300, logprobs=1)
+        ref = engine.generate_group.remote(
+            prompt=PROMPTS[0], label="0", sampling_params=params, max_length=512, hf_tokenizer=stack.tokenizer,
+            keys=[key],
+        )  # fmt: skip
+        deadline = time.time() + 120
+        while ray.get(engine.rl_stats.remote()).progress.get(key, 0) < 8:
+            assert time.time() < deadline, "the piece never started"
+            time.sleep(0.05)
+        info = ray.get(engine.cut.remote(key), timeout=60)
+        assert info is not None and len(info.partial) >= 8  # the tokens the cut kept (they were lost)
+        assert len(info.partial_logprobs) == len(info.partial) and info.remaining == 300 - len(info.partial)
+        rest = Continuation(token_ids=[], logprobs=[], finish_reason="length")
+        assert ray.get(engine.deliver.remote(key, rest), timeout=60)
+        [response] = ray.get(ref, timeout=60)  # the piece's call returns (it waited forever)
+        start, end = response["action_ranges"][0]
+        assert response["observation_tokens"][start:end] == info.partial
+    finally:
+        ray.get(engine.__ray_call__.remote(restore))
+
+
 def test_no_work_reaches_a_sleeping_engine(stack):
     from vllm import SamplingParams
 
@@ -703,6 +776,68 @@ def test_carried_work_survives_a_checkpoint(stack, caplog):
     with caplog.at_level(logging.WARNING, logger="rlhfless.openrlhf"):
         assert make_generator(stack, "rlhfless").restore_carry(snapshot) == 0
     assert f"carries {carried} partial sample(s)" in caplog.text and "dropped" in caplog.text
+
+
+def test_a_sample_is_scored_once_in_the_step_it_ends_never_when_carried(stack, rewarded_engine):
+    """Partial rollouts on the engine with a reward function (OpenRLHF's ``--reward.remote_url``; the reward file
+    notes every response it scores): each sample is scored once, whole, in the step it ends in; a sample cut at a
+    step's end and carried is not scored then (its partial response would be scored for nothing)."""
+    scored = stack.tmp / "scored.jsonl"
+    scored.unlink(missing_ok=True)
+    view = SimpleNamespace(**{**vars(stack), "engines": [rewarded_engine]})
+    prompts, b, max_len = VARIED[:3], 1, 200
+    steps = _run_carrying(_carry_generator(view, 1.0), prompts, b, max_len)
+    _check_every_group_trained_once(steps, prompts, b, max_len)
+    assert sum(len(st["cuts"]) for st in steps) > 0  # samples really were carried
+    trained = [e for st in steps for e in st["experiences"]]
+    assert len(scored.read_text().splitlines()) == len(trained) == len(prompts) * N_SAMPLES
+    assert all(e.scores is not None for e in trained)  # each one scored (0: the tiny model never answers right)
+
+
+def test_a_step_end_cuts_every_running_sample_in_one_round(stack, monkeypatch):
+    """The end of a partial-rollout step cuts every sample still running: all the cuts are sent at once and
+    waited for together (one blocking Ray call), not one blocking round trip per sample."""
+    import ray
+
+    from rlhfless_sdk.rollout.controller import StepController
+
+    calls = {"blocking": 0, "ending": False}
+    for name in ("get", "wait"):
+        real = getattr(ray, name)
+
+        def counted(*args, _real=real, **kwargs):
+            calls["blocking"] += calls["ending"]
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(ray, name, counted)
+    carry_rest = StepController._carry_rest
+
+    def ending(ctl):  # the controller's end-of-step cut of every unfinished sample
+        calls["ending"] = True
+        try:
+            carry_rest(ctl)
+        finally:
+            calls["ending"] = False
+
+    monkeypatch.setattr(StepController, "_carry_rest", ending)
+    gen = _carry_generator(stack, 1.0)
+    # B = 1 of two groups in flight: the longest prompt leaves room for 94 new tokens, the shortest for 207, so the
+    # step ends once the first group is complete, with the other's samples still running
+    stream = iter([([i], [p], ["0"], [None]) for i, p in enumerate([VARIED[6], VARIED[0]])])
+    gen._generate_vllm(stream, 1, False, n_samples_per_prompt=N_SAMPLES, max_len=240)
+    assert len(gen.last_cuts) >= 2 and gen.last_report.carried_samples >= 2
+    assert calls["blocking"] == 1
+
+
+def test_a_tensor_parallel_engine_is_billed_on_all_its_gpus(stack):
+    """OpenRLHF's ``--vllm.tensor_parallel_size 2``: each engine holds two GPUs, and the step report bills both
+    (here the engines are single-CPU ones; the generator takes the size from OpenRLHF's args, as in a real run)."""
+    gen = make_generator(stack, "openrlhf", num_prompts=4)
+    gen.args.vllm.tensor_parallel_size = 2
+    gen.generate_step(PROMPTS[:4], ["0"] * 4, max_new_tokens=8, n_samples_per_prompt=N_SAMPLES)
+    report = gen.last_report
+    assert report.peak_gpus == 2 * len(stack.engines)
+    assert report.gpu_seconds_serverful == pytest.approx(2 * len(stack.engines) * report.time_s)
 
 
 # -- tail batching on real engines (tail-batch: train the first B groups, re-run the others from scratch later) --

@@ -437,3 +437,75 @@ def test_planning_at_100000_gpus_places_every_actor():
     for name in ("pack", "locality-aware"):
         placement = REG_ALL.create("placer", name).place(np.arange(n, dtype=float), cluster, 2, extra)
         check_placement(placement, cluster, n, 2, extra)
+
+
+# -- a policy that unlocks its read-only inputs ---------------------------------------------------------------
+def _unlock_and_write(*arrays):
+    """What a careless policy does when numpy refuses its write: turn the flag back on, then write."""
+    for a in arrays:
+        a.setflags(write=True)
+        a[...] = 1
+        if a.base is not None:  # a view: try its base too
+            a.base.setflags(write=True)
+
+
+class Unlocker:
+    """Writes to its inputs after ``setflags(write=True)`` (the base array of a view used to stay writeable)."""
+
+    def __init__(self, params):
+        pass
+
+    def predict(self, batch):
+        _unlock_and_write(batch.prompt_lengths, batch.n_samples)
+        return np.full(len(batch), 100.0)
+
+    def observe(self, samples):
+        pass
+
+    def assign(self, batch, predicted, num_actors):
+        _unlock_and_write(predicted, batch.sample_offsets)
+        return np.zeros(len(batch), dtype=np.int64)
+
+    def place(self, decode_loads, cluster, gpus_per_actor, extra):
+        _unlock_and_write(decode_loads)
+        return []
+
+
+class UnlockPlugin:
+    @hookimpl
+    def rlhfless_register_predictors(self, register):
+        register(PolicySpec(name="unlock", factory=Unlocker))
+
+    @hookimpl
+    def rlhfless_register_assigners(self, register):
+        register(PolicySpec(name="unlock", factory=Unlocker))
+
+    @hookimpl
+    def rlhfless_register_placers(self, register):
+        register(PolicySpec(name="unlock", factory=Unlocker))
+
+
+@pytest.mark.parametrize("kind", ["predictor", "assigner", "placer"])
+def test_a_policy_cannot_unlock_its_read_only_inputs(caplog, registry_with, kind):
+    """``setflags(write=True)`` is refused (the arrays have a read-only base), so the policy falls back, the
+    warning names its plugin, and nothing a later scheduler sees has changed."""
+    from rlhfless_sdk.api.records import Cluster
+    from rlhfless_sdk.planning.costmodel import AnalyticCostModel
+    from rlhfless_sdk.planning.planner import StepPlanner
+    from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+
+    reg = registry_with(**{"unlock-plugin": UnlockPlugin()})
+    batch, _ = SyntheticWorkload(12, 3, seed=2).batch()
+    before = [*_columns(batch), np.array(batch.sample_offsets)]
+    base = reg.scheduler("openrlhf")
+    cluster, cost = Cluster.uniform(1, 4), AnalyticCostModel(PROFILE)
+    got = StepPlanner(base.derive(name="unlock", **{kind: "unlock"}), cluster=cluster, cost_model=cost, registry=reg)
+    plan = got.plan(batch)
+    assert plan.fallbacks == [f"{kind}:unlock"]
+    assert f"{kind} 'unlock' (plugin 'unlock-plugin') failed" in caplog.text and "read-only" in caplog.text
+    after = [*_columns(batch), np.array(batch.sample_offsets)]
+    for a, b in zip(after, before, strict=True):
+        assert (a is None and b is None) or np.array_equal(a, b)
+    alone = StepPlanner(base, cluster=cluster, cost_model=cost, registry=reg).plan(batch)
+    again = StepPlanner(base, cluster=cluster, cost_model=cost, registry=reg).plan(batch)
+    assert _same_plan(alone, again)

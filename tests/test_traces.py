@@ -106,6 +106,21 @@ def test_jsonl_trace(tmp_path):
             "line 1, field 'uid'",
         ),
         ("q.csv", CSV_HEAD + "x,1,0,,,3,5000\n", "line 2, field 'response_length': prompt + response = 5,003"),
+        (
+            "r.csv",
+            CSV_HEAD + "x,1,0,,,3,5\ny,1,0,,,3,5\nx,1,1,,,4,5\n",
+            "line 4, field 'prompt_length': 4 disagrees with the 3 of the same prompt's first sample (uid 'x', "
+            "step 1) at",
+        ),
+        ("s.csv", CSV_HEAD + 'x,1,0,"[1, 2]",,2,5\nx,1,1,"[1, 3]",,2,5\n', "line 3, field 'prompt': other tokens"),
+        ("t.json", '{\n  "uid": "x",\n  "step": 1\n}\n', "line 1: not valid JSON: Expecting property name"),
+        (
+            "u.json",
+            '[{"uid": "x", "step": 1, "sample_idx": 0, "prompt_length": 3, "response_length": 3},\n7]',
+            "line 2",
+        ),
+        ("v.json", '[\n  {"uid": "x", "step": 1}\n', "line 2, field 'sample_idx'"),
+        ("w.json", '[{"uid": "x", "step": 1, "sample_idx": 0, "prompt_length": 3, "response_length": 3}] []', "line 1"),
     ],
 )
 def test_malformed_trace_names_file_line_and_field(tmp_path, name, text, where):
@@ -200,3 +215,34 @@ def test_random_bytes_load_or_fail_cleanly(tmp_path_factory, data, suffix):
     path = tmp_path_factory.mktemp("fuzz") / f"t{suffix}"
     path.write_bytes(data)
     _check(path)
+
+
+def test_a_json_array_trace_loads_like_json_lines(tmp_path):
+    """A pretty-printed JSON array of row objects is the same trace as its JSON lines; errors name the line an
+    object starts on."""
+    rows = [
+        {"uid": u, "step": k, "sample_idx": i, "prompt_length": 3 + len(u), "response_length": 10 * (i + 1) + k}
+        for k in (0, 1)
+        for u in ("a", "bb")
+        for i in (0, 1)
+    ]
+    array = load_trace(write(tmp_path, "t.json", json.dumps(rows, indent=2)))
+    lines = load_trace(write(tmp_path, "t.jsonl", "".join(json.dumps(r) + "\n" for r in rows)))
+    for a, b in zip(array.steps, lines.steps, strict=True):
+        assert a.batch.uids == b.batch.uids and a.lengths.tolist() == b.lengths.tolist()
+        assert a.batch.prompt_lengths.tolist() == b.batch.prompt_lengths.tolist()
+    with pytest.raises(TraceError, match="holds no rows"):
+        load_trace(write(tmp_path, "e.json", "\n  []\n"))
+    bad = [*rows[:3], {**rows[3], "response_length": -1}]  # the 4th object: lines 23-29
+    with pytest.raises(TraceError, match=r"bad\.json, line 23, field 'response_length'"):
+        load_trace(write(tmp_path, "bad.json", json.dumps(bad, indent=2)))
+
+
+def test_a_sample_beyond_the_kv_capacity_names_the_capacity_and_its_flag(tmp_path):
+    path = write(tmp_path, "t.csv", CSV_HEAD + "x,1,0,,,150,37\n")
+    with pytest.raises(TraceError) as err:
+        load_trace(path, max_tokens=100, capacity_flag="--colocated-kv-tokens")
+    assert str(err.value) == (
+        f"{path}, line 2, field 'response_length': prompt + response = 187 tokens (150 + 37), more than an "
+        "engine's KV capacity of 100 tokens (--colocated-kv-tokens), which must hold a whole sample"
+    )

@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # One real GRPO step on ONE GPU with each scheduler, then the two RLHFless step reports side by side.
 #   bash examples/openrlhf/one_gpu_step.sh            (MODEL defaults to Qwen2.5-0.5B-Instruct)
+#   SCHEDULER=rlhfless-fast bash examples/openrlhf/one_gpu_step.sh   (another RLHFless preset beside OpenRLHF)
 # Needs a CUDA GPU, OpenRLHF's full install and the model in the local HuggingFace cache.
 # Not run by this project yet: the development machines have no GPU and this task was not lent one.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 DATA=${DATA:-$HERE/../../../shared/data/gsm8k/test.jsonl}
 MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
-for SCHEDULER in openrlhf-logged rlhfless; do
-  OUT=./runs/one-gpu-$SCHEDULER
-  NAME=$SCHEDULER; [ "$SCHEDULER" = openrlhf-logged ] && NAME=openrlhf
+export SCHEDULER=${SCHEDULER:-rlhfless}
+for RUN in openrlhf-logged "$SCHEDULER"; do
+  OUT=./runs/one-gpu-$RUN
+  NAME=$RUN; [ "$RUN" = openrlhf-logged ] && NAME=openrlhf
   # OpenRLHF's behaviour, but through the adapter's generator so it writes the same step report:
-  CONFIG=(); [ "$SCHEDULER" = openrlhf-logged ] && CONFIG=(--scheduler.config "$HERE/openrlhf_logged.yaml")
-  python -m rlhfless_openrlhf.train_ppo_ray --scheduler "$NAME" "${CONFIG[@]}" \
+  CONFIG=(); [ "$RUN" = openrlhf-logged ] && CONFIG=(--scheduler.config "$HERE/openrlhf_logged.yaml")
+  # partial rollouts (rlhfless-fast) train carried tokens one weight update stale: importance-sampling correction
+  CORRECTION=(); [ "$RUN" = rlhfless-fast ] && CORRECTION=(--algo.advantage.is_correction_level token)
+  python -m rlhfless_openrlhf.train_ppo_ray --scheduler "$NAME" "${CONFIG[@]}" "${CORRECTION[@]}" \
     --scheduler.profile qwen2.5-3b-h100 --scheduler.report "$OUT/steps.jsonl" \
     --actor.model_name_or_path "$MODEL" --actor.num_nodes 1 --actor.num_gpus_per_node 1 \
     --ref.num_nodes 1 --ref.num_gpus_per_node 1 --train.colocate_all \
@@ -27,7 +31,9 @@ for SCHEDULER in openrlhf-logged rlhfless; do
 done
 python - <<'PY'
 import json
-rows = [json.loads(open(f"./runs/one-gpu-{s}/steps.jsonl").readline()) for s in ("openrlhf-logged", "rlhfless")]
+import os
+runs = ("openrlhf-logged", os.environ["SCHEDULER"])
+rows = [json.loads(open(f"./runs/one-gpu-{s}/steps.jsonl").readline()) for s in runs]
 for key in ("scheduler", "generation_s", "gpu_seconds", "idle_fraction", "migrations", "prefill_tokens_saved",
             "num_actors", "prediction_mae"):
     print(f"{key:<22}{rows[0][key]!s:>20}{rows[1][key]!s:>20}")

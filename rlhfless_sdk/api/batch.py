@@ -12,11 +12,31 @@ from typing import Any
 import numpy as np
 
 
+def _locked(array: np.ndarray) -> bool:
+    """Whether ``array``'s memory belongs to an immutable ``bytes`` object (nothing can make it writeable)."""
+    base: Any = array
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return False
+        base = base.base
+    return isinstance(base, bytes)
+
+
 def readonly(array: Any) -> np.ndarray:
-    """A read-only view of ``array`` (the data is shared, not copied; writing through the view raises)."""
-    view = np.asarray(array).view()
-    view.flags.writeable = False
-    return view
+    """``array`` truly read-only: its data copied once into an immutable ``bytes`` buffer (an array already so
+    is shared, not copied). Writing raises, and so does ``setflags(write=True)``, on the array and on its base:
+    a policy cannot unlock its inputs and change what later policies and schedulers see."""
+    arr = np.asarray(array)
+    if _locked(arr):
+        view = arr.view()
+        view.flags.writeable = False
+        return view
+    if arr.dtype.hasobject:  # no buffer to freeze: a read-only copy of its own (only this module's callers)
+        out = arr.copy()
+        out.flags.writeable = False
+        return out
+    frozen = np.frombuffer(np.ascontiguousarray(arr).tobytes(), dtype=arr.dtype)
+    return frozen.reshape(arr.shape)
 
 
 @dataclass(frozen=True)
@@ -27,8 +47,9 @@ class PromptBatch:
     (``token_offsets`` is the cumulative sum of ``prompt_lengths``). ``true_lengths`` (per prompt, the mean true
     response length) is set only by simulators; the ``oracle`` predictor reads it and refuses to run without it.
 
-    A batch is read-only: ``uids`` is a tuple and every array is a read-only view, so a policy that writes to it
-    fails its call (and falls back to its kind's baseline) instead of changing what later policies and
+    A batch is read-only: ``uids`` is a tuple and every array's memory is an immutable buffer (``readonly``: not
+    even ``setflags(write=True)`` unlocks it), so a policy that writes to it fails its call (and falls back to
+    its kind's baseline, with a warning naming its plugin) instead of changing what later policies and
     schedulers see. Copy an array (``np.array(batch.prompt_lengths)``) to work on it.
     """
 

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 
 from rlhfless_sdk.api import hookspecs
 from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig, problems_from_validation
-from rlhfless_sdk.api.errors import ConfigProblem, PluginError, UnknownPolicyError
+from rlhfless_sdk.api.errors import ConfigProblem, PluginError, RlhflessError, UnknownPolicyError
 from rlhfless_sdk.api.kinds import KIND, KINDS, POLICY_KINDS
 from rlhfless_sdk.api.records import PolicySpec
 
@@ -123,7 +123,9 @@ class Registry:
         params = spec.params.model_validate(ref.params)
         try:
             policy = spec.factory(params)
-        except Exception as exc:
+        except RlhflessError:
+            raise  # already says what is wrong (a history file that cannot be used, ...)
+        except (Exception, SystemExit) as exc:  # SystemExit: a factory calling sys.exit must not end the run silently
             raise PluginError(f"plugin {spec.plugin!r}: {kind} {ref.name!r} factory raised {exc!r}") from exc
         protocol = KIND[kind].protocol
         if not isinstance(policy, protocol):
@@ -193,7 +195,7 @@ class PluginManager:
                 continue
             try:
                 plugin = ep.load()
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
                 raise PluginError(
                     f"plugin {ep.name!r} (entry point {ep.value!r} of distribution {dist!r}) failed to import: "
                     f"{exc!r}{_skip_hint(ep.name)}"
@@ -249,7 +251,7 @@ class PluginManager:
                 caller(register=register(impl.plugin_name))
             except (PluginError, UnknownPolicyError):
                 raise
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
                 raise PluginError(
                     f"plugin {impl.plugin_name!r} raised in {hook_name}: {exc!r}{_skip_hint(impl.plugin_name)}"
                 ) from exc

@@ -15,6 +15,59 @@ import click
 POSITIVE = click.IntRange(min=1)
 NON_NEGATIVE = click.IntRange(min=0)
 
+#: Most GPUs a cluster may have, burst engines included: `plan` takes seconds at this size, a simulated step
+#: about ten; a cluster of a billion GPUs would not fit in memory.
+MAX_GPUS = 100_000
+GPUS = click.IntRange(min=1, max=MAX_GPUS)
+#: Most earlier steps `plan --history` replays: each is a whole step's prompts observed by every scheduler's
+#: predictor (a tenth of a second or more), and no predictor's window needs more.
+MAX_HISTORY = 100
+#: Memory a simulated sample takes at its peak: its columns, its engine's state and its step's records (two
+#: simulated steps of 262,144 samples each peak at about 2.8 GB); a planned one, far less (`bench plan` of 800,000
+#: samples a step peaks at 1.2 GB).
+BYTES_PER_SAMPLE = 8 * 1024
+BYTES_PER_PLANNED_SAMPLE = 2 * 1024
+
+
+def memory_bytes() -> int:
+    """This machine's physical memory (16 GiB where the system does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return 16 * 2**30
+
+
+def max_samples(bytes_per_sample: int = BYTES_PER_SAMPLE) -> int:
+    """The most samples a workload may hold on this machine (``bytes_per_sample`` each)."""
+    return max(memory_bytes() // bytes_per_sample, 1)
+
+
+def check_samples(
+    prompts: int,
+    samples: int,
+    steps: int = 1,
+    *,
+    steps_flag: str = "--steps",
+    bytes_per_sample: int = BYTES_PER_SAMPLE,
+) -> None:
+    """``prompts x samples x steps`` samples fit this machine's memory (``bytes_per_sample`` each: simulated,
+    or ``BYTES_PER_PLANNED_SAMPLE`` for a plan); else a usage error naming the flag that makes them too many
+    (``--prompts`` or ``--samples`` when one step is too much, else ``steps_flag``)."""
+    most, total = max_samples(bytes_per_sample), prompts * samples * steps
+    if total <= most:
+        return
+    if prompts * samples > most:
+        flag, value = ("--prompts", prompts) if prompts >= samples else ("--samples", samples)
+    else:
+        flag, value = steps_flag, steps
+    raise click.BadParameter(
+        f"{value}: {prompts:,} prompts x {samples:,} samples x {steps:,} steps = {total:,} samples, more than this "
+        f"machine's memory holds ({memory_bytes() / 2**30:.0f} GiB: about {most:,} samples at "
+        f"{bytes_per_sample // 1024} KiB each)",
+        param_hint=f"'{flag}'",
+    )
+
+
 #: What matplotlib writes without extra packages.
 PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 
@@ -40,7 +93,8 @@ class FiniteFloat(click.ParamType):
 
 
 def plot_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
-    """``--plot FILE``: a format matplotlib writes, in a folder that exists and is writable, checked up front."""
+    """``--plot FILE``: a format matplotlib writes, in a folder that exists and is writable, and matplotlib
+    installed, all checked up front."""
     if value is None:
         return None
     if value.suffix.lower() not in PLOT_FORMATS:
@@ -50,6 +104,12 @@ def plot_path(ctx: click.Context, param: click.Parameter, value: Path | None) ->
         raise click.BadParameter(f"{value}: folder {folder} does not exist", ctx, param)
     if not os.access(folder, os.W_OK) or value.is_dir():
         raise click.BadParameter(f"{value}: cannot write there", ctx, param)
+    try:  # before the run, not after it
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise click.BadParameter(
+            f"{value}: plotting needs matplotlib: pip install 'rlhfless[plot]'", ctx, param
+        ) from None
     return value
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig
+from rlhfless_sdk.api.history import isolated_history
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.simulation.simulator import Simulator
 from rlhfless_sdk.simulation.traces import Workload
@@ -37,7 +38,11 @@ def kendall_tau(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def accuracy(registry: Registry, ref: PolicyRef, workload: Workload) -> dict[str, Any]:
-    predictor = registry.create("predictor", ref)
+    with isolated_history():  # its history reads only what this replay observes
+        return _accuracy(registry.create("predictor", ref), workload)
+
+
+def _accuracy(predictor: Any, workload: Workload) -> dict[str, Any]:
     errors, taus = [], []
     for k, step in enumerate(workload.steps):
         pred = np.asarray(predictor.predict(step.batch), dtype=np.float64)

@@ -14,8 +14,13 @@ from rlhfless_sdk.api.errors import ConfigError, RlhflessError
 from rlhfless_sdk.api.kinds import POLICY_KINDS
 from rlhfless_sdk.api.plugins import get_plugin_manager
 from rlhfless_sdk.cli.args import (
+    BYTES_PER_PLANNED_SAMPLE,
+    GPUS,
+    MAX_GPUS,
+    MAX_HISTORY,
     NON_NEGATIVE,
     POSITIVE,
+    check_samples,
     dumps,
     model_options,
     plot_option,
@@ -25,6 +30,9 @@ from rlhfless_sdk.cli.args import (
 from rlhfless_sdk.cli.args import (
     plot_path as plot_path_check,
 )
+
+#: Most timed runs a benchmark repeats (each a whole plan or predict).
+REPEATS = click.IntRange(min=1, max=1000)
 
 
 class _Group(click.Group):
@@ -163,19 +171,31 @@ def config_show(name: str) -> None:
     "--prompts", default=256, type=POSITIVE, show_default=True, help="Prompts per step (synthetic GSM8K-style)."
 )
 @click.option("--samples", default=8, type=POSITIVE, show_default=True, help="Samples per prompt (GRPO n).")
-@click.option("--gpus", default=16, type=POSITIVE, show_default=True, help="GPUs in the cluster.")
-@click.option("--gpus-per-node", default=8, type=POSITIVE, show_default=True)
+@click.option("--gpus", default=16, type=GPUS, show_default=True, help="GPUs in the cluster.")
+@click.option("--gpus-per-node", default=8, type=GPUS, show_default=True)
 @click.option("--profile", default="qwen2.5-7b-l40s", show_default=True, help="Profile name or YAML file.")
 @click.option(
-    "--history", default=1, type=NON_NEGATIVE, show_default=True, help="Earlier steps the predictor has seen."
+    "--history",
+    default=1,
+    type=click.IntRange(0, MAX_HISTORY),
+    show_default=True,
+    help="Earlier steps the predictor has seen.",
 )
 @click.option("--seed", default=0, type=NON_NEGATIVE, show_default=True)
 @model_options(algo=False)
 @click.option(
     "--max-actors",
-    type=POSITIVE,
+    type=GPUS,
     default=None,
     help="Most decode actors a scheduler that scales may plan; beyond --gpus: serverless burst actors.",
+)
+@click.option(
+    "--rollout-gpus",
+    type=GPUS,
+    default=None,
+    metavar="N",
+    help="Async schedulers (openrlhf-async...): the GPUs that only generate, where their step is planned (default: "
+    "the preset's rollout_gpus; `simulate` finds the fastest split).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per scheduler.")
 def plan_cmd(
@@ -191,33 +211,58 @@ def plan_cmd(
     dedicated_kv_tokens: int | None,
     colocated_kv_tokens: int | None,
     max_actors: int | None,
+    rollout_gpus: int | None,
     as_json: bool,
 ) -> None:
     """Plan one step of an embedded synthetic workload with each scheduler and compare the plans.
 
     "planned" is what each scheduler expected from its own predictions; "at true lengths" is the cost model
-    applied to the plan with the samples' true lengths (an estimate; the simulator measures the step).
+    applied to the plan with the samples' true lengths (an estimate; the simulator measures the step). An async
+    scheduler's step is planned where the simulator runs it: on its rollout GPUs, with dedicated memory.
     """
+    from dataclasses import replace
+
     from rlhfless_sdk.api.config import SchedulerConfig
     from rlhfless_sdk.api.records import Cluster
-    from rlhfless_sdk.cli.plan_report import plan_synthetic, resolve_scheduler, summary
-    from rlhfless_sdk.cli.simulate import allow_burst
+    from rlhfless_sdk.cli.plan_report import PlanSetup, plan_synthetic, resolve_scheduler, summary
+    from rlhfless_sdk.cli.simulate import allow_burst, check_capacity, kv_flag
     from rlhfless_sdk.planning.costmodel import AnalyticCostModel
     from rlhfless_sdk.simulation.simulator import with_burst
+    from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
     from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
     registry = get_plugin_manager().registry
     configs = [resolve_scheduler(s, registry) for s in schedulers]
     configs = [allow_burst(c, max_actors) for c in configs]
-    prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)
+    dedicated = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens)  # engines on GPUs of their own
+    prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)  # a synchronous engine's
+    gpa = prof.gpus_per_actor
+    if max_actors is not None and max_actors * gpa > MAX_GPUS:
+        raise click.BadParameter(
+            f"{max_actors} actors of {gpa} GPUs need {max_actors * gpa:,} GPUs, more than the {MAX_GPUS:,} a "
+            "cluster may have",
+            param_hint="'--max-actors'",
+        )
+    splits = {c.name: rollout_split(c, rollout_gpus, gpus, gpa) for c in configs}
     cluster = Cluster.of_gpus(gpus, gpus_per_node)
     workload = SyntheticWorkload(prompts, samples, seed=seed)
+    check_samples(prompts, samples, history + 1, steps_flag="--history", bytes_per_sample=BYTES_PER_PLANNED_SAMPLE)
+    batch, lengths = replace(workload, step=history).batch()
+    planned_step = Workload(f"synthetic-{prompts}x{samples}", [WorkloadStep(history, batch, lengths)])
+    if any(r is None for r in splits.values()):
+        check_capacity(planned_step, prof.kv_capacity_tokens, kv_flag(memory))
+    else:
+        check_capacity(planned_step, dedicated.kv_capacity_tokens, "--dedicated-kv-tokens")
     cost_model = AnalyticCostModel(prof)
 
-    def burst(fleet: Cluster, config: SchedulerConfig) -> Cluster:
-        return with_burst(fleet, (config.max_actors or 0) * prof.gpus_per_actor)
+    def setup(config: SchedulerConfig) -> PlanSetup:
+        r = splits[config.name]
+        if r is not None:  # as the simulator runs an async pipeline: its engines alone on r GPUs
+            rollout = Cluster.of_gpus(r, min(r, gpus_per_node))
+            return PlanSetup(rollout, AnalyticCostModel(dedicated), gpus_per_actor=gpa, learner_gpus=0, rollout_gpus=r)
+        return PlanSetup(with_burst(cluster, (config.max_actors or 0) * gpa), cost_model)
 
-    planned = plan_synthetic(configs, registry, workload, cluster, cost_model, history, burst=burst)
+    planned = plan_synthetic(configs, registry, workload, cluster, cost_model, history, setup=setup)
     results = [summary(p) for p in planned]
     if as_json:
         click.echo(dumps({"profile": profile, "gpus": gpus, "schedulers": results}, indent=2))
@@ -242,8 +287,35 @@ def plan_cmd(
             f"{r['prefill_tokens_before']:>12}->{r['prefill_tokens_after']:<6}{r['prediction_mae']:>6.0f}"
             f"{r['planner_ms']:>9.1f}"
         )
+        if r["rollout_gpus"]:
+            click.echo(
+                f"  async: its engines' step on {r['rollout_gpus']} rollout GPUs (dedicated memory); the other "
+                f"{gpus - r['rollout_gpus']} learn the batch before, beside it"
+            )
         if r["fallbacks"]:
             click.echo(f"  fell back: {', '.join(r['fallbacks'])}")
+
+
+def rollout_split(config: Any, rollout_gpus: int | None, gpus: int, gpa: int) -> int | None:
+    """Where `plan` plans an async scheduler's step: ``--rollout-gpus`` or its preset's ``rollout_gpus`` (checked
+    as the simulator does); None for a synchronous one. An async one with neither is refused: its split is
+    what `simulate` searches for."""
+    if config.pipeline.mode != "async":
+        return None
+    r = rollout_gpus if rollout_gpus is not None else config.pipeline.rollout_gpus
+    if r is None:
+        raise click.BadParameter(
+            f"scheduler {config.name!r} is an async pipeline (its engines on GPUs of their own, the rest learning): "
+            "say how many of the --gpus generate, or run `rlhfless simulate`, which finds the fastest split",
+            param_hint="'--rollout-gpus'",
+        )
+    if r % gpa or not gpa <= r <= gpus - 1:
+        raise click.BadParameter(
+            f"{r} must be a multiple of {gpa} (GPUs per engine) and leave at least one of the {gpus} GPUs to learn "
+            f"(scheduler {config.name!r})",
+            param_hint="'--rollout-gpus'",
+        )
+    return r
 
 
 @main.command("simulate")
@@ -260,12 +332,12 @@ def plan_cmd(
 )
 @click.option("--ablation", is_flag=True, help="Run the paper's ablation points and the oracle bound.")
 @click.option("--profile", default="qwen2.5-7b-l40s", show_default=True, help="Profile name or YAML file.")
-@click.option("--gpus", default=16, type=POSITIVE, show_default=True)
-@click.option("--gpus-per-node", default=8, type=POSITIVE, show_default=True)
+@click.option("--gpus", default=16, type=GPUS, show_default=True)
+@click.option("--gpus-per-node", default=8, type=GPUS, show_default=True)
 @model_options()
 @click.option(
     "--max-actors",
-    type=POSITIVE,
+    type=GPUS,
     default=None,
     help="Most decode actors a scheduler that scales may run; beyond the fleet (--gpus) they are serverless burst "
     "actors (needs --allow-burst). Schedulers with a fixed engine count keep the fleet. Default: the fleet.",
@@ -323,13 +395,18 @@ def simulate_cmd(**kw) -> None:
 )
 @click.option("--prompts", default=256, type=POSITIVE, show_default=True, help="Synthetic workload: prompts per step.")
 @click.option("--samples", default=8, type=POSITIVE, show_default=True, help="Synthetic workload: samples per prompt.")
-@click.option("--steps", default=0, type=NON_NEGATIVE, help="Steps to replay (default: all of a trace, 5 synthetic).")
+@click.option(
+    "--steps",
+    default=0,
+    type=NON_NEGATIVE,
+    help="Steps to replay, at least 2: the first is not scored (default: all of a trace, 5 synthetic).",
+)
 @click.option("--seed", default=0, type=NON_NEGATIVE, show_default=True)
 @click.option(
     "--scheduler", default="rlhfless-paper", show_default=True, help="Scheduler the predictors are swapped into."
 )
 @click.option("--profile", default="qwen2.5-7b-l40s", show_default=True)
-@click.option("--gpus", default=16, type=POSITIVE, show_default=True)
+@click.option("--gpus", default=16, type=GPUS, show_default=True)
 @click.option("--simulate/--no-simulate", default=True, show_default=True, help="Also simulate each predictor.")
 @synthetic_shape_options
 @model_options()
@@ -358,16 +435,42 @@ def compare_predictors_cmd(
     from rlhfless_sdk.api.config import PolicyRef
     from rlhfless_sdk.cli.compare import compare_predictors
     from rlhfless_sdk.cli.plan_report import resolve_scheduler
-    from rlhfless_sdk.cli.simulate import load_workload, make_cluster
+    from rlhfless_sdk.cli.simulate import kv_flag, load_workload, make_cluster
     from rlhfless_sdk.simulation.simulator import Simulator
     from rlhfless_sdk.simulation.traces import workload_summary
 
     registry = get_plugin_manager().registry
     refs = [PolicyRef(name=n.strip()) for n in predictors.split(",") if n.strip()]
+    if not refs:
+        raise click.BadParameter(
+            f"{predictors!r} names no predictor; give one or more, comma-separated (e.g. ewma,model)",
+            param_hint="'--predictors'",
+        )
     for ref in refs:
         registry.policy("predictor", ref.name)  # fail before any work on an unknown name
+    if steps == 1:
+        raise click.BadParameter(
+            "1 step leaves nothing to score: each predictor is scored on the steps after the first (it sees only "
+            "earlier ones); give at least 2",
+            param_hint="'--steps'",
+        )
     prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)
-    workload = load_workload(trace, prompts, samples, steps, seed, max_tokens=prof.kv_capacity_tokens, **shape)
+    workload = load_workload(
+        trace,
+        prompts,
+        samples,
+        steps,
+        seed,
+        max_tokens=prof.kv_capacity_tokens,
+        capacity_flag=kv_flag(memory),
+        **shape,
+    )
+    if len(workload.steps) < 2:
+        raise click.BadParameter(
+            f"trace {trace} holds 1 step: nothing to score (each predictor is scored on the steps after the "
+            "first); give a trace of at least 2 steps",
+            param_hint="'--trace' / '--steps'",
+        )
     base = resolve_scheduler(scheduler, registry)
     run_algo = None if algo == "auto" else algo
     sim = Simulator(prof, make_cluster(gpus, 8), registry=registry, algo=run_algo) if simulate else None
@@ -405,12 +508,10 @@ def bench_group() -> None:
 @bench_group.command("plan")
 @click.option("--prompts", default=1024, type=POSITIVE, show_default=True, help="Prompts in the batch.")
 @click.option("--samples", default=8, type=POSITIVE, show_default=True, help="Samples per prompt (n).")
-@click.option(
-    "--actors", default=16, type=POSITIVE, show_default=True, help="Most decode actors the scaler may choose."
-)
-@click.option("--scheduler", default="rlhfless-paper", show_default=True)
+@click.option("--actors", default=16, type=GPUS, show_default=True, help="Most decode actors the scaler may choose.")
+@click.option("--scheduler", default="rlhfless-paper", show_default=True, help="Scheduler name or YAML file.")
 @click.option("--profile", default="qwen2.5-7b-l40s", show_default=True)
-@click.option("--repeat", default=5, type=POSITIVE, show_default=True, help="Timed plans after one warm-up.")
+@click.option("--repeat", default=5, type=REPEATS, show_default=True, help="Timed plans after one warm-up.")
 @click.option("--json", "as_json", is_flag=True)
 def bench_plan_cmd(
     prompts: int, samples: int, actors: int, scheduler: str, profile: str, repeat: int, as_json: bool
@@ -418,6 +519,7 @@ def bench_plan_cmd(
     """Median milliseconds of a full plan: predict, dedup, assign for every candidate N, scale, place."""
     from rlhfless_sdk.cli.bench import bench_plan
 
+    check_samples(prompts, samples, 2, bytes_per_sample=BYTES_PER_PLANNED_SAMPLE)  # an observed step, a planned one
     res = bench_plan(prompts, samples, actors, scheduler=scheduler, profile=profile, repeat=repeat)
     if as_json:
         click.echo(dumps(res))
@@ -433,12 +535,13 @@ def bench_plan_cmd(
 @click.option("--predictor", default="model", show_default=True)
 @click.option("--prompts", default=1024, type=POSITIVE, show_default=True)
 @click.option("--samples", default=8, type=POSITIVE, show_default=True)
-@click.option("--repeat", default=20, type=POSITIVE, show_default=True)
+@click.option("--repeat", default=20, type=REPEATS, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def bench_predict_cmd(predictor: str, prompts: int, samples: int, repeat: int, as_json: bool) -> None:
     """Median milliseconds of one predict() on a batch, after the predictor has observed one step."""
     from rlhfless_sdk.cli.bench import bench_predict
 
+    check_samples(prompts, samples, 2, bytes_per_sample=BYTES_PER_PLANNED_SAMPLE)  # observed, then predicted
     res = bench_predict(predictor, prompts, samples, repeat=repeat)
     if as_json:
         click.echo(dumps(res))
@@ -452,9 +555,14 @@ def bench_predict_cmd(predictor: str, prompts: int, samples: int, repeat: int, a
 @bench_group.command("simulate")
 @click.option("--prompts", default=8192, type=POSITIVE, show_default=True)
 @click.option("--samples", default=8, type=POSITIVE, show_default=True)
-@click.option("--gpus", default=160, type=POSITIVE, show_default=True)
-@click.option("--gpus-per-node", default=8, type=POSITIVE, show_default=True)
-@click.option("--scheduler", default="rlhfless-paper", show_default=True)
+@click.option("--gpus", default=160, type=GPUS, show_default=True)
+@click.option("--gpus-per-node", default=8, type=GPUS, show_default=True)
+@click.option(
+    "--scheduler",
+    default="rlhfless-paper",
+    show_default=True,
+    help="Scheduler name or YAML file; an async one is simulated as `simulate` runs it (the whole pipeline).",
+)
 @click.option("--profile", default="llama-70b-8xh100", show_default=True)
 @click.option("--steps", default=2, type=POSITIVE, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
@@ -471,6 +579,7 @@ def bench_simulate_cmd(
     """Wall time of one simulated step at scale (default: 20 nodes x 8 H100, Llama-70B, 8,192 x 8 samples)."""
     from rlhfless_sdk.cli.bench import bench_simulate
 
+    check_samples(prompts, samples, steps)
     res = bench_simulate(
         prompts, samples, gpus, scheduler=scheduler, profile=profile, steps=steps, gpus_per_node=gpus_per_node
     )
@@ -478,8 +587,15 @@ def bench_simulate_cmd(
         click.echo(dumps(res))
     else:
         walls = ", ".join(f"{w:.2f}" for w in res["step_wall_s"])
+        if res["rollout_gpus"] is not None:
+            click.echo(
+                f"{res['scheduler']} on {gpus} GPUs ({profile}), {prompts} prompts x {samples} samples, async at "
+                f"{res['rollout_gpus']} rollout GPUs: wall seconds of the whole run {sum(res['step_wall_s']):.2f} "
+                f"({len(res['step_wall_s'])} pipelined steps, the split search included)"
+            )
+            return
         click.echo(
-            f"{scheduler} on {gpus} GPUs ({profile}), {prompts} prompts x {samples} samples: "
+            f"{res['scheduler']} on {gpus} GPUs ({profile}), {prompts} prompts x {samples} samples: "
             f"wall seconds per simulated step: {walls} (max {res['max_step_wall_s']:.2f})"
         )
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from rlhfless_sdk.api.config import SchedulerConfig, read_scheduler_config
+from rlhfless_sdk.api.history import isolated_history
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import CandidateEstimate, Cluster, StepPlan
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
@@ -30,6 +31,19 @@ class PlannedStep:
     plan: StepPlan
     true_mae: float
     at_true_lengths: CandidateEstimate
+    rollout_gpus: int | None = None
+
+
+@dataclass
+class PlanSetup:
+    """Where a scheduler plans: its cluster (the fleet, burst nodes, or an async pipeline's rollout GPUs), its
+    cost model, and the planner's engine size and learner GPUs (``rollout_gpus``: an async pipeline's split)."""
+
+    cluster: Cluster
+    cost_model: AnalyticCostModel
+    gpus_per_actor: int = 1
+    learner_gpus: int = 1
+    rollout_gpus: int | None = None
 
 
 def plan_synthetic(
@@ -40,22 +54,36 @@ def plan_synthetic(
     cost_model: AnalyticCostModel,
     history_steps: int = 1,
     burst: Callable[[Cluster, SchedulerConfig], Cluster] | None = None,
+    setup: Callable[[SchedulerConfig], PlanSetup] | None = None,
 ) -> list[PlannedStep]:
     """Each scheduler observes ``history_steps`` earlier steps of the workload, then plans the next one;
-    ``burst(cluster, config)`` gives the cluster a scheduler plans on (the fleet plus its burst nodes)."""
+    ``burst(cluster, config)`` gives the cluster a scheduler plans on (the fleet plus its burst nodes), or
+    ``setup(config)`` all of where it plans. Its predictor's history reads only what it observed here
+    (``isolated_history``)."""
     out = []
     for config in schedulers:
-        where = burst(cluster, config) if burst is not None else cluster
-        planner = StepPlanner(config, cluster=where, cost_model=cost_model, registry=registry)
-        for step in range(history_steps):
-            batch, lengths = replace(workload, step=step).batch()
-            planner.observe(finished_samples(batch, lengths))
-        batch, true = replace(workload, step=history_steps).batch()
-        plan = planner.plan(batch, step=history_steps)
+        if setup is not None:
+            where = setup(config)
+        else:
+            where = PlanSetup(burst(cluster, config) if burst is not None else cluster, cost_model)
+        with isolated_history():
+            planner = StepPlanner(
+                config,
+                cluster=where.cluster,
+                cost_model=where.cost_model,
+                registry=registry,
+                gpus_per_actor=where.gpus_per_actor,
+                learner_gpus=where.learner_gpus,
+            )
+            for step in range(history_steps):
+                batch, lengths = replace(workload, step=step).batch()
+                planner.observe(finished_samples(batch, lengths))
+            batch, true = replace(workload, step=history_steps).batch()
+            plan = planner.plan(batch, step=history_steps)
         assert batch.true_lengths is not None
         mae = float(np.abs(np.asarray(plan.predicted_lengths) - batch.true_lengths).mean()) if len(batch) else 0.0
-        actual = cost_model.estimate(batch, true, np.asarray(plan.assignment), plan.num_actors, plan.prefill)
-        out.append(PlannedStep(config.name, plan, mae, actual))
+        actual = where.cost_model.estimate(batch, true, np.asarray(plan.assignment), plan.num_actors, plan.prefill)
+        out.append(PlannedStep(config.name, plan, mae, actual, where.rollout_gpus))
     return out
 
 
@@ -66,6 +94,7 @@ def summary(p: PlannedStep) -> dict[str, Any]:
     return {
         "scheduler": p.scheduler,
         "num_actors": plan.num_actors,
+        "rollout_gpus": p.rollout_gpus,
         "planned_time_s": chosen.time_s,
         "planned_gpu_seconds": chosen.gpu_seconds,
         "est_time_s": p.at_true_lengths.time_s,

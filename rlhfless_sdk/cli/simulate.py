@@ -7,14 +7,22 @@ from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import Cluster
-from rlhfless_sdk.cli.args import dumps, run_profile
+from rlhfless_sdk.cli.args import MAX_GPUS, check_samples, dumps, run_profile
 from rlhfless_sdk.cli.plan_report import resolve_scheduler
 from rlhfless_sdk.simulation.simulator import SimulationResult, Simulator
-from rlhfless_sdk.simulation.traces import MAX_TOKENS, Workload, load_trace, synthetic_workload, workload_summary
+from rlhfless_sdk.simulation.traces import (
+    MAX_TOKENS,
+    Workload,
+    capacity_words,
+    load_trace,
+    synthetic_workload,
+    workload_summary,
+)
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
 #: The paper's ablation points, then the bound.
@@ -230,13 +238,46 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def kv_flag(memory: str) -> str:
+    """The option that sets the KV capacity of a synchronous engine with this memory."""
+    return "--colocated-kv-tokens" if memory == "colocated" else "--dedicated-kv-tokens"
+
+
+def check_capacity(workload: Workload, max_tokens: int, flag: str) -> None:
+    """Every sample of ``workload`` fits an engine's KV capacity (``max_tokens``): else a usage error naming the
+    capacity's ``flag`` and the size of the largest sample, which it must hold."""
+    for ws in workload.steps:
+        if not ws.lengths.size:
+            continue
+        size = ws.batch.prompt_lengths[ws.batch.sample_prompt_index()] + ws.lengths
+        i = int(np.argmax(size))
+        if int(size[i]) > max_tokens:
+            prompt = int(size[i] - ws.lengths[i])
+            raise click.BadParameter(
+                f"step {ws.step} of workload {workload.name} has a sample of {int(size[i]):,} tokens (prompt "
+                f"{prompt:,} + response {int(ws.lengths[i]):,}), more than {capacity_words(max_tokens, flag)}; "
+                f"give at least {int(size[i]):,}, or shorter responses (--max-length)",
+                param_hint=f"'{flag}'",
+            )
+
+
 def load_workload(
-    trace: str | None, prompts: int, samples: int, steps: int, seed: int, *, max_tokens: int = MAX_TOKENS, **shape: Any
+    trace: str | None,
+    prompts: int,
+    samples: int,
+    steps: int,
+    seed: int,
+    *,
+    max_tokens: int = MAX_TOKENS,
+    capacity_flag: str | None = None,
+    **shape: Any,
 ) -> Workload:
-    """A trace (no sample over ``max_tokens``: give the profile's KV capacity), or the embedded synthetic
-    GSM8K-style workload with the given length distribution."""
+    """A trace, or the embedded synthetic GSM8K-style workload with the given length distribution; no sample of
+    either may be longer (prompt + response) than ``max_tokens``: give the engines' KV capacity, and
+    ``capacity_flag``, the option that sets it, for the error to name."""
     if trace:
-        return load_trace(trace, max_steps=steps or None, max_tokens=max_tokens)
+        return load_trace(trace, max_steps=steps or None, max_tokens=max_tokens, capacity_flag=capacity_flag)
+    check_samples(prompts, samples, steps or 5)
     synthetic = SyntheticWorkload(
         prompts,
         samples,
@@ -247,7 +288,10 @@ def load_workload(
         max_length=shape.get("max_length", 1024),
         runaway=shape.get("runaway", 0.0),
     )
-    return synthetic_workload(synthetic, steps or 5, shape.get("length_growth", 1.0))
+    workload = synthetic_workload(synthetic, steps or 5, shape.get("length_growth", 1.0))
+    if capacity_flag is not None:
+        check_capacity(workload, max_tokens, capacity_flag)
+    return workload
 
 
 def simulate_main(
@@ -290,6 +334,12 @@ def simulate_main(
     if gpus < prof.gpus_per_actor:
         raise click.ClickException(f"--gpus {gpus} is fewer than one actor of profile {profile} needs")
     fleet_actors = gpus // prof.gpus_per_actor
+    if max_actors is not None and max_actors * prof.gpus_per_actor > MAX_GPUS:
+        raise click.BadParameter(
+            f"{max_actors} actors of {prof.gpus_per_actor} GPUs need {max_actors * prof.gpus_per_actor:,} GPUs, more "
+            f"than the {MAX_GPUS:,} a cluster may have",
+            param_hint="'--max-actors'",
+        )
     if max_actors is not None and max_actors > fleet_actors and not allow_burst_engines:
         raise click.ClickException(
             f"--max-actors {max_actors} is beyond the fleet's {fleet_actors} engines on --gpus {gpus}: add "
@@ -313,7 +363,16 @@ def simulate_main(
         "runaway": runaway,
         "length_growth": length_growth,
     }
-    workload = load_workload(trace, prompts, samples, steps, seed, max_tokens=prof.kv_capacity_tokens, **shape)
+    workload = load_workload(
+        trace,
+        prompts,
+        samples,
+        steps,
+        seed,
+        max_tokens=prof.kv_capacity_tokens,
+        capacity_flag=kv_flag(memory),
+        **shape,
+    )
     run_algo = workload.algo if algo == "auto" else algo
     probe = None if split == "best" else 3
 
@@ -327,6 +386,15 @@ def simulate_main(
             split_probe_steps=probe,
         )
 
+    sizes: list[int] = []
+    baselines = [c for c in configs if c.policy("scaler").name == "fixed"]
+    if frontier_plot is not None:  # checked before the run, not after it
+        sizes = frontier_sizes(frontier_gpus, gpus, prof.gpus_per_actor)
+        if not baselines:
+            raise click.ClickException(
+                "--frontier-plot draws the baselines (schedulers with a fixed engine count: openrlhf, verl, "
+                "openrlhf-async...) at several cluster sizes: give at least one with --scheduler"
+            )
     sim = simulator(gpus)
     results = run_simulation(configs, workload, sim, progress=not as_json, frontier=frontier)
     rows = compare(results)
@@ -348,16 +416,8 @@ def simulate_main(
         "work_gpu_seconds": work.gpu_s if work is not None else None,
         "bound_s": work.bound_s(gpus) if work is not None else None,
     }
-    sizes: list[int] = []
     front_rows: list[dict[str, Any]] = []
     if frontier_plot is not None:
-        sizes = frontier_sizes(frontier_gpus, gpus, prof.gpus_per_actor)
-        baselines = [c for c in configs if c.policy("scaler").name == "fixed"]
-        if not baselines:
-            raise click.ClickException(
-                "--frontier-plot draws the baselines (schedulers with a fixed engine count: openrlhf, verl, "
-                "openrlhf-async...) at several cluster sizes: give at least one with --scheduler"
-            )
         for n in sizes:
             if n == gpus:
                 res = [r for r, c in zip(results, configs, strict=True) if c in baselines]
@@ -431,10 +491,11 @@ def frontier_sizes(value: str | None, gpus: int, gpa: int) -> list[int]:
             raise click.BadParameter(
                 f"{value!r}: expected GPU counts like 16,20,24", param_hint="--frontier-gpus"
             ) from None
-    bad = [n for n in sizes if n < 2 * gpa or n % gpa]
+    bad = [n for n in sizes if n < 2 * gpa or n % gpa or n > MAX_GPUS]
     if not sizes or bad:
         raise click.BadParameter(
-            f"{bad or value}: each size must be a multiple of {gpa} GPUs and hold an engine and a learner",
+            f"{bad or value}: each size must be a multiple of {gpa} GPUs, hold an engine and a learner, and be at "
+            f"most {MAX_GPUS:,} GPUs",
             param_hint="--frontier-gpus",
         )
     return sizes

@@ -296,13 +296,16 @@ class LengthSpread:
         predicted = np.asarray(predicted, dtype=np.float64)
         cap = max(int(true.max(initial=0)), previous.cap if previous else 0)
         at_cap = true >= cap
-        capped = float(at_cap.mean()) if at_cap.sum() > 1 else 0.0
+        # a share at the cap needs a cap: lengths that are all zero hit none (and say nothing of runaways)
+        capped = float(at_cap.mean()) if cap > 0 and at_cap.sum() > 1 else 0.0
         ok = (predicted > 0) & (true > 0) & ~(at_cap if capped else np.zeros_like(at_cap))
-        if ok.sum() < 2:
-            return replace(previous or cls(), cap=cap, capped=capped)
-        # the scale that makes the expected total match the step's: runaways at the cap, the rest scaled
+        # the scale that makes the expected total match the step's: runaways at the cap, the rest scaled (only
+        # where something was predicted: predictions of zero scale to nothing)
         rest = true.sum() - capped * true.size * cap
-        scale = float(np.clip(rest / max((1.0 - capped) * predicted[predicted > 0].sum(), 1e-9), 0.05, 20.0))
+        total = (1.0 - capped) * float(predicted[predicted > 0].sum())
+        scale = float(np.clip(rest / total, 0.05, 20.0)) if total > 0 else (previous or cls()).scale
+        if ok.sum() < 2:
+            return replace(previous or cls(), scale=scale, cap=cap, capped=capped)
         r = np.log(true[ok] / (scale * predicted[ok]))
         if groups is None:
             return cls(scale, float(np.clip(r.std(), 0.0, 3.0)), cap, capped)
@@ -319,12 +322,19 @@ class LengthSpread:
         gen = np.asarray(generated, dtype=np.float64)[:, None]
         f = self.factors(np.arange(draws), seed=12345)[None, :]
         cap = float(self.cap) if self.cap else np.inf
-        length = np.minimum(pred * self.scale * f, cap)
+        length = np.minimum(self.scaled(pred, f, cap), cap)
         alive = length > gen
         count = alive.sum(axis=1)
         left = np.where(alive, length - gen, 0.0).sum(axis=1) / np.maximum(count, 1)
         fallback = np.maximum((cap if np.isfinite(cap) else 2.0 * gen[:, 0]) - gen[:, 0], 1.0)
         return np.where(count > 0, np.maximum(left, 1.0), fallback)
+
+    def scaled(self, predicted: np.ndarray, factors: np.ndarray, cap: float) -> np.ndarray:
+        """``predicted * scale * factors``, where an infinite factor (a runaway) means ``cap`` whatever the
+        prediction: a prediction of zero runs to the cap too, never 0 x inf."""
+        runaway = np.isinf(factors)
+        out = predicted * self.scale * np.where(runaway, 1.0, factors)
+        return np.where(runaway, cap, out)
 
     def factors(self, prompt_of: np.ndarray, seed: int = 0) -> np.ndarray:
         """Length factors with mean 1 for samples of the prompts ``prompt_of``: a lognormal factor per prompt
@@ -368,11 +378,11 @@ class EngineCostModel:
         pred = np.asarray(predicted, dtype=np.float64)
         if pred.shape[0] == len(batch):  # one prediction per prompt: each of its samples
             pred = pred[prompt_of]
-        out = pred * spread.scale * spread.factors(prompt_of)
-        cap = np.full(out.shape, float(max(spread.cap or int(self.profile.kv_capacity_tokens), 1)))
+        cap = np.full(prompt_of.shape, float(max(spread.cap or int(self.profile.kv_capacity_tokens), 1)))
         if caps is not None:
             cap = np.minimum(cap, np.maximum(np.asarray(caps, dtype=np.float64)[prompt_of], 1.0))
-        return np.clip(np.rint(np.minimum(out, cap)), 1, cap).astype(np.int64)
+        out = spread.scaled(pred, spread.factors(prompt_of), cap)
+        return np.clip(np.rint(np.minimum(out, cap)), 0, cap).astype(np.int64)  # a response may be empty
 
     def _decode(
         self, batch: PromptBatch, lengths: np.ndarray, actor: np.ndarray, num_actors: int, prefill: PrefillPlan

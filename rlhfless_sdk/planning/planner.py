@@ -19,7 +19,7 @@ import numpy as np
 
 from rlhfless_sdk.api.batch import PromptBatch, readonly
 from rlhfless_sdk.api.config import SchedulerConfig
-from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.errors import PluginError, RlhflessError
 from rlhfless_sdk.api.history import HistoryError
 from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
@@ -47,6 +47,28 @@ _PLAN_KINDS = ("predictor", "prefill_planner", "assigner", "scaler", "placer", "
 
 class InvalidPolicyOutput(RlhflessError):
     """A policy returned something its protocol forbids."""
+
+
+class PolicyExit(PluginError):
+    """A policy ended the process (``sys.exit``: SystemExit): a plugin bug, which stops the run naming it."""
+
+
+def whole(x: Any, what: str) -> int:
+    """``x`` as an int when it is a whole number (an int, a numpy integer, an integral float); anything else,
+    ``3.9`` or ``True``, is an invalid output, never silently truncated."""
+    if isinstance(x, int | np.integer) and not isinstance(x, bool | np.bool_):
+        return int(x)
+    if isinstance(x, float | np.floating) and math.isfinite(x) and float(x).is_integer():
+        return int(x)
+    raise InvalidPolicyOutput(f"{what} {x!r} is not a whole number of actors")
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a policy's call failed, in words: a write to its read-only inputs says so."""
+    text = str(exc)
+    if isinstance(exc, ValueError) and ("read-only" in text or "WRITEABLE" in text):
+        return f"it wrote to its read-only inputs ({text}); a policy must copy an array to change it"
+    return text
 
 
 # -- output checks, one per kind --------------------------------------------------------------------------
@@ -198,6 +220,11 @@ class StepPlanner:
         t0 = time.perf_counter()
         try:
             return fn(policy)
+        except SystemExit as exc:
+            raise PolicyExit(
+                f"{self.policy_label(kind)} raised SystemExit({exc.code!r}) (sys.exit?): a policy must raise an "
+                "exception, never end the process; the run stops"
+            ) from None
         finally:
             calls, total = self.spent.get(kind, (0, 0.0))
             self.spent[kind] = (calls + 1, total + time.perf_counter() - t0)
@@ -220,11 +247,16 @@ class StepPlanner:
         policy = self.policies[kind]
         try:
             return check(self.timed(kind, fn, policy))
+        except PolicyExit:
+            raise
         except Exception as exc:
             if self.config.policy_refs()[kind].name == KIND[kind].baseline:
                 raise
             log.warning(
-                "%s failed: %s; using baseline %r for this step", self.policy_label(kind), exc, KIND[kind].baseline
+                "%s failed: %s; using baseline %r for this step",
+                self.policy_label(kind),
+                _reason(exc),
+                KIND[kind].baseline,
             )
             label = f"{kind}:{self.config.policy_refs()[kind].name}"
             if label not in fallbacks:
@@ -294,7 +326,7 @@ class StepPlanner:
             raise RlhflessError(f"cannot plan with {num_actors} decode actors: this cluster allows {lo} to {hi}")
 
         def check_candidates(c: Any) -> list[int]:
-            cands = [int(x) for x in c]
+            cands = [whole(x, "scaler candidate") for x in c]
             if not cands or len(set(cands)) != len(cands) or min(cands) < lo or max(cands) > hi:
                 raise InvalidPolicyOutput(f"scaler candidates {cands} are empty, repeated or outside [{lo}, {hi}]")
             return cands
@@ -336,7 +368,7 @@ class StepPlanner:
             estimates = [e.model_copy(update={"burst": e.num_actors > fleet}) for e in estimates]
 
         def check_choice(c: Any) -> int:
-            if int(c) not in assignments:
+            if whole(c, "scaler choice") not in assignments:
                 raise InvalidPolicyOutput(f"scaler chose {c}, not one of its candidates {candidates}")
             return int(c)
 
@@ -468,7 +500,7 @@ class StepPlanner:
         """How far the chosen plan's estimate was from the step's real (or simulated) generation time. A plan
         made before any step was observed (no learned spread: the predictor's cold start) says nothing about the
         estimates to come and is not counted."""
-        if estimate_error is not None and self._planned_with_spread:
+        if estimate_error is not None and math.isfinite(estimate_error) and self._planned_with_spread:
             self.estimate_errors.append(abs(estimate_error))
 
     def observe(self, samples: Sequence[FinishedSample]) -> None:
@@ -482,7 +514,7 @@ class StepPlanner:
             self.spread = LengthSpread.observe(true, pred, self.spread, groups=np.array([s.uid for s in known]))
         try:
             self.timed("predictor", lambda p: p.observe(tuple(samples)), self.policies["predictor"])
-        except HistoryError:
+        except (HistoryError, PolicyExit):
             raise  # observations would be lost: stop, unless the predictor's history is best-effort
         except Exception as exc:
             log.warning("%s failed to observe %d samples: %s", self.policy_label("predictor"), len(samples), exc)
@@ -526,6 +558,8 @@ class MigrationController:
             if not isinstance(out, StepProgress) or len(out.unfinished) != len(progress.unfinished):
                 raise InvalidPolicyOutput("refine must return a StepProgress with the same unfinished samples")
             return out
+        except PolicyExit:
+            raise
         except Exception as exc:
             log.warning(
                 "%s failed to refine predictions: %s; keeping the plan's", self.planner.policy_label("predictor"), exc

@@ -32,6 +32,7 @@ import numpy as np
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.history import isolated_history
 from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import (
@@ -482,8 +483,11 @@ class Simulator:
         on_step: Callable[[StepReport], Any] | None = None,
         frontier: bool = False,
     ) -> SimulationResult:
-        """Every step of ``workload`` under ``config``, with the workload's work bound on this cluster."""
-        result = self._run(config, workload, on_step, frontier)
+        """Every step of ``workload`` under ``config``, with the workload's work bound on this cluster. A
+        predictor's length history reads only what this run records (``isolated_history``): a replayed workload's
+        later steps are never seen before their turn, whatever an earlier run left in a history file."""
+        with isolated_history():
+            result = self._run(config, workload, on_step, frontier)
         result.workload_steps, result.gpus = len(workload.steps), self.cluster.total_gpus
         result.work = self.work_bound(workload)
         return result

@@ -4,7 +4,10 @@ A trace row is one generated sample: at least ``uid, step, sample_idx, prompt_le
 ``prompt`` (a list of token ids, left padding stripped) enables prefix deduplication. Rows of one step that
 share a uid form one prompt's group, in the order they appear. A malformed row is an error naming the file,
 the line and the field: a value that is not a whole number, negative or absurdly large, a sample that appears
-twice (also across the files of a folder), a file that is not UTF-8 text. A UTF-8 byte-order mark is skipped.
+twice (also across the files of a folder), a sample of a group whose prompt length (or tokens) differs from its
+first sample's, a sample longer than an engine's KV capacity, a file that is not UTF-8 text. A UTF-8 byte-order
+mark is skipped. JSON comes as JSON lines (one object per line) or as one JSON array of objects (pretty-printed or
+not).
 """
 
 from __future__ import annotations
@@ -128,17 +131,26 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         fh.close()
 
 
+#: What a JSON trace may look like, for the errors to say.
+JSON_FORMATS = "expected one JSON object per line (JSON lines) or one JSON array of objects"
+
+
 def _parse(path: Path, fh: Any) -> Iterator[tuple[int, dict[str, Any]]]:
     if path.suffix in (".jsonl", ".json", ".ndjson"):
         for line_no, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
+            if line.lstrip().startswith("["):  # one JSON array (pretty-printed or not), from this line on
+                yield from _json_array(path, line + fh.read(), line_no)
+                return
             try:
                 row = json.loads(line)
             except (json.JSONDecodeError, RecursionError) as exc:
-                raise TraceError(path, line_no, None, f"not valid JSON: {getattr(exc, 'msg', exc)}") from None
+                raise TraceError(
+                    path, line_no, None, f"not valid JSON: {getattr(exc, 'msg', exc)}; {JSON_FORMATS}"
+                ) from None
             if not isinstance(row, dict):
-                raise TraceError(path, line_no, None, "expected a JSON object")
+                raise TraceError(path, line_no, None, f"a JSON {type(row).__name__}; {JSON_FORMATS}")
             yield line_no, row
     else:
         csv.field_size_limit(sys.maxsize)
@@ -159,6 +171,51 @@ def _parse(path: Path, fh: Any) -> Iterator[tuple[int, dict[str, Any]]]:
             raise TraceError(path, reader.line_num, None, f"not valid CSV: {exc}") from None
 
 
+def _json_array(path: Path, text: str, first_line: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The objects of a JSON array file (``text`` starts on line ``first_line``), each with the line it starts on."""
+    decoder = json.JSONDecoder()
+    line, counted = first_line, 0
+
+    def line_at(pos: int) -> int:
+        nonlocal line, counted
+        line += text.count("\n", counted, pos)
+        counted = pos
+        return line
+
+    def skip(pos: int) -> int:
+        while pos < len(text) and text[pos] in " \t\r\n":
+            pos += 1
+        return pos
+
+    def fail(pos: int, what: str) -> TraceError:
+        return TraceError(path, line_at(pos), None, f"not valid JSON: {what}; {JSON_FORMATS}")
+
+    pos = skip(skip(0) + 1)  # past the opening bracket
+    if text.startswith("]", pos):
+        pos = skip(pos + 1)
+    else:
+        while True:
+            try:
+                row, end = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError as exc:
+                raise fail(exc.pos, exc.msg) from None
+            except RecursionError:
+                raise fail(pos, "nested too deeply") from None
+            if not isinstance(row, dict):
+                raise fail(pos, f"a JSON {type(row).__name__} in the array, not an object")
+            yield line_at(pos), row
+            pos = skip(end)
+            if text.startswith(",", pos):
+                pos = skip(pos + 1)
+            elif text.startswith("]", pos):
+                pos = skip(pos + 1)
+                break
+            else:
+                raise fail(pos, "expected ',' or ']' after an object of the array")
+    if pos < len(text):
+        raise fail(pos, "more text after the array")
+
+
 def _files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix in (".csv", ".jsonl", ".json", ".ndjson"))
@@ -170,14 +227,32 @@ def _files(path: Path) -> list[Path]:
     return [path]
 
 
+def capacity_words(max_tokens: int, flag: str | None = None) -> str:
+    """How an error names the bound on a sample's prompt + response: an engine's KV capacity (and the flag that
+    sets it), or the largest a trace may hold."""
+    if flag is None:
+        return f"the largest sample allowed, {max_tokens:,} tokens"
+    unit = "token" if max_tokens == 1 else "tokens"
+    return f"an engine's KV capacity of {max_tokens:,} {unit} ({flag}), which must hold a whole sample"
+
+
 def load_trace(
-    path: str | Path, *, pad_id: int = DEFAULT_PAD_ID, max_steps: int | None = None, max_tokens: int = MAX_TOKENS
+    path: str | Path,
+    *,
+    pad_id: int = DEFAULT_PAD_ID,
+    max_steps: int | None = None,
+    max_tokens: int = MAX_TOKENS,
+    capacity_flag: str | None = None,
 ) -> Workload:
     """Read a trace file or a folder of them; steps in ascending order, groups by uid within a step.
-    ``max_tokens`` bounds a sample's prompt + response (the simulator passes its profile's KV capacity)."""
+    ``max_tokens`` bounds a sample's prompt + response (the simulator passes its engines' KV capacity, and
+    ``capacity_flag``, the option that sets it, for the error to name). The rows of one group (uid and step)
+    must agree on the prompt: its length, and its tokens where given."""
     path = Path(path)
     by_step: dict[int, dict[str, list[_Row]]] = {}
     seen: dict[tuple[str, int, int], tuple[Path, int]] = {}
+    first_of: dict[tuple[str, int], tuple[Path, int]] = {}  # each group's first row
+    largest = max(max_tokens, MAX_TOKENS)
     for file in _files(path):
         for line, row in _records(file):
             for name in REQUIRED:
@@ -185,11 +260,15 @@ def load_trace(
                     raise TraceError(file, line, name, "missing value")
             step = _int(file, line, "step", row["step"])
             index = _int(file, line, "sample_idx", row["sample_idx"])
-            plen = _int(file, line, "prompt_length", row["prompt_length"], maximum=max_tokens)
-            rlen = _int(file, line, "response_length", row["response_length"], maximum=max_tokens)
+            plen = _int(file, line, "prompt_length", row["prompt_length"], maximum=largest)
+            rlen = _int(file, line, "response_length", row["response_length"], maximum=largest)
             if plen + rlen > max_tokens:
                 raise TraceError(
-                    file, line, "response_length", f"prompt + response = {plen + rlen:,} tokens, over {max_tokens:,}"
+                    file,
+                    line,
+                    "response_length",
+                    f"prompt + response = {plen + rlen:,} tokens ({plen:,} + {rlen:,}), more than "
+                    f"{capacity_words(max_tokens, capacity_flag)}",
                 )
             if not isinstance(row["uid"], str | int) or isinstance(row["uid"], bool):
                 raise TraceError(file, line, "uid", f"expected a string, got {row['uid']!r}")
@@ -210,7 +289,19 @@ def load_trace(
                     file, line, "prompt", f"has {len(tokens)} tokens after stripping padding, prompt_length={plen}"
                 )
             uid = str(row["uid"])
-            by_step.setdefault(step, {}).setdefault(uid, []).append(_Row(uid, plen, rlen, tokens))
+            group = by_step.setdefault(step, {}).setdefault(uid, [])
+            if group:  # a sample of a prompt seen before: the same prompt
+                head, (first, first_line) = group[0], first_of[(uid, step)]
+                where = f"the same prompt's first sample (uid {uid!r}, step {step}) at {first}, line {first_line}"
+                if plen != head.prompt_length:
+                    raise TraceError(
+                        file, line, "prompt_length", f"{plen} disagrees with the {head.prompt_length} of {where}"
+                    )
+                if tokens is not None and head.tokens is not None and tokens != head.tokens:
+                    raise TraceError(file, line, "prompt", f"other tokens than those of {where}")
+            else:
+                first_of[(uid, step)] = (file, line)
+            group.append(_Row(uid, plen, rlen, tokens))
     steps = sorted(by_step)[:max_steps]
     if not steps:
         raise TraceError(path, None, None, "holds no rows")

@@ -1,0 +1,62 @@
+"""The samples generator's accounting and settings, without engines (no Ray, no vLLM run here)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("openrlhf", reason="the adapter's tests need openrlhf 0.11.2 (installed by the test command)")
+
+
+def _stats(busy_s: float, first: float, last: float):
+    from rlhfless_openrlhf.messages import EngineStats
+
+    return EngineStats(
+        progress={},
+        running=0,
+        busy_s=busy_s,
+        first=first,
+        last=last,
+        prompt_tokens=0,
+        cached_tokens=0,
+        generated_tokens=10,
+        dedup_saved_tokens=0,
+    )
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_a_tensor_parallel_engine_is_billed_on_every_gpu_it_holds(tp):
+    """``--vllm.tensor_parallel_size`` TP: each of OpenRLHF's engines holds TP GPUs, so an engine's busy span
+    costs TP GPU-seconds and the fleet is engines x TP GPUs (it was one GPU per engine whatever TP was)."""
+    from rlhfless_openrlhf.generator import engine_gpus, step_usage
+    from rlhfless_openrlhf.rollout import rollout_args
+
+    from rlhfless_sdk.rollout.controller import billing
+
+    args = rollout_args(4)
+    args.vllm.tensor_parallel_size = tp
+    assert engine_gpus(args) == tp
+    assert engine_gpus(rollout_args(4)) == 1  # args without the flag: one GPU an engine
+    stats = {0: _stats(3.0, 100.0, 103.0), 1: _stats(1.0, 100.0, 101.0)}  # engine 2 got no work this step
+    usage = step_usage(4.0, stats, 3, engine_gpus(args))
+    assert usage.gpus_per_engine == tp and usage.gpus == 3 * tp
+    bill = billing(usage)
+    assert bill["gpu_seconds"] == pytest.approx((3.0 + 1.0) * tp)  # first to last token, on every GPU
+    assert bill["gpu_seconds_serverful"] == pytest.approx(3 * tp * 4.0)
+    assert bill["peak_gpus"] == 3 * tp
+    assert bill["idle_fraction"] == pytest.approx(1.0 - 4.0 / (2 * 4.0))  # shares do not depend on TP
+
+
+def test_the_carry_timeout_setting_reaches_the_generator_in_openrlhfs_actor(openrlhf_learning):
+    """``--scheduler.carry_timeout`` travels in OpenRLHF's args to the actor that builds the generator."""
+    pytest.importorskip("datasets")
+    from rlhfless_openrlhf.rollout import rollout_args
+    from rlhfless_openrlhf.train_ppo_ray import resolve
+    from rlhfless_openrlhf.trainer import swap_generator
+
+    old = SimpleNamespace(prompts_dataloader=None, eval_dataloader=None, tokenizer=None, vllm_engines=[object()])
+    for flags, seconds in (({}, 120.0), ({"--scheduler.carry_timeout": "900"}, 900.0)):
+        args = rollout_args(2)
+        args.rlhfless = resolve({"--scheduler": "rlhfless-fast", **flags})
+        assert swap_generator(SimpleNamespace(args=args), old).carry_timeout_s == seconds
