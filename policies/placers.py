@@ -36,10 +36,8 @@ class _Allocator:
         return self._grab(actor, self.order[i])
 
 
-class PackPlacer:
-    """OpenRLHF's PACK placement group order: decode actors 0..N-1 fill node after node, then the others."""
-
-    description = "OpenRLHF's PACK order: fill node after node"
+class _Placer:
+    """What both placers share: no parameters, and a fresh allocator for each ``place`` call."""
 
     def __init__(self, params: NoParams | None = None) -> None:
         pass
@@ -47,24 +45,36 @@ class PackPlacer:
     def place(
         self, decode_loads: np.ndarray, cluster: Cluster, gpus_per_actor: int, extra: Sequence[Actor]
     ) -> list[ActorPlacement]:
-        alloc = _Allocator(cluster)
+        return self._place(_Allocator(cluster), decode_loads, cluster, gpus_per_actor, extra)
+
+    def _place(
+        self, alloc: _Allocator, decode_loads: np.ndarray, cluster: Cluster, gpus_per_actor: int, extra: Sequence[Actor]
+    ) -> list[ActorPlacement]:
+        """Place the step's actors with ``alloc``, which hands out ``cluster``'s GPUs (fresh for this call)."""
+        raise NotImplementedError
+
+
+class PackPlacer(_Placer):
+    """OpenRLHF's PACK placement group order: decode actors 0..N-1 fill node after node, then the others."""
+
+    description = "OpenRLHF's PACK order: fill node after node"
+
+    def _place(
+        self, alloc: _Allocator, decode_loads: np.ndarray, cluster: Cluster, gpus_per_actor: int, extra: Sequence[Actor]
+    ) -> list[ActorPlacement]:
         out = [alloc.take(Actor(actor_id=i, num_gpus=gpus_per_actor)) for i in range(len(decode_loads))]
         return out + [alloc.take(a) for a in extra]
 
 
-class LocalityAwarePlacer:
+class LocalityAwarePlacer(_Placer):
     """The paper's placement: learner and prefill actor on the first node, the heaviest decode actors beside
     them, lighter ones on later (further) nodes, so KV and weight transfers of the big actors stay on-node."""
 
     description = "learner, prefill and heaviest decode actors on one node (RLHFless)"
 
-    def __init__(self, params: NoParams | None = None) -> None:
-        pass
-
-    def place(
-        self, decode_loads: np.ndarray, cluster: Cluster, gpus_per_actor: int, extra: Sequence[Actor]
+    def _place(
+        self, alloc: _Allocator, decode_loads: np.ndarray, cluster: Cluster, gpus_per_actor: int, extra: Sequence[Actor]
     ) -> list[ActorPlacement]:
-        alloc = _Allocator(cluster)
         home = max(cluster.nodes, key=lambda n: n.num_gpus).name  # first of the largest nodes
         out = [alloc.take(a, prefer=home) for a in sorted(extra, key=lambda a: a.role != "learner")]
         for i in np.argsort(-np.asarray(decode_loads, dtype=np.float64), kind="stable").tolist():

@@ -57,7 +57,8 @@ from rlhfless_sdk import NoParams, PolicySpec, SchedulerConfig, hookimpl
 from rlhfless_sdk.api.config import parse_scheduler_config
 from rlhfless_sdk.api.kinds import KIND
 
-#: Kind -> (name, factory, params model) of each reference policy; its description is the class's ``description``.
+#: Kind -> (name, factory, params model) of each reference policy, or (name, factory) for one without parameters
+#: (``NoParams``); its description is the class's ``description``.
 POLICIES: dict[str, list[tuple]] = {
     "predictor": [
         ("ewma", EwmaPredictor, EwmaParams),
@@ -65,25 +66,25 @@ POLICIES: dict[str, list[tuple]] = {
         ("hybrid", HybridPredictor, HybridParams),
         ("group", GroupPredictor, GroupParams),
         ("prompt-length", PromptLengthPredictor, PromptLengthParams),
-        ("oracle", OraclePredictor, NoParams),
+        ("oracle", OraclePredictor),
     ],
     "prefill_planner": [
         ("dedup", DedupPrefillPlanner, DedupParams),
-        ("none", NoPrefillPlanner, NoParams),
+        ("none", NoPrefillPlanner),
     ],
     "assigner": [
         ("sorted", SortedAssigner, SortedParams),
-        ("least-pending", LeastPendingAssigner, NoParams),
-        ("round-robin", RoundRobinAssigner, NoParams),
-        ("balanced", BalancedAssigner, NoParams),
-        ("chunks", StaticChunksAssigner, NoParams),
+        ("least-pending", LeastPendingAssigner),
+        ("round-robin", RoundRobinAssigner),
+        ("balanced", BalancedAssigner),
+        ("chunks", StaticChunksAssigner),
         ("work", WorkAssigner, WorkParams),
         ("work-pull", PullAssigner, PullParams),
     ],
     "migrator": [
         ("tau", TauMigrator, TauParams),
         ("global", GlobalMigrator, GlobalParams),
-        ("none", NoMigrator, NoParams),
+        ("none", NoMigrator),
     ],
     "scaler": [
         ("cost-aware", CostAwareScaler, CostAwareParams),
@@ -91,20 +92,23 @@ POLICIES: dict[str, list[tuple]] = {
         ("fixed", FixedScaler, FixedParams),
     ],
     "straggler": [
-        ("none", NoStragglerPolicy, NoParams),
+        ("none", NoStragglerPolicy),
         ("partial", PartialRollout, PartialParams),
         ("partial-batch", BatchCutPartialRollout, BatchCutParams),
         ("tail-batch", TailBatching, TailBatchParams),
     ],
     "placer": [
-        ("locality-aware", LocalityAwarePlacer, NoParams),
-        ("pack", PackPlacer, NoParams),
+        ("locality-aware", LocalityAwarePlacer),
+        ("pack", PackPlacer),
     ],
 }
 
 
 def specs(kind: str) -> list[PolicySpec]:
-    return [PolicySpec(name=n, factory=f, params=p, description=f.description) for n, f, p in POLICIES[kind]]
+    return [
+        PolicySpec(name=n, factory=f, params=p[0] if p else NoParams, description=f.description)
+        for n, f, *p in POLICIES[kind]
+    ]
 
 
 def _register_kind(kind: str):

@@ -1,5 +1,15 @@
-"""rlhfless SDK: plug length predictors, prefill planners, prompt assigners, migrators, actor scalers and
-actor placers into RLHF rollout scheduling.
+"""rlhfless SDK: plug length predictors, prefill planners, prompt assigners, migrators, actor scalers,
+straggler policies and actor placers into RLHF rollout scheduling.
+
+Every policy kind of the kind table (``rlhfless_sdk.api.kinds``) and the protocol its policies implement:
+
+- predictor: ``LengthPredictor``
+- prefill planner: ``PrefillPlanner``
+- assigner: ``PromptAssigner``
+- migrator: ``Migrator``
+- scaler: ``ActorScaler``
+- straggler: ``StragglerPolicy``
+- placer: ``ActorPlacer``
 
 A plugin author needs one import::
 
@@ -24,6 +34,7 @@ from rlhfless_sdk.api.protocols import (
     Migrator,
     PrefillPlanner,
     PromptAssigner,
+    StragglerPolicy,
 )
 from rlhfless_sdk.api.records import (
     Actor,
@@ -82,6 +93,7 @@ __all__ = [
     "StepPlan",
     "StepProgress",
     "StepReport",
+    "StragglerPolicy",
     "TimePerTokenProfile",
     "UnknownPolicyError",
     "__version__",

@@ -4,8 +4,8 @@ runner) on tiny workloads, with numpy's warnings turned into errors: a row that 
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import sqlite3
 import sys
 import tempfile
 import warnings
@@ -21,6 +21,10 @@ from click.testing import CliRunner
 
 from rlhfless_sdk import LengthHistory, PolicySpec, get_plugin_manager, hookimpl
 from rlhfless_sdk.cli.main import main
+
+_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
 
 PLUGIN = "bad-inputs"
 SMALL = ["--prompts", "8", "--samples", "2", "--steps", "2", "--gpus", "2", "--no-frontier"]
@@ -229,11 +233,7 @@ def no_matplotlib(monkeypatch):
 
 
 def wrong_schema(tmp):
-    path = tmp / "schema.sqlite"
-    with sqlite3.connect(path) as db:
-        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        db.execute("INSERT INTO meta VALUES ('app', 'rlhfless-length-history'), ('schema_version', '1')")
-        db.execute("CREATE TABLE lengths (uid TEXT, length REAL)")
+    path = H.foreign_schema_history(tmp / "schema.sqlite")
     return ["simulate", *SMALL, "--scheduler", history_scheduler(tmp, path)]
 
 

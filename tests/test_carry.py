@@ -143,16 +143,23 @@ def test_tail_rounds_refuse_a_wrong_account():
         rounds.settle(["a"])  # must train 2
 
 
+def simulate_over_provisioned(registry, preset: str | None, straggler: str, seed: int):
+    """4 steps of B = 20 prompts x 4 samples on 4 GPUs, under a shipped ``preset`` or (None) OpenRLHF's scheduler
+    with the ``straggler`` policy at over_provision 0.5; checks that every response token trains, once."""
+    work = synthetic_workload(SyntheticWorkload(20, 4, seed=seed, median_length=300, max_length=2048), 4)
+    config = registry.scheduler(preset) if preset else with_straggler(registry, straggler, over_provision=0.5)
+    res = Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 4), registry=registry).run(config, work)
+    assert sum(r.response_tokens for r in res.reports) == sum(int(ws.lengths.sum()) for ws in work.steps)
+    return work, res
+
+
 @pytest.mark.parametrize("preset", [None, "rlhfless-onpolicy"])
 def test_tail_batching_in_the_simulator_is_on_policy_and_trains_every_group_once(registry, preset):
-    work = synthetic_workload(SyntheticWorkload(20, 4, seed=7, median_length=300, max_length=2048), 4)
     # the shipped on-policy preset: per-sample dispatch, deadline scaler with burst actors beyond the fleet
-    config = registry.scheduler(preset) if preset else with_straggler(registry, "tail-batch", over_provision=0.5)
-    res = Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 4), registry=registry).run(config, work)
+    work, res = simulate_over_provisioned(registry, preset, "tail-batch", seed=7)
     reports = res.reports
     assert sum(r.groups_trained for r in reports) == sum(len(ws.batch) for ws in work.steps)
     assert all(r.groups_trained == 20 for r in reports)  # exactly B groups a round here (80 prompts, B = 20)
-    assert sum(r.response_tokens for r in reports) == sum(int(ws.lengths.sum()) for ws in work.steps)
     assert all(r.stale_token_fraction == 0 and r.max_token_age_steps == 0 for r in reports)
     assert any(r.deferred_prompts for r in reports)  # short rounds deferred their slowest groups
     assert reports[-1].deferred_prompts == 0
@@ -227,12 +234,9 @@ def test_the_carry_book_refuses_to_train_an_open_group():
 
 @pytest.mark.parametrize("preset", [None, "rlhfless-fast"])
 def test_batch_cut_partial_rollouts_in_the_simulator_train_b_groups_a_step(registry, preset):
-    work = synthetic_workload(SyntheticWorkload(20, 4, seed=3, median_length=300, max_length=2048), 4)
-    config = registry.scheduler(preset) if preset else with_straggler(registry, "partial-batch", over_provision=0.5)
-    res = Simulator(load_profile("qwen2.5-7b-l40s"), Cluster.uniform(1, 4), registry=registry).run(config, work)
+    _, res = simulate_over_provisioned(registry, preset, "partial-batch", seed=3)
     reports = res.reports
     assert [r.groups_trained for r in reports] == [20] * len(reports)  # 80 prompts, B = 20: exactly B a step
-    assert sum(r.response_tokens for r in reports) == sum(int(ws.lengths.sum()) for ws in work.steps)
     assert reports[0].stale_token_fraction == 0 and max(r.max_token_age_steps for r in reports) == 1
     assert any(r.carried_samples for r in reports[:-1]) and reports[-1].carried_samples == 0
     assert 0 < res.totals()["stale_token_fraction"] < 1
@@ -317,7 +321,7 @@ def test_the_batch_cut_end_rule_stops_at_the_b_th_complete_group(registry_with, 
     (never before), and the groups that train are the first B to complete, ties at one poll in launch order."""
     from types import SimpleNamespace
 
-    from rlhfless_sdk.rollout.batchcut import BatchCutStep
+    from rlhfless_sdk.rollout.drivers import BatchCutStep
 
     registry = registry_with()
     config = with_straggler(registry, "partial-batch", over_provision=1.0)

@@ -12,7 +12,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from rlhfless_sdk.cli.args import dumps
+from rlhfless_sdk.api.records import dumps
 from rlhfless_sdk.cli.main import main
 
 

@@ -79,43 +79,43 @@ def test_good_file(tmp_path):
     assert "ok (scheduler 'mine')" in res.output
 
 
-def test_syntax_error(tmp_path):
-    res = validate(tmp_path, GOOD.replace("params: {lambda: 0.7}", "params: {lambda: 0.7"))
+#: Bad files, each a change to ``GOOD``, and every part of what their one error report (exit status 1) must say.
+BAD_FILES = {
+    "syntax-error": (
+        GOOD.replace("params: {lambda: 0.7}", "params: {lambda: 0.7"),
+        ["YAML syntax error", "line"],
+    ),
+    "wrong-type": (GOOD + "min_actors: many\n", ["min_actors (line 10)", "valid integer"]),
+    "wrong-type-of-a-policy-param": (GOOD.replace("tau: 0.7", "tau: soon"), ["migrator.params.tau (line 5)"]),
+    "unknown-policy-name": (
+        GOOD.replace("assigner: sorted", "assigner: sortd"),
+        ["assigner.name (line 4)", "valid: balanced, chunks, least-pending, round-robin, sorted"],
+    ),
+    "lambda-above-1": (GOOD.replace("lambda: 0.7", "lambda: 1.5"), ["scaler.params.lambda (line 8)"]),
+    "lambda-below-0": (GOOD.replace("lambda: 0.7", "lambda: -0.1"), ["scaler.params.lambda (line 8)"]),
+    "missing-and-unknown-fields": (
+        GOOD.replace("placer: locality-aware\n", "placr: pack\n"),
+        ["placer: required field is missing", "placr (line 9): unknown field"],
+    ),
+    "every-problem-at-once": (
+        GOOD.replace("lambda: 0.7", "lambda: 2").replace("tau: 0.7", "tau: soon") + "min_actors: many\n",
+        ["3 problem(s)", "migrator.params.tau (line 5)", "scaler.params.lambda (line 8)", "min_actors (line 10)"],
+    ),
+    "a-boolean-param-is-not-a-number": (
+        GOOD.replace("lambda: 0.7", "lambda: true"),
+        ["scaler.params.lambda (line 8)", "got true"],
+    ),
+    "a-boolean-field-is-not-a-number": (GOOD + "min_actors: false\n", ["min_actors (line 10)"]),
+    "a-key-given-twice": (GOOD + "placer: pack\n", ["placer (line 10): given twice (first on line 9)"]),
+}
+
+
+@pytest.mark.parametrize(("text", "says"), BAD_FILES.values(), ids=BAD_FILES)
+def test_a_bad_file_is_reported_with_its_yaml_path(tmp_path, text, says):
+    res = validate(tmp_path, text)
     assert res.exit_code == 1
-    assert "YAML syntax error" in res.output and "line" in res.output
-
-
-def test_wrong_type(tmp_path):
-    res = validate(tmp_path, GOOD + "min_actors: many\n")
-    assert res.exit_code == 1
-    assert "min_actors (line 10)" in res.output and "valid integer" in res.output
-
-
-def test_wrong_type_of_a_policy_param(tmp_path):
-    res = validate(tmp_path, GOOD.replace("tau: 0.7", "tau: soon"))
-    assert res.exit_code == 1
-    assert "migrator.params.tau (line 5)" in res.output
-
-
-def test_unknown_policy_name(tmp_path):
-    res = validate(tmp_path, GOOD.replace("assigner: sorted", "assigner: sortd"))
-    assert res.exit_code == 1
-    assert "assigner.name (line 4)" in res.output
-    assert "valid: balanced, chunks, least-pending, round-robin, sorted" in res.output
-
-
-def test_lambda_outside_unit_interval(tmp_path):
-    for bad in ("1.5", "-0.1"):
-        res = validate(tmp_path, GOOD.replace("lambda: 0.7", f"lambda: {bad}"))
-        assert res.exit_code == 1
-        assert "scaler.params.lambda (line 8)" in res.output
-
-
-def test_missing_and_unknown_fields(tmp_path):
-    res = validate(tmp_path, GOOD.replace("placer: locality-aware\n", "placr: pack\n"))
-    assert res.exit_code == 1
-    assert "placer: required field is missing" in res.output
-    assert "placr (line 9): unknown field" in res.output
+    for part in says:
+        assert part in res.output
 
 
 def test_not_a_mapping_and_missing_file(tmp_path):
@@ -149,26 +149,6 @@ def test_show_round_trips(tmp_path, registry, name):
     path = tmp_path / "again.yaml"
     path.write_text(res.output)
     assert read_scheduler_config(path, registry) == registry.scheduler(name)
-
-
-def test_every_problem_is_reported_at_once(tmp_path):
-    text = GOOD.replace("lambda: 0.7", "lambda: 2").replace("tau: 0.7", "tau: soon") + "min_actors: many\n"
-    res = validate(tmp_path, text)
-    assert res.exit_code == 1 and "3 problem(s)" in res.output
-    for where in ("migrator.params.tau (line 5)", "scaler.params.lambda (line 8)", "min_actors (line 10)"):
-        assert where in res.output
-
-
-def test_a_boolean_is_not_a_number(tmp_path):
-    res = validate(tmp_path, GOOD.replace("lambda: 0.7", "lambda: true"))
-    assert res.exit_code == 1 and "scaler.params.lambda (line 8)" in res.output and "got true" in res.output
-    res = validate(tmp_path, GOOD + "min_actors: false\n")
-    assert res.exit_code == 1 and "min_actors (line 10)" in res.output
-
-
-def test_a_key_given_twice_is_an_error(tmp_path):
-    res = validate(tmp_path, GOOD + "placer: pack\n")
-    assert res.exit_code == 1 and "placer (line 10): given twice (first on line 9)" in res.output
 
 
 @pytest.mark.parametrize(

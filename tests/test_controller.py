@@ -136,6 +136,9 @@ class TokenClock:
         self.log.append(("cut", sample, engine, self.tokens[sample]))
         return self.tokens[sample]
 
+    def cut_all(self, running):
+        return [self.cut(e, sid) for e, sid in running]
+
     def resume(self, engine, sample, mode="tokens"):
         assert self.alive[engine], "work sent to a dead engine"
         self.tokens[sample] = self.holder[sample][1]
@@ -224,8 +227,8 @@ def assert_accounted(outcome, batch, targets):
     assert [(s.uid, s.sample_index) for s in outcome.samples] == expected
     assert outcome.outputs == [("out", sid) for sid in range(len(targets))]
     assert [s.response_length for s in outcome.samples] == list(targets)
-    assert [sum(t for _, t in p) for p in outcome.pieces] == list(targets)
-    assert all(t > 0 for p in outcome.pieces for _, t in p)  # no empty piece: every cut kept new tokens
+    assert [sum(t for _, t in p) for p in outcome.segments] == list(targets)
+    assert all(t > 0 for p in outcome.segments for _, t in p)  # no empty piece: every cut kept new tokens
     assert outcome.report.samples == len(targets)
     assert outcome.report.migrations == sum(s.migrations for s in outcome.samples)
 
@@ -242,11 +245,11 @@ def test_migration_cuts_and_continues_keeping_every_token(reg):
     targets = [60, 58, 4]
     out, backend, batch = run_step(reg, [2, 1], targets, 2, migrator={"name": "random-mover", "params": {"rate": 1}})
     assert_accounted(out, batch, targets)
-    moved = [p for p in out.pieces if len(p) > 1]
+    moved = [p for p in out.segments if len(p) > 1]
     assert moved and out.report.migrations >= 1
     first_cut = next(x for x in backend.log if x[0] == "cut")
     sid = first_cut[1]
-    assert out.pieces[sid][0] == (first_cut[2], first_cut[3])  # the first piece is exactly what the cut kept
+    assert out.segments[sid][0] == (first_cut[2], first_cut[3])  # the first piece is exactly what the cut kept
 
 
 def test_engine_lost_mid_step_is_redispatched_with_groups_together(reg):
@@ -257,7 +260,7 @@ def test_engine_lost_mid_step_is_redispatched_with_groups_together(reg):
     # least-pending put p0, p2 on engine 0 and p1, p3 on engine 1; engine 1's four samples started over on 0
     assert starts[:8] == [(0, 0), (1, 0), (2, 1), (3, 1), (4, 0), (5, 0), (6, 1), (7, 1)]
     assert sorted(starts[8:]) == [(2, 0), (3, 0), (6, 0), (7, 0)]
-    assert all(out.pieces[sid] == [(0, 20)] for sid in range(8))
+    assert all(out.segments[sid] == [(0, 20)] for sid in range(8))
     assert all(s.actor_id == 0 for s in out.samples)
 
 
@@ -286,7 +289,7 @@ def test_a_continuation_whose_engine_dies_resumes_from_the_cut(registry_with):
     resumes = [x for x in backend.log if x[0] == "resume"]
     assert [x[2] for x in resumes] == [1, 0] or [x[2] for x in resumes] == [1, 2]
     assert resumes[1][3] == resumes[0][3] == 6  # it resumed from the 6 tokens the cut kept, not from scratch
-    assert out.pieces[0][0] == (0, 6) and sum(t for _, t in out.pieces[0]) == 40
+    assert out.segments[0][0] == (0, 6) and sum(t for _, t in out.segments[0]) == 40
 
 
 def test_every_engine_dead_is_a_clear_error(reg):
@@ -362,7 +365,7 @@ def test_no_sample_lost_or_duplicated_and_tokens_conserved(reg, case, rate, pull
         assert sorted(starts) == list(range(len(targets)))
         assert backend.most_waiting <= pull
     # no work was ever sent to a dead engine (the backend asserts it) and the last piece is where it finished
-    assert all(p[-1][0] == s.actor_id for p, s in zip(out.pieces, out.samples, strict=True))
+    assert all(p[-1][0] == s.actor_id for p, s in zip(out.segments, out.samples, strict=True))
 
 
 def test_samples_start_in_the_assigners_dispatch_order(reg):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster, PrefillPlan
-from rlhfless_sdk.planning.engine import EngineCostModel, LengthSpread
+from rlhfless_sdk.planning.engine_model import EngineCostModel, LengthSpread
 from rlhfless_sdk.simulation.simulator import Simulator
 from rlhfless_sdk.simulation.traces import synthetic_workload
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload
@@ -96,7 +96,7 @@ def test_the_report_carries_the_check_models_estimate_and_its_error(registry):
 )
 def test_overlapped_decode_steps_sum_the_roofline_of_each_step(batch, ctx, k, overhead, per_seq):
     """k steps in one jump cost what the steps one by one cost: overhead + max(weights + KV read, compute)."""
-    from rlhfless_sdk.planning.engine import EngineModel
+    from rlhfless_sdk.planning.engine_model import EngineModel
 
     prof = PROFILE.model_copy(
         update={"decode_overlap": True, "decode_overhead_s": overhead, "decode_per_seq_s": per_seq}

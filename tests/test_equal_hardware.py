@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
-from rlhfless_sdk.cli.plan_report import resolve_scheduler
 from rlhfless_sdk.cli.simulate import equal_peak
 from rlhfless_sdk.rollout.controller import held, held_s
 from rlhfless_sdk.simulation.bound import decode_engine_s, work_bound
@@ -75,7 +74,7 @@ def test_every_step_bills_within_its_hardware_and_no_run_beats_the_work_bound(
     prof = load_profile("qwen2.5-7b-l40s").model_copy(update={"colocated_kv_capacity_tokens": 3000})
     gpus = 4
     sim = Simulator(prof, Cluster.uniform(1, gpus), registry=registry, memory=memory, split_probe_steps=2)
-    config = equal_peak(resolve_scheduler(name, registry), gpus)
+    config = equal_peak(registry.resolve(name), gpus)
     work = _workload(prompts, n, seed, steps, runaway)
     res = sim.run(config, work)
     _check_steps(res, gpus, burst=False)

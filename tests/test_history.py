@@ -3,10 +3,12 @@ that stop a run unless the history is best-effort."""
 
 from __future__ import annotations
 
+import importlib.util
 import sqlite3
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +16,10 @@ from click.testing import CliRunner
 
 from rlhfless_sdk import FinishedSample, HistoryError, LengthHistory, PromptBatch
 from rlhfless_sdk.cli.main import main
+
+_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
 
 
 def sample(uid: str, length: int, k: int = 0) -> FinishedSample:
@@ -226,11 +232,7 @@ def test_a_simulation_never_reads_what_an_earlier_run_left_in_the_file(tmp_path,
 
 
 def test_a_schema_that_is_not_ours_and_a_failed_read_name_the_file(tmp_path):
-    path = tmp_path / "cols.sqlite"
-    with sqlite3.connect(path) as db:
-        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        db.execute("INSERT INTO meta VALUES ('app', 'rlhfless-length-history'), ('schema_version', '1')")
-        db.execute("CREATE TABLE lengths (uid TEXT, length REAL)")
+    path = H.foreign_schema_history(tmp_path / "cols.sqlite")
     with pytest.raises(HistoryError, match=r"cols\.sqlite: its lengths table has columns \['uid', 'length'\]"):
         LengthHistory(path)
     good = LengthHistory(tmp_path / "good.sqlite")

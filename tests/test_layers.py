@@ -96,3 +96,18 @@ def test_the_sdk_and_its_cli_import_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_adapter_imports_no_cli_and_the_api_names_no_framework():
+    """The OpenRLHF adapter uses the SDK's api, planning and rollout layers, never its command line; the api layer
+    (what every plugin and backend sees) names no training framework, so a second adapter fits beside OpenRLHF's."""
+    adapters = SDK.parent / "adapters"
+    cli = [str(p) for p in adapters.rglob("*.py") if "rlhfless_sdk.cli" in p.read_text(encoding="utf-8")]
+    assert cli == []
+    named = [
+        f"{p.name}:{i}"
+        for p in (SDK / "api").rglob("*.py")
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if "openrlhf" in line.lower()
+    ]
+    assert named == []

@@ -29,8 +29,8 @@ def _stats(busy_s: float, first: float, last: float):
 def test_a_tensor_parallel_engine_is_billed_on_every_gpu_it_holds(tp):
     """``--vllm.tensor_parallel_size`` TP: each of OpenRLHF's engines holds TP GPUs, so an engine's busy span
     costs TP GPU-seconds and the fleet is engines x TP GPUs (it was one GPU per engine whatever TP was)."""
-    from rlhfless_openrlhf.generator import engine_gpus, step_usage
-    from rlhfless_openrlhf.rollout import rollout_args
+    from rlhfless_openrlhf.ray_backend import engine_gpus, step_usage
+    from rlhfless_openrlhf.rollout_actor import rollout_args
 
     from rlhfless_sdk.rollout.controller import billing
 
@@ -51,7 +51,7 @@ def test_a_tensor_parallel_engine_is_billed_on_every_gpu_it_holds(tp):
 def test_the_carry_timeout_setting_reaches_the_generator_in_openrlhfs_actor(openrlhf_learning):
     """``--scheduler.carry_timeout`` travels in OpenRLHF's args to the actor that builds the generator."""
     pytest.importorskip("datasets")
-    from rlhfless_openrlhf.rollout import rollout_args
+    from rlhfless_openrlhf.rollout_actor import rollout_args
     from rlhfless_openrlhf.train_ppo_ray import resolve
     from rlhfless_openrlhf.trainer import swap_generator
 

@@ -299,7 +299,9 @@ def _runnable_presets() -> list[str]:
     from rlhfless_sdk import get_plugin_manager
 
     registry = get_plugin_manager().registry
-    runs = [n for n in registry.names("scheduler") if registry.scheduler(n).simulator_only() is None]
+    from rlhfless_openrlhf.capabilities import adapter_refusal
+
+    runs = [n for n in registry.names("scheduler") if adapter_refusal(registry.scheduler(n), registry) is None]
     return [n for n in runs if n != "openrlhf"]  # that one runs OpenRLHF unchanged: no hook at all
 
 
@@ -368,7 +370,7 @@ def test_an_explicit_correction_off_is_refused_through_openrlhfs_own_cli(monkeyp
 
 
 def test_the_placer_keeps_the_learners_real_size_free():
-    from rlhfless_openrlhf.engines import learner_gpus
+    from rlhfless_openrlhf.engine_factory import learner_gpus
 
     assert learner_gpus(_hierarchized(**{"train.colocate_all": True})) == 0  # engines share the learner's GPUs
     # GRPO, rule reward, no colocation: actor 8 + reference 8 (the reward model group is built too: 8)
@@ -407,7 +409,7 @@ def test_engines_are_pinned_to_free_gpus_on_a_multi_node_cluster():
     import ray
     from ray.cluster_utils import Cluster
     from ray.util.placement_group import placement_group, remove_placement_group
-    from rlhfless_openrlhf.engines import placer_bundles
+    from rlhfless_openrlhf.engine_factory import placer_bundles
 
     from rlhfless_sdk import get_plugin_manager
 

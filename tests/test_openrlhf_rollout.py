@@ -6,21 +6,29 @@ file order; the last one kills an engine.
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import ClassVar
 
 import numpy as np
 import pytest
 
+from rlhfless_sdk import PolicySpec
+
 pytestmark = pytest.mark.slow
+
+_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
 
 N_SAMPLES = 4
 
 
 def make_args(n_samples: int = N_SAMPLES, batch_size: int = 4, **kw) -> SimpleNamespace:
-    from rlhfless_openrlhf.rollout import rollout_args
+    from rlhfless_openrlhf.rollout_actor import rollout_args
 
     return rollout_args(n_samples, batch_size=batch_size, **kw)
 
@@ -48,7 +56,7 @@ PROMPTS = [
 def stack(tmp_path_factory):
     ray = pytest.importorskip("ray")
     from rlhfless_openrlhf import check_openrlhf_version
-    from rlhfless_openrlhf.engines import create_engines, placer_bundles
+    from rlhfless_openrlhf.engine_factory import create_engines, placer_bundles
     from rlhfless_openrlhf.tiny_model import tiny_model
     from transformers import AutoTokenizer
 
@@ -162,7 +170,7 @@ def test_two_rollout_steps_keep_groups(stack, scheduler):
 def test_generator_inside_a_ray_actor_logs_rlhfless_metrics(stack):
     """The generator works inside its own Ray worker (as inside OpenRLHF's PPOTrainer actor), and its metrics
     merge into OpenRLHF's logs dict the way the trainer subclass merges them before logging."""
-    from rlhfless_openrlhf.rollout import GeneratorActor
+    from rlhfless_openrlhf.rollout_actor import GeneratorActor
 
     from rlhfless_sdk import get_plugin_manager
     from rlhfless_sdk.api.profiles import load_profile
@@ -220,21 +228,27 @@ class MoveFirst:
         return [MigrationDecision.move(s, to)]
 
 
-def test_migrated_sample_is_well_formed(stack, registry_with):
-    from rlhfless_sdk import PolicySpec, hookimpl
+def with_policy(registry_with, base: str, kind: str, spec: PolicySpec, config_name: str):
+    """The registry plus a throwaway plugin ``<name>-plugin`` registering ``spec`` as a ``kind``, and the
+    ``base`` preset with that policy for the kind (named ``config_name``)."""
+    reg = registry_with(**{f"{spec.name}-plugin": H.policy_plugin(**{kind: spec})})
+    return reg, reg.scheduler(base).derive(name=config_name, **{kind: spec.name})
 
-    class Plugin:
-        @hookimpl
-        def rlhfless_register_migrators(self, register):
-            register(PolicySpec(name="move-first", factory=MoveFirst))
 
-    reg = registry_with(**{"move-first-plugin": Plugin()})
-    base = reg.scheduler("openrlhf")
-    config = base.derive(name="migrate-test", migrator="move-first")
-    gen = make_generator(stack, config, registry=reg, num_prompts=4, check_interval_s=0.2)
-    max_new = 160
+def migration_step(stack, registry_with, spec: PolicySpec, config_name: str, max_new: int, check_interval_s: float):
+    """One step of 4 prompts under OpenRLHF's preset with the test migrator ``spec``, every response exactly
+    ``max_new`` tokens long (min = max): the generator and the step's samples."""
+    reg, config = with_policy(registry_with, "openrlhf", "migrator", spec, config_name)
+    gen = make_generator(stack, config, registry=reg, num_prompts=4, check_interval_s=check_interval_s)
     kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
     experiences, *_ = gen.generate_samples(**kwargs)
+    return gen, experiences
+
+
+def test_migrated_sample_is_well_formed(stack, registry_with):
+    max_new = 160
+    spec = PolicySpec(name="move-first", factory=MoveFirst)
+    gen, experiences = migration_step(stack, registry_with, spec, "migrate-test", max_new, check_interval_s=0.2)
     assert gen.last_report.migrations == 1
     assert_groups(experiences, PROMPTS[:4], N_SAMPLES, max_new)
     # min_tokens = max_tokens: every sample, the migrated one included, has exactly max_new response tokens
@@ -245,8 +259,6 @@ def test_migrated_sample_is_well_formed(stack, registry_with):
 
 
 def test_a_policy_that_raises_falls_back_for_the_step(stack, registry_with):
-    from rlhfless_sdk import PolicySpec, hookimpl
-
     class Boom:
         def __init__(self, params):
             pass
@@ -254,18 +266,39 @@ def test_a_policy_that_raises_falls_back_for_the_step(stack, registry_with):
         def assign(self, batch, predicted, num_actors):
             raise RuntimeError("assigner exploded")
 
-    class Plugin:
-        @hookimpl
-        def rlhfless_register_assigners(self, register):
-            register(PolicySpec(name="boom", factory=Boom))
-
-    reg = registry_with(**{"boom-plugin": Plugin()})
-    base = reg.scheduler("rlhfless")
-    config = base.derive(name="boom-test", assigner="boom")
+    spec = PolicySpec(name="boom", factory=Boom)
+    reg, config = with_policy(registry_with, "rlhfless", "assigner", spec, "boom-test")
     gen = make_generator(stack, config, registry=reg, num_prompts=4)
     experiences, *_ = gen.generate_samples(max_new_tokens=32, n_samples_per_prompt=N_SAMPLES, max_len=512)
     assert_groups(experiences, PROMPTS[:4], N_SAMPLES, 32)
     assert gen.last_report.fallbacks == ["assigner:boom"]
+
+
+class RaisingPredictor:
+    def __init__(self, params):
+        pass
+
+    def predict(self, batch):
+        raise RuntimeError("predictor exploded")
+
+    def observe(self, samples):
+        pass
+
+
+@pytest.mark.parametrize("preset", ["rlhfless", "rlhfless-fast", "rlhfless-onpolicy"])
+def test_a_raising_predictor_is_reported_on_every_step_of_every_driver(stack, registry_with, preset):
+    """The plain step, the batch cut and tail batching's rounds on real engines: the fallback to the baseline
+    predictor is in every step's report (the simulator's side of this is tests/test_drivers.py)."""
+    spec = PolicySpec(name="raises", factory=RaisingPredictor)
+    reg, config = with_policy(registry_with, preset, "predictor", spec, f"{preset}-raises")
+    gen = make_generator(stack, config, registry=reg, num_prompts=4, check_interval_s=0.1)
+    stream = iter(dataloader(PROMPTS[:4], 1))
+    reports = []
+    for _ in range(2):
+        gen._generate_vllm(stream, 2, False, max_new_tokens=16, n_samples_per_prompt=N_SAMPLES, max_len=512)
+        reports.append(gen.last_report)
+    assert [r.step for r in reports] == [0, 1]
+    assert all("predictor:raises" in r.fallbacks for r in reports), [r.fallbacks for r in reports]
 
 
 def test_a_trace_written_by_real_steps_replays_in_the_simulator(stack, tmp_path):
@@ -335,7 +368,7 @@ def rewarded_engine(stack):
     through a reward file that also notes each response it scores in ``stack.tmp / "scored.jsonl"``."""
     from pathlib import Path
 
-    from rlhfless_openrlhf.engines import create_engines
+    from rlhfless_openrlhf.engine_factory import create_engines
 
     gsm8k = Path(__file__).resolve().parent.parent / "examples" / "openrlhf" / "reward_gsm8k.py"
     reward = stack.tmp / "reward_scoring.py"
@@ -434,16 +467,9 @@ def _token_logprobs(token_ids, logprobs):
 def test_the_tau_migrator_fires_once_an_engine_has_done_tau_of_its_planned_tokens(stack, registry_with):
     from rlhfless_policies.migrators import TauParams
 
-    from rlhfless_sdk import PolicySpec, hookimpl
-
     recorder = _tau_recorded()
-
-    class Plugin:
-        @hookimpl
-        def rlhfless_register_migrators(self, register):
-            register(PolicySpec(name="tau-recorded", factory=recorder, params=TauParams))
-
-    reg = registry_with(**{"tau-recorded-plugin": Plugin()})
+    spec = PolicySpec(name="tau-recorded", factory=recorder, params=TauParams)
+    reg = registry_with(**{"tau-recorded-plugin": H.policy_plugin(migrator=spec)})
     config = reg.scheduler("openrlhf").derive(
         name="tau-test",
         predictor={"name": "prompt-length", "params": {"scale": 3.0}},  # 3x the prompt: every sample outgrows it
@@ -501,21 +527,10 @@ def test_the_tau_migrator_fires_once_an_engine_has_done_tau_of_its_planned_token
 
 
 def test_a_twice_cut_sample_completes_with_each_pieces_logprobs(stack, registry_with):
-    from rlhfless_sdk import PolicySpec, hookimpl
-
     MoveTwiceRecorded.seen.clear()
-
-    class Plugin:
-        @hookimpl
-        def rlhfless_register_migrators(self, register):
-            register(PolicySpec(name="move-twice", factory=MoveTwiceRecorded))
-
-    reg = registry_with(**{"move-twice-plugin": Plugin()})
-    config = reg.scheduler("openrlhf").derive(name="twice-test", migrator="move-twice")
-    gen = make_generator(stack, config, registry=reg, num_prompts=4, check_interval_s=0.1)
     max_new = 200
-    kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
-    experiences, *_ = gen.generate_samples(**kwargs)
+    spec = PolicySpec(name="move-twice", factory=MoveTwiceRecorded)
+    gen, experiences = migration_step(stack, registry_with, spec, "twice-test", max_new, check_interval_s=0.1)
     assert gen.last_report.migrations == 2
     assert_groups(experiences, PROMPTS[:4], N_SAMPLES, max_new)
     assert all(int(e.response_length[0]) == max_new for e in experiences)  # the twice-cut one too
@@ -967,13 +982,7 @@ def contract_rollouts(stack, registry_with):
     from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
     from rlhfless_openrlhf.generator import prompt_uid
 
-    from rlhfless_sdk import PolicySpec, hookimpl
-
-    class Plugin:
-        @hookimpl
-        def rlhfless_register_migrators(self, register):
-            register(PolicySpec(name="move-first-recorded", factory=MoveFirstRecorded))
-
+    plugin = H.policy_plugin(migrator=PolicySpec(name="move-first-recorded", factory=MoveFirstRecorded))
     max_new = CONTRACT_NEW_TOKENS
     kwargs = {
         "max_new_tokens": max_new,
@@ -988,7 +997,7 @@ def contract_rollouts(stack, registry_with):
     )
     theirs, *_ = theirs_gen.generate_samples(**kwargs)
 
-    reg = registry_with(**{"move-first-recorded-plugin": Plugin()})
+    reg = registry_with(**{"move-first-recorded-plugin": plugin})
     # with two engines the dedup prefill planner makes one of them the prefill actor: no engine to migrate to
     config = reg.scheduler("rlhfless-paper").derive(
         name="contract-test", migrator="move-first-recorded", prefill_planner="none", min_actors=2
@@ -1176,7 +1185,7 @@ def test_partial_rollouts_lose_nothing_when_an_engine_dies_in_step_two(stack):
     """Three steps of partial rollouts on two fresh engines, one killed mid-way through the second step: every
     group still trains exactly once with all n samples, in order, B a step; samples the dead engine held start
     over on the other (those carried into the step keep their tokens: the generator holds them, not the engine)."""
-    from rlhfless_openrlhf.engines import create_engines
+    from rlhfless_openrlhf.engine_factory import create_engines
 
     engines = create_engines(2, str(stack.model), cpu=True)
     stack.ray.get([e.rl_stats.remote() for e in engines])

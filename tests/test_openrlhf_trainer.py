@@ -66,7 +66,7 @@ class Loader:
 
 
 def openrlhf_args(tmp_path, *, save_steps: int, load: bool = False) -> SimpleNamespace:
-    from rlhfless_openrlhf.rollout import rollout_args
+    from rlhfless_openrlhf.rollout_actor import rollout_args
 
     args = rollout_args(2, batch_size=1)
     args.algo.kl = SimpleNamespace(target=None, init_coef=0.0)

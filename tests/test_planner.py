@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from rlhfless_sdk import PolicySpec, hookimpl
+from rlhfless_sdk import PolicySpec
 from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import ActorPlacement, ActorProgress, Cluster, SampleProgress, StepProgress
@@ -17,6 +19,10 @@ from rlhfless_sdk.planning.planner import StepPlanner, check_placement
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
 PROFILE = load_profile("qwen2.5-7b-l40s")
+
+_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
 
 
 class Raising:
@@ -94,41 +100,14 @@ class Invalid:
         return [ActorPlacement(actor=Actor(actor_id=i), node=node, gpu_indices=[0]) for i in range(len(loads))]
 
 
-class FaultyPlugin:
-    @hookimpl
-    def rlhfless_register_predictors(self, register):
-        register(PolicySpec(name="raising", factory=Raising))
-        register(PolicySpec(name="invalid", factory=Invalid))
-
-    @hookimpl
-    def rlhfless_register_prefill_planners(self, register):
-        register(PolicySpec(name="raising", factory=Raising))
-        register(PolicySpec(name="invalid", factory=Invalid))
-
-    @hookimpl
-    def rlhfless_register_assigners(self, register):
-        register(PolicySpec(name="raising", factory=Raising))
-        register(PolicySpec(name="invalid", factory=Invalid))
-
-    @hookimpl
-    def rlhfless_register_migrators(self, register):
-        register(PolicySpec(name="raising", factory=Raising))
-        register(PolicySpec(name="invalid", factory=Invalid))
-
-    @hookimpl
-    def rlhfless_register_scalers(self, register):
-        register(PolicySpec(name="raising", factory=Raising))
-        register(PolicySpec(name="invalid", factory=Invalid))
-
-    @hookimpl
-    def rlhfless_register_placers(self, register):
-        register(PolicySpec(name="raising", factory=Raising))
-        register(PolicySpec(name="invalid", factory=Invalid))
+#: What the faulty plugin registers for every kind it serves: a policy that raises and one that answers wrong.
+FAULTY = [PolicySpec(name="raising", factory=Raising), PolicySpec(name="invalid", factory=Invalid)]
+FAULTY_KINDS = ("predictor", "prefill_planner", "assigner", "migrator", "scaler", "placer")
 
 
 @pytest.fixture(scope="module")
 def faulty_registry(registry_with):
-    return registry_with(**{"faulty-plugin": FaultyPlugin()})
+    return registry_with(**{"faulty-plugin": H.policy_plugin(**dict.fromkeys(FAULTY_KINDS, FAULTY))})
 
 
 def make_planner(registry, **policies):

@@ -25,9 +25,10 @@ from rlhfless_sdk.api.kinds import KIND, KINDS
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import NoParams, Record
 
-_spec = importlib.util.spec_from_file_location("rlhfless_test_strategies", Path(__file__).with_name("strategies.py"))
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
+_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
+S = H.sibling("strategies")
 PROFILE = load_profile("qwen2.5-7b-l40s")
 REG_ALL = PluginManager().registry
 
@@ -87,37 +88,25 @@ def test_builtin_policies_are_a_default_plugin_and_the_adapter_an_entry_point():
 
 
 def test_duplicate_policy_name_names_both_plugins(bare_pm):
-    class Twin:
-        @hookimpl
-        def rlhfless_register_assigners(self, register):
-            register(PolicySpec(name="reverse", factory=ReverseAssigner, params=ReverseParams))
-
+    twin = H.policy_plugin(assigner=PolicySpec(name="reverse", factory=ReverseAssigner, params=ReverseParams))
     bare_pm.register(ThrowawayPlugin(), name="first-plugin")
-    bare_pm.register(Twin(), name="second-plugin")
+    bare_pm.register(twin, name="second-plugin")
     with pytest.raises(PluginError, match=r"duplicate assigner name 'reverse'.*'first-plugin'.*'second-plugin'"):
         _ = bare_pm.registry
 
 
 def test_duplicate_with_a_builtin_name():
-    class Shadow:
-        @hookimpl
-        def rlhfless_register_assigners(self, register):
-            register(PolicySpec(name="sorted", factory=ReverseAssigner, params=ReverseParams))
-
+    shadow = H.policy_plugin(assigner=PolicySpec(name="sorted", factory=ReverseAssigner, params=ReverseParams))
     pm = PluginManager()
-    pm.register(Shadow(), name="shadow")
+    pm.register(shadow, name="shadow")
     with pytest.raises(PluginError, match=r"'sorted'.*'rlhfless-policies'.*'shadow'"):
         _ = pm.registry
 
 
 def test_misspelled_hookimpl_fails_loudly(bare_pm):
-    class Typo:
-        @hookimpl
-        def rlhfless_register_assigner(self, register):  # singular: matches no hookspec
-            pass
-
+    typo = H.plugin(rlhfless_register_assigner=lambda register: None)  # singular: matches no hookspec
     with pytest.raises(PluginError, match="rlhfless_register_assigner"):
-        bare_pm.register(Typo(), name="typo")
+        bare_pm.register(typo, name="typo")
     assert "typo" not in bare_pm.plugin_names()
 
 
@@ -144,34 +133,29 @@ def test_unknown_name_lists_the_valid_ones(registry):
 
 
 def test_register_wants_a_policy_spec(bare_pm):
-    class Loose:
-        @hookimpl
-        def rlhfless_register_predictors(self, register):
-            register({"name": "loose"})
-
-    bare_pm.register(Loose(), name="loose")
+    bare_pm.register(H.plugin(rlhfless_register_predictors=lambda register: register({"name": "loose"})), name="loose")
     with pytest.raises(PluginError, match="plugin 'loose' passed a dict"):
         _ = bare_pm.registry
 
 
-def test_plugin_raising_in_a_hook_is_named(bare_pm):
-    class Boom:
-        @hookimpl
-        def rlhfless_register_scalers(self, register):
-            raise RuntimeError("kaput")
+def _raises(exc: BaseException):
+    """A hook body that raises ``exc`` instead of registering anything."""
 
-    bare_pm.register(Boom(), name="boom")
+    def body(register):
+        raise exc
+
+    return body
+
+
+def test_plugin_raising_in_a_hook_is_named(bare_pm):
+    bare_pm.register(H.plugin(rlhfless_register_scalers=_raises(RuntimeError("kaput"))), name="boom")
     with pytest.raises(PluginError, match=r"plugin 'boom' raised in rlhfless_register_scalers.*kaput"):
         _ = bare_pm.registry
 
 
 def test_factory_must_build_the_kind_protocol(bare_pm):
-    class NotAnAssigner:
-        @hookimpl
-        def rlhfless_register_assigners(self, register):
-            register(PolicySpec(name="lazy", factory=lambda p: object(), params=NoParams))
-
-    bare_pm.register(NotAnAssigner(), name="lazy-plugin")
+    not_an_assigner = H.policy_plugin(assigner=PolicySpec(name="lazy", factory=lambda p: object(), params=NoParams))
+    bare_pm.register(not_an_assigner, name="lazy-plugin")
     with pytest.raises(PluginError, match=r"does not implement PromptAssigner \(missing: assign\)"):
         bare_pm.registry.create("assigner", "lazy")
 
@@ -285,21 +269,11 @@ class Vandal:
         return []
 
 
-class VandalPlugin:
-    """Registers ``vandal`` for every policy kind (one hook per row of the kind table)."""
-
-
-for _kind in KINDS:
-    setattr(
-        VandalPlugin,
-        _kind.hook,
-        hookimpl(lambda self, register: register(PolicySpec(name="vandal", factory=Vandal))),
-    )
-
-
 @pytest.fixture(scope="module")
 def vandal_registry(registry_with):
-    return registry_with(**{"vandal-plugin": VandalPlugin()})
+    """The registry with ``vandal`` registered for every policy kind (one hook per row of the kind table)."""
+    vandal = PolicySpec(name="vandal", factory=Vandal)
+    return registry_with(**{"vandal-plugin": H.policy_plugin(**{kind.name: vandal for kind in KINDS})})
 
 
 def _columns(batch):
@@ -376,14 +350,11 @@ class SlowAssigner:
         return np.arange(len(batch)) % num_actors
 
 
-class StepPlugin:
-    @hookimpl
-    def rlhfless_register_migrators(self, register):
-        register(PolicySpec(name="boom", factory=BoomMigrator))
-
-    @hookimpl
-    def rlhfless_register_assigners(self, register):
-        register(PolicySpec(name="slow", factory=SlowAssigner))
+def step_plugin():
+    """Registers a ``boom`` migrator and a ``slow`` assigner."""
+    return H.policy_plugin(
+        migrator=PolicySpec(name="boom", factory=BoomMigrator), assigner=PolicySpec(name="slow", factory=SlowAssigner)
+    )
 
 
 def _simulate(reg, config):
@@ -397,7 +368,7 @@ def _simulate(reg, config):
 
 
 def test_a_migrator_that_raises_is_named_in_the_steps_fallbacks(caplog, registry_with):
-    reg = registry_with(**{"step-plugin": StepPlugin()})
+    reg = registry_with(**{"step-plugin": step_plugin()})
     reports = _simulate(reg, reg.scheduler("rlhfless-paper").derive(name="boom-test", migrator="boom"))
     assert all(r.fallbacks == ["migrator:boom"] for r in reports)
     assert "migrator 'boom' (plugin 'step-plugin') failed" in caplog.text
@@ -407,7 +378,7 @@ def test_a_slow_policy_is_named_once_per_step_with_its_time(caplog, monkeypatch,
     import rlhfless_sdk.planning.planner as planner_module
 
     monkeypatch.setattr(planner_module, "SLOW_POLICY_S", 0.1)  # the 10 s assigner of the report, made short
-    reg = registry_with(**{"step-plugin": StepPlugin()})
+    reg = registry_with(**{"step-plugin": step_plugin()})
     _simulate(reg, reg.scheduler("rlhfless-paper").derive(name="slow-test", assigner="slow", migrator="none"))
     slow = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
     assert len(slow) == 2  # one per step, although the assigner runs once per candidate actor count
@@ -416,12 +387,8 @@ def test_a_slow_policy_is_named_once_per_step_with_its_time(caplog, monkeypatch,
 
 
 def test_a_broken_installed_plugin_says_how_to_run_without_it(bare_pm):
-    class Broken:
-        @hookimpl
-        def rlhfless_register_assigners(self, register):
-            raise ImportError("needs a package that is not installed")
-
-    bare_pm.register(Broken(), name="broken")
+    broken = H.plugin(rlhfless_register_assigners=_raises(ImportError("needs a package that is not installed")))
+    bare_pm.register(broken, name="broken")
     with pytest.raises(PluginError, match="to run without it, set RLHFLESS_PLUGINS"):
         _ = bare_pm.registry
 
@@ -471,18 +438,11 @@ class Unlocker:
         return []
 
 
-class UnlockPlugin:
-    @hookimpl
-    def rlhfless_register_predictors(self, register):
-        register(PolicySpec(name="unlock", factory=Unlocker))
-
-    @hookimpl
-    def rlhfless_register_assigners(self, register):
-        register(PolicySpec(name="unlock", factory=Unlocker))
-
-    @hookimpl
-    def rlhfless_register_placers(self, register):
-        register(PolicySpec(name="unlock", factory=Unlocker))
+def unlock_plugin():
+    """Registers ``unlock`` as a predictor, an assigner and a placer."""
+    return H.policy_plugin(
+        **dict.fromkeys(("predictor", "assigner", "placer"), PolicySpec(name="unlock", factory=Unlocker))
+    )
 
 
 @pytest.mark.parametrize("kind", ["predictor", "assigner", "placer"])
@@ -494,7 +454,7 @@ def test_a_policy_cannot_unlock_its_read_only_inputs(caplog, registry_with, kind
     from rlhfless_sdk.planning.planner import StepPlanner
     from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
-    reg = registry_with(**{"unlock-plugin": UnlockPlugin()})
+    reg = registry_with(**{"unlock-plugin": unlock_plugin()})
     batch, _ = SyntheticWorkload(12, 3, seed=2).batch()
     before = [*_columns(batch), np.array(batch.sample_offsets)]
     base = reg.scheduler("openrlhf")

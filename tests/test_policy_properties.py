@@ -18,9 +18,10 @@ from rlhfless_sdk.api.records import Actor, CandidateEstimate, FinishedSample
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.planner import MigrationController, StepPlanner, check_assignment, check_placement
 
-_spec = importlib.util.spec_from_file_location("rlhfless_test_strategies", Path(__file__).with_name("strategies.py"))
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
+_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
+S = H.sibling("strategies")
 
 REG = PluginManager().registry
 #: Reference assigners documented to split a prompt's group across actors (the controller regroups it).
@@ -267,7 +268,7 @@ def test_tau_moves_only_underestimated_samples_of_actors_past_tau(progress, tau)
 
 
 def test_tau_moves_a_laggard_to_an_idle_actor():
-    from rlhfless_sdk.api.records import ActorProgress, SampleProgress, StepProgress
+    from rlhfless_sdk.api.records import ActorProgress, StepProgress
 
     progress = StepProgress(
         total_samples=4,
@@ -277,15 +278,9 @@ def test_tau_moves_a_laggard_to_an_idle_actor():
             ActorProgress(actor_id=2, planned_tokens=100, generated_tokens=10, running=1, free_slots=0),
         ],
         unfinished=[
-            SampleProgress(
-                uid="late", sample_index=0, actor_id=0, tokens_generated=60, predicted_length=40, max_tokens=512
-            ),
-            SampleProgress(
-                uid="ok", sample_index=0, actor_id=0, tokens_generated=20, predicted_length=40, max_tokens=512
-            ),
-            SampleProgress(
-                uid="early", sample_index=0, actor_id=2, tokens_generated=90, predicted_length=40, max_tokens=512
-            ),
+            H.in_flight("late", actor=0, tokens=60, predicted=40, max_tokens=512),
+            H.in_flight("ok", actor=0, tokens=20, predicted=40, max_tokens=512),
+            H.in_flight("early", actor=2, tokens=90, predicted=40, max_tokens=512),
         ],
     )
     (d,) = REG.create("migrator", {"name": "tau", "params": {"wake_idle": True}}).decide(progress)

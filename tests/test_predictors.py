@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,13 +13,17 @@ from click.testing import CliRunner
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.config import PolicyRef
 from rlhfless_sdk.api.profiles import load_profile
-from rlhfless_sdk.api.records import ActorProgress, FinishedSample, SampleProgress, StepProgress
+from rlhfless_sdk.api.records import ActorProgress, FinishedSample, StepProgress
 from rlhfless_sdk.cli.compare import kendall_tau, with_predictor
 from rlhfless_sdk.cli.main import main
 from rlhfless_sdk.cli.simulate import make_cluster
 from rlhfless_sdk.simulation.simulator import Simulator
 from rlhfless_sdk.simulation.traces import synthetic_workload
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload, finished_samples
+
+_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
 
 
 def sample(uid: str, length: int, k: int = 0) -> FinishedSample:
@@ -71,15 +77,9 @@ def test_group_refines_unfinished_siblings(registry):
         total_samples=4,
         actors=[ActorProgress(actor_id=0, planned_tokens=400, generated_tokens=300, running=2, free_slots=2)],
         unfinished=[
-            SampleProgress(
-                uid="g", sample_index=2, actor_id=0, tokens_generated=120, predicted_length=100, max_tokens=1024
-            ),
-            SampleProgress(
-                uid="g", sample_index=3, actor_id=0, tokens_generated=20, predicted_length=100, max_tokens=1024
-            ),
-            SampleProgress(
-                uid="alone", sample_index=0, actor_id=0, tokens_generated=20, predicted_length=100, max_tokens=1024
-            ),
+            H.in_flight("g", actor=0, tokens=120, predicted=100, max_tokens=1024, index=2),
+            H.in_flight("g", actor=0, tokens=20, predicted=100, max_tokens=1024, index=3),
+            H.in_flight("alone", actor=0, tokens=20, predicted=100, max_tokens=1024),
         ],
         finished={"g": [300, 500]},
     )
@@ -122,25 +122,8 @@ def test_kendall_tau():
 
 def test_compare_predictors_json_and_plot(tmp_path):
     png = tmp_path / "cmp.png"
-    res = CliRunner().invoke(
-        main,
-        [
-            "compare-predictors",
-            "--prompts",
-            "40",
-            "--samples",
-            "4",
-            "--steps",
-            "3",
-            "--predictors",
-            "ewma,model,prompt-length,oracle",
-            "--json",
-            "--plot",
-            str(png),
-            "--gpus",
-            "8",
-        ],
-    )
+    args = "compare-predictors --prompts 40 --samples 4 --steps 3 --predictors ewma,model,prompt-length,oracle --json"
+    res = CliRunner().invoke(main, [*args.split(), "--plot", str(png), "--gpus", "8"])
     assert res.exit_code == 0, res.output
     rows = {r["name"]: r for r in json.loads(res.output)["predictors"]}
     assert set(rows) == {"ewma", "model", "prompt-length", "oracle"}

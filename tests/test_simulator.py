@@ -16,7 +16,6 @@ from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster, MigrationDecision, TimePerTokenProfile
 from rlhfless_sdk.cli.main import main
-from rlhfless_sdk.cli.plan_report import resolve_scheduler
 from rlhfless_sdk.cli.simulate import make_cluster
 from rlhfless_sdk.rollout.controller import StepController, held_s
 from rlhfless_sdk.simulation.simulator import SimulatedBackend, Simulator
@@ -153,8 +152,8 @@ def test_migration_keeps_every_token_and_charges_its_cost(mode):
     out = res.steps[0].outcome
     assert [s.response_length for s in out.samples] == [400, 100, 50]
     # every token generated once: the long sample's pieces (cut on actor 0, finished on actor 1) add up to it
-    assert [sum(t for _, t in p) for p in out.pieces] == [400, 100, 50]
-    assert [e for e, _ in out.pieces[0]] == [0, 1]
+    assert [sum(t for _, t in p) for p in out.segments] == [400, 100, 50]
+    assert [e for e, _ in out.segments[0]] == [0, 1]
     assert [s.migrations for s in out.samples] == [1, 0, 0]
     assert out.samples[0].actor_id == 1  # the long sample finished on actor 1
 
@@ -183,32 +182,15 @@ def test_every_sample_finishes_once(registry, name):
             (u, k) for u, n in zip(ws.batch.uids, ws.batch.n_samples.tolist(), strict=True) for k in range(n)
         ]
         assert [s.response_length for s in out.samples] == ws.lengths.tolist()
-        assert [sum(t for _, t in p) for p in out.pieces] == ws.lengths.tolist()
+        assert [sum(t for _, t in p) for p in out.segments] == ws.lengths.tolist()
 
 
 # -- the command line --------------------------------------------------------------------------------------
 def test_simulate_json_and_plot(tmp_path):
     png = tmp_path / "p.png"
+    args = "simulate --prompts 32 --samples 4 --steps 2 --gpus 8 --json"
     res = CliRunner().invoke(
-        main,
-        [
-            "simulate",
-            "--prompts",
-            "32",
-            "--samples",
-            "4",
-            "--steps",
-            "2",
-            "--gpus",
-            "8",
-            "--json",
-            "--plot",
-            str(png),
-            "--scheduler",
-            "openrlhf",
-            "--scheduler",
-            "rlhfless",
-        ],
+        main, [*args.split(), "--plot", str(png), "--scheduler", "openrlhf", "--scheduler", "rlhfless"]
     )
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
@@ -320,7 +302,7 @@ def test_start_up_is_charged_to_time_and_cost_and_serverless_never_exceeds_serve
     registry = registry_with()
     prof = load_profile("qwen2.5-7b-l40s").model_copy(update={"cold_start_s": cold})
     sim = Simulator(prof, Cluster.uniform(1, 4), registry=registry)
-    config = resolve_scheduler(name, registry)
+    config = registry.resolve(name)
     work = synthetic_workload(SyntheticWorkload(prompts, n, seed=seed, median_length=60, max_length=200), 3)
     res = sim.run(config, work)
     for i, r in enumerate(res.reports):

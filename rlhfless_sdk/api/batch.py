@@ -1,6 +1,6 @@
 """PromptBatch: the columnar view of a step's prompts that policies work on.
 
-Backends build it once from their prompts (a trace, a tokenized OpenRLHF batch); policies then see numpy
+Backends build it once from their prompts (a trace, a trainer's tokenized batch); policies then see numpy
 columns, so a plan for 100,000 prompts never loops over pydantic objects.
 """
 

@@ -50,12 +50,12 @@ def _policy_field(kind: PolicyKind) -> tuple[Any, Any]:
 class PipelineConfig(Record):
     """How generation and learning share the cluster and the clock.
 
-    ``sync`` (OpenRLHF's default loop, verl): every GPU generates, then every GPU learns. ``async`` (OpenRLHF's
-    ``--train.async_enable``): ``rollout_gpus`` GPUs only generate, the rest only learn, and the next batch is
-    generated while the current one trains, at most ``queue_size`` batches ahead (so tokens are up to
-    ``queue_size`` weight updates old). Without ``partial_rollout`` a weight broadcast waits for the batch being
-    generated to finish (OpenRLHF's vLLM lock); with it (``--train.partial_rollout_enable``) the engines pause for
-    the broadcast and go on with the new weights, so one sample can hold tokens of two policies.
+    ``sync`` (a framework's default loop): every GPU generates, then every GPU learns. ``async``: ``rollout_gpus``
+    GPUs only generate, the rest only learn, and the next batch is generated while the current one trains, at most
+    ``queue_size`` batches ahead (so tokens are up to ``queue_size`` weight updates old). Without
+    ``partial_rollout`` a weight broadcast waits for the batch being generated to finish (the engines' lock); with
+    it the engines pause for the broadcast and go on with the new weights, so one sample can hold tokens of two
+    policies. A framework adapter's docs name the framework flags each setting models.
     """
 
     mode: Literal["sync", "async"] = "sync"
@@ -118,28 +118,6 @@ class SchedulerConfig(_WithPolicies):  # type: ignore[misc,valid-type]
     def migrates(self) -> bool:
         """Whether the step controller consults a migrator while the step runs."""
         return self.policy("migrator").name != "none"
-
-    def simulator_only(self) -> str | None:
-        """Why real engines cannot run this scheduler yet (None: they can): OpenRLHF's async pipeline is
-        modelled for the simulator, and of the straggler policies partial rollouts cut at B groups
-        (``partial-batch``) and tail batching (``tail-batch``) run on real engines so far; the segment-budget
-        partial rollouts (``partial``) only in the simulator."""
-        if self.pipeline.mode != "sync":
-            return (
-                f"scheduler {self.name!r} models OpenRLHF's async mode for the simulator (pipeline: async); "
-                "on OpenRLHF pass --train.async_enable (and --train.partial_rollout_enable) with --scheduler openrlhf"
-            )
-        straggler = self.policy("straggler").name
-        if straggler not in REAL_ENGINE_STRAGGLERS:
-            return (
-                f"scheduler {self.name!r} uses the straggler policy {straggler!r}, which carries or re-runs samples "
-                "across steps; only `rlhfless simulate` runs it so far"
-            )
-        return None
-
-
-#: Straggler policies the OpenRLHF adapter runs on real engines.
-REAL_ENGINE_STRAGGLERS = ("none", "partial-batch", "tail-batch")
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:

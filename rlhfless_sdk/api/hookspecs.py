@@ -5,8 +5,10 @@ it builds its registry, with a ``register`` callable; the plugin calls ``registe
 provides. Names must be unique across all plugins of one kind. Hooks are called with keyword arguments
 only; a plugin may implement any subset of them.
 
-One hook per policy kind, ``rlhfless_register_<kind>s(register)``, made from the kind table
-(``rlhfless_sdk.api.kinds``): ``register(PolicySpec(name=..., factory=..., params=...))``; and the two below.
+One hook per policy kind, ``rlhfless_register_<kind>s(register)``, one per row of the kind table
+(``rlhfless_sdk.api.kinds``, whose ``PolicyKind.hook`` names them; ``tests/test_hookspecs.py`` checks that the two
+agree): ``register(PolicySpec(name=..., factory=..., params=...))``; and one each for scheduler presets and
+subcommands.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from typing import Any
 import pluggy
 
 from rlhfless_sdk.api.config import SchedulerConfig
-from rlhfless_sdk.api.kinds import KINDS, PolicyKind
 from rlhfless_sdk.api.records import PolicySpec
 
 PROJECT = "rlhfless"
@@ -33,23 +34,73 @@ def rlhfless_register_schedulers(register: Callable[[SchedulerConfig], None]) ->
 
 @hookspec
 def rlhfless_register_commands(register: Callable[[Any], None]) -> None:
-    """Register ``rlhfless`` subcommands: ``register(click_command)`` (the OpenRLHF adapter adds ``demo``, ``profile``).
+    """Register ``rlhfless`` subcommands: ``register(click_command)`` (a framework adapter adds its own, e.g. ``demo``, ``profile``).
 
     A command's module should import lightly: ``rlhfless --help`` loads every plugin that registers commands.
     """
 
 
-def _policy_hook(kind: PolicyKind) -> Callable[..., None]:
-    def spec(register: RegisterPolicy) -> None:
-        pass
+# -- one registration hook per policy kind, in the order of the kind table ------------------------------------
+@hookspec
+def rlhfless_register_predictors(register: RegisterPolicy) -> None:
+    """Register length predictors (``LengthPredictor``): ``register(PolicySpec(name=..., factory=...))``.
 
-    spec.__name__ = spec.__qualname__ = kind.hook
-    spec.__doc__ = kind.summary
-    return hookspec(spec)
+    A predictor estimates each prompt's response length before a step (``predict(batch)``) and learns from the
+    finished samples (``observe(samples)``). The baseline is ``prompt-length``.
+    """
 
 
-for _kind in KINDS:
-    globals()[_kind.hook] = _policy_hook(_kind)
+@hookspec
+def rlhfless_register_prefill_planners(register: RegisterPolicy) -> None:
+    """Register prefill planners (``PrefillPlanner``) that deduplicate shared prompt prefixes.
+
+    ``plan(batch, capacity_tokens)`` groups the prompts that share a prefix; baseline ``none``.
+    """
+
+
+@hookspec
+def rlhfless_register_assigners(register: RegisterPolicy) -> None:
+    """Register prompt assigners (``PromptAssigner``) that map prompts to decode actors.
+
+    ``assign(batch, predicted, num_actors)`` returns an actor per prompt (or per sample); an assigner may also
+    have ``order`` and ``pull_buffer`` (see the kind table). The baseline is ``round-robin``.
+    """
+
+
+@hookspec
+def rlhfless_register_migrators(register: RegisterPolicy) -> None:
+    """Register cut-and-migrate policies (``Migrator``) consulted while a step runs.
+
+    ``decide(progress)`` returns the unfinished samples to move and where; baseline ``none`` (never moves one).
+    """
+
+
+@hookspec
+def rlhfless_register_scalers(register: RegisterPolicy) -> None:
+    """Register actor scalers (``ActorScaler``) that choose the step's decode-actor count.
+
+    The planner estimates each of ``candidates(min_actors, max_actors)`` and ``choose(estimates)`` picks one.
+    The baseline is ``fixed``.
+    """
+
+
+@hookspec
+def rlhfless_register_stragglers(register: RegisterPolicy) -> None:
+    """Register straggler policies (``StragglerPolicy``): how a step treats its long tail.
+
+    ``segment_tokens(step)`` is the token budget a sample started in that step may use (None: it runs to its
+    end); tail batching adds ``over_provision``, partial rollouts cut at B groups add ``keeps_tokens`` too. The
+    baseline is ``none``, and a scheduler config may leave the kind out.
+    """
+
+
+@hookspec
+def rlhfless_register_placers(register: RegisterPolicy) -> None:
+    """Register actor placers (``ActorPlacer``) that put actors onto nodes and GPUs.
+
+    ``place(decode_loads, cluster, gpus_per_actor, extra)``: one placement per actor; baseline ``pack``.
+    """
+
 
 SCHEDULER_HOOK = "rlhfless_register_schedulers"
 COMMAND_HOOK = "rlhfless_register_commands"

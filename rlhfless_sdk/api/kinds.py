@@ -26,7 +26,7 @@ class PolicyKind:
 
     name: str  #: the config field and registry key, e.g. ``"assigner"``
     protocol: type  #: the ``typing.Protocol`` every policy of this kind implements
-    baseline: str  #: the policy used when the configured one raises or breaks its guarantee (OpenRLHF's behaviour)
+    baseline: str  #: the policy used when the configured one raises or breaks its guarantee (what a training framework does without rlhfless)
     summary: str  #: what the kind's registration hook registers (its docstring)
     #: Optional attributes a policy may have, each with what the planner does with it.
     capabilities: tuple[tuple[str, str], ...] = ()

@@ -21,13 +21,14 @@ import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pluggy
 from pydantic import BaseModel, ValidationError
 
 from rlhfless_sdk.api import hookspecs
-from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig, problems_from_validation
+from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig, problems_from_validation, read_scheduler_config
 from rlhfless_sdk.api.errors import ConfigProblem, PluginError, RlhflessError, UnknownPolicyError
 from rlhfless_sdk.api.kinds import KIND, KINDS, POLICY_KINDS
 from rlhfless_sdk.api.records import PolicySpec
@@ -95,6 +96,13 @@ class Registry:
             return self.schedulers[name].config
         except KeyError:
             raise UnknownPolicyError("scheduler", name, self.names("scheduler"), self.autoload_note) from None
+
+    def resolve(self, name_or_path: str) -> SchedulerConfig:
+        """A registered scheduler by name, or a scheduler YAML file by path (every command and the adapter
+        resolve a ``--scheduler`` this way)."""
+        if name_or_path.endswith((".yaml", ".yml")) or Path(name_or_path).is_file():
+            return read_scheduler_config(name_or_path, self)
+        return self.scheduler(name_or_path)
 
     def validate_params(self, kind: str, ref: PolicyRef) -> BaseModel:
         """The policy's params model instance, validated from ``ref.params``."""

@@ -116,14 +116,32 @@ class StragglerPolicy(Protocol):
     token budget; a sample that reaches it is carried, with its tokens, into the next step and finished there
     (so no token is more than one weight update old when it trains), and a prompt's group trains only once all
     its samples have finished.
+
+    A policy that also implements ``OverProvisioning`` (and maybe ``KeepsCutTokens``) asks for another way of
+    running steps; ``rlhfless_sdk.rollout.drivers.driver_mode`` says which driver each policy gets.
     """
 
     def segment_tokens(self, step: int) -> int | None: ...
 
-    # Optional (tail batching): ``over_provision(step) -> float`` >= 0, the extra share of groups a step starts;
-    # the step trains the first B groups to finish and re-runs the rest from scratch later (on-policy).
-    # Optional with it: ``keeps_tokens(step) -> bool``; True: the groups not trained keep their tokens, are
-    # continued in the next step and train there (partial rollouts cut when B groups are done, APRIL-style).
+
+@runtime_checkable
+class OverProvisioning(Protocol):
+    """A straggler policy's capability: start more groups than a step trains (tail batching's rounds).
+
+    Must guarantee: ``over_provision(step)`` is a finite number >= 0, the extra share of groups the step starts;
+    the step trains the first B groups to finish, and the others' prompts are re-run from scratch later
+    (on-policy), unless the policy also ``KeepsCutTokens``."""
+
+    def over_provision(self, step: int) -> float: ...
+
+
+@runtime_checkable
+class KeepsCutTokens(OverProvisioning, Protocol):
+    """A straggler policy's capability on top of ``OverProvisioning``: ``keeps_tokens(step)`` True means the groups a
+    step does not train keep their tokens, continue in the next step under the new weights and train there
+    (partial rollouts cut when B groups are complete, APRIL-style; tokens at most one weight update old)."""
+
+    def keeps_tokens(self, step: int) -> bool: ...
 
 
 @runtime_checkable

@@ -6,6 +6,8 @@ error naming the field, never a silently ignored value.
 
 from __future__ import annotations
 
+import json
+import math
 import typing
 from collections.abc import Callable
 from typing import Any, Literal
@@ -130,6 +132,17 @@ class Cluster(Record):
     def uniform(cls, num_nodes: int, gpus_per_node: int, gpu_type: str = "generic") -> Cluster:
         return cls(nodes=[Node(name=f"node{i}", num_gpus=gpus_per_node, gpu_type=gpu_type) for i in range(num_nodes)])
 
+    def with_burst(self, gpus: int) -> Cluster:
+        """This cluster (the fleet) plus serverless burst nodes (``burst0``, ...) up to ``gpus`` GPUs in all: decode
+        actors placed there are billed serverless, on top of the fleet even when the fleet is billed serverful."""
+        extra = gpus - self.total_gpus
+        if extra <= 0:
+            return self
+        per_node, gpu_type = self.nodes[0].num_gpus, self.nodes[0].gpu_type
+        sizes = [per_node] * (extra // per_node) + ([extra % per_node] if extra % per_node else [])
+        burst = [Node(name=f"burst{i}", num_gpus=n, gpu_type=gpu_type) for i, n in enumerate(sizes)]
+        return Cluster(nodes=[*self.nodes, *burst])
+
 
 class Actor(Record):
     """A rollout, prefill or learner actor; ``num_gpus`` > 1 means tensor parallel."""
@@ -219,7 +232,7 @@ class TimePerTokenProfile(Record):
     def with_memory(self, memory: str) -> TimePerTokenProfile:
         """This profile for an engine with ``memory``: ``dedicated`` (GPUs of its own: an async pipeline's engines,
         burst engines, or a learner fully offloaded during generation) or ``colocated`` (beside the learner's
-        states, as OpenRLHF's ``--train.colocate_all`` runs it)."""
+        states: a learner colocated with the engines)."""
         if memory == "dedicated":
             return self
         if memory != "colocated":
@@ -510,3 +523,19 @@ ALL_RECORDS: tuple[type[Record], ...] = (
     StepProgress,
     StepReport,
 )
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with every nan or infinity replaced by None (JSON has no such numbers)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, **kw: Any) -> str:
+    """Strict JSON (``allow_nan=False``): a non-finite number becomes null."""
+    return json.dumps(finite(obj), allow_nan=False, **kw)

@@ -3,7 +3,6 @@ range-checked and every output path checked before any work starts, and JSON out
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -122,22 +121,6 @@ def plot_option(what: str) -> Any:
         callback=plot_path,
         help=f"Write {what} (PNG, PDF, SVG or JPEG).",
     )
-
-
-def finite(obj: Any) -> Any:
-    """``obj`` with every nan or infinity replaced by None (JSON has no such numbers)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [finite(v) for v in obj]
-    return obj
-
-
-def dumps(obj: Any, **kw: Any) -> str:
-    """Strict JSON (``allow_nan=False``): a non-finite number becomes null."""
-    return json.dumps(finite(obj), allow_nan=False, **kw)
 
 
 MEMORY_HELP = (

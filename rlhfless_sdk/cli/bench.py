@@ -11,9 +11,7 @@ from rlhfless_sdk.api.history import isolated_history
 from rlhfless_sdk.api.plugins import get_plugin_manager
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
-from rlhfless_sdk.cli.plan_report import resolve_scheduler
-from rlhfless_sdk.planning.costmodel import AnalyticCostModel
-from rlhfless_sdk.planning.planner import StepPlanner
+from rlhfless_sdk.planning.planner import planner_for
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload, finished_samples
 
 
@@ -30,14 +28,13 @@ def bench_plan(
 ) -> dict[str, Any]:
     """Plan ``repeat`` times (after one warm-up) for a cluster with room for ``actors`` decode actors."""
     registry = get_plugin_manager().registry
-    config = resolve_scheduler(scheduler, registry).model_copy(update={"max_actors": actors})
-    gpus = actors + 2  # learner and prefill actor beside the decode actors
+    config = registry.resolve(scheduler).model_copy(update={"max_actors": actors})
+    prof = load_profile(profile)
+    gpus = (actors + 1) * prof.gpus_per_actor  # a prefill actor beside the decode actors (the learner colocated)
     nodes = -(-gpus // gpus_per_node)
     cluster = Cluster.uniform(nodes, gpus_per_node)
     with isolated_history():  # a history file's earlier runs are not this benchmark's history
-        planner = StepPlanner(
-            config, cluster=cluster, cost_model=AnalyticCostModel(load_profile(profile)), registry=registry
-        )
+        planner = planner_for(config, prof, cluster, registry)
     history, history_lengths = SyntheticWorkload(prompts, samples, seed=seed, step=0).batch()
     planner.observe(finished_samples(history, history_lengths))  # one earlier step: EWMA has a history
     batch, _ = SyntheticWorkload(prompts, samples, seed=seed, step=1).batch()
@@ -82,7 +79,7 @@ def bench_simulate(
     from rlhfless_sdk.simulation.traces import synthetic_workload
 
     registry = get_plugin_manager().registry
-    config = resolve_scheduler(scheduler, registry)
+    config = registry.resolve(scheduler)
     sim = Simulator(load_profile(profile), make_cluster(gpus, gpus_per_node), registry=registry)
     workload = synthetic_workload(SyntheticWorkload(prompts, samples, seed=seed), steps)
     walls: list[float] = []

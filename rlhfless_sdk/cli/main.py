@@ -13,15 +13,14 @@ from rlhfless_sdk.api.config import config_json_schema, read_scheduler_config
 from rlhfless_sdk.api.errors import ConfigError, RlhflessError
 from rlhfless_sdk.api.kinds import POLICY_KINDS
 from rlhfless_sdk.api.plugins import get_plugin_manager
+from rlhfless_sdk.api.records import dumps
 from rlhfless_sdk.cli.args import (
     BYTES_PER_PLANNED_SAMPLE,
     GPUS,
-    MAX_GPUS,
     MAX_HISTORY,
     NON_NEGATIVE,
     POSITIVE,
     check_samples,
-    dumps,
     model_options,
     plot_option,
     run_profile,
@@ -187,7 +186,15 @@ def config_show(name: str) -> None:
     "--max-actors",
     type=GPUS,
     default=None,
-    help="Most decode actors a scheduler that scales may plan; beyond --gpus: serverless burst actors.",
+    help="Most decode actors a scheduler that scales may plan; beyond --gpus: serverless burst actors (needs "
+    "--allow-burst).",
+)
+@click.option(
+    "--allow-burst",
+    "allow_burst_engines",
+    is_flag=True,
+    help="Let presets with `burst:` (or --max-actors) plan serverless engines beyond the fleet, as `simulate "
+    "--allow-burst` runs them. Off: every scheduler plans on the fleet (--gpus), as `simulate` runs it.",
 )
 @click.option(
     "--rollout-gpus",
@@ -211,6 +218,7 @@ def plan_cmd(
     dedicated_kv_tokens: int | None,
     colocated_kv_tokens: int | None,
     max_actors: int | None,
+    allow_burst_engines: bool,
     rollout_gpus: int | None,
     as_json: bool,
 ) -> None:
@@ -224,25 +232,17 @@ def plan_cmd(
 
     from rlhfless_sdk.api.config import SchedulerConfig
     from rlhfless_sdk.api.records import Cluster
-    from rlhfless_sdk.cli.plan_report import PlanSetup, plan_synthetic, resolve_scheduler, summary
-    from rlhfless_sdk.cli.simulate import allow_burst, check_capacity, kv_flag
-    from rlhfless_sdk.planning.costmodel import AnalyticCostModel
-    from rlhfless_sdk.simulation.simulator import with_burst
+    from rlhfless_sdk.cli.plan_report import plan_synthetic, summary
+    from rlhfless_sdk.cli.simulate import check_capacity, comparable_configs, kv_flag
+    from rlhfless_sdk.planning.planner import StepPlanner, planner_for, rollout_planner_for
     from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
     from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
     registry = get_plugin_manager().registry
-    configs = [resolve_scheduler(s, registry) for s in schedulers]
-    configs = [allow_burst(c, max_actors) for c in configs]
     dedicated = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens)  # engines on GPUs of their own
     prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)  # a synchronous engine's
     gpa = prof.gpus_per_actor
-    if max_actors is not None and max_actors * gpa > MAX_GPUS:
-        raise click.BadParameter(
-            f"{max_actors} actors of {gpa} GPUs need {max_actors * gpa:,} GPUs, more than the {MAX_GPUS:,} a "
-            "cluster may have",
-            param_hint="'--max-actors'",
-        )
+    configs = comparable_configs(schedulers, registry, max_actors, allow_burst_engines, gpus, gpa)
     splits = {c.name: rollout_split(c, rollout_gpus, gpus, gpa) for c in configs}
     cluster = Cluster.of_gpus(gpus, gpus_per_node)
     workload = SyntheticWorkload(prompts, samples, seed=seed)
@@ -253,16 +253,14 @@ def plan_cmd(
         check_capacity(planned_step, prof.kv_capacity_tokens, kv_flag(memory))
     else:
         check_capacity(planned_step, dedicated.kv_capacity_tokens, "--dedicated-kv-tokens")
-    cost_model = AnalyticCostModel(prof)
 
-    def setup(config: SchedulerConfig) -> PlanSetup:
+    def planner_of(config: SchedulerConfig) -> tuple[StepPlanner, int | None]:
         r = splits[config.name]
-        if r is not None:  # as the simulator runs an async pipeline: its engines alone on r GPUs
-            rollout = Cluster.of_gpus(r, min(r, gpus_per_node))
-            return PlanSetup(rollout, AnalyticCostModel(dedicated), gpus_per_actor=gpa, learner_gpus=0, rollout_gpus=r)
-        return PlanSetup(with_burst(cluster, (config.max_actors or 0) * gpa), cost_model)
+        if r is not None:  # as the simulator runs an async pipeline: its engines alone on r GPUs, dedicated memory
+            return rollout_planner_for(config, dedicated, r, gpus_per_node, registry), r
+        return planner_for(config, prof, cluster, registry), None
 
-    planned = plan_synthetic(configs, registry, workload, cluster, cost_model, history, setup=setup)
+    planned = plan_synthetic(configs, workload, planner_of, history)
     results = [summary(p) for p in planned]
     if as_json:
         click.echo(dumps({"profile": profile, "gpus": gpus, "schedulers": results}, indent=2))
@@ -407,6 +405,7 @@ def simulate_cmd(**kw) -> None:
 )
 @click.option("--profile", default="qwen2.5-7b-l40s", show_default=True)
 @click.option("--gpus", default=16, type=GPUS, show_default=True)
+@click.option("--gpus-per-node", default=8, type=GPUS, show_default=True)
 @click.option("--simulate/--no-simulate", default=True, show_default=True, help="Also simulate each predictor.")
 @synthetic_shape_options
 @model_options()
@@ -422,6 +421,7 @@ def compare_predictors_cmd(
     scheduler: str,
     profile: str,
     gpus: int,
+    gpus_per_node: int,
     simulate: bool,
     memory: str,
     dedicated_kv_tokens: int | None,
@@ -434,7 +434,6 @@ def compare_predictors_cmd(
     """Replay a workload in step order and score each length predictor (MAE, Acc@50/100, Kendall tau)."""
     from rlhfless_sdk.api.config import PolicyRef
     from rlhfless_sdk.cli.compare import compare_predictors
-    from rlhfless_sdk.cli.plan_report import resolve_scheduler
     from rlhfless_sdk.cli.simulate import kv_flag, load_workload, make_cluster
     from rlhfless_sdk.simulation.simulator import Simulator
     from rlhfless_sdk.simulation.traces import workload_summary
@@ -471,9 +470,9 @@ def compare_predictors_cmd(
             "first); give a trace of at least 2 steps",
             param_hint="'--trace' / '--steps'",
         )
-    base = resolve_scheduler(scheduler, registry)
+    base = registry.resolve(scheduler)
     run_algo = None if algo == "auto" else algo
-    sim = Simulator(prof, make_cluster(gpus, 8), registry=registry, algo=run_algo) if simulate else None
+    sim = Simulator(prof, make_cluster(gpus, gpus_per_node), registry=registry, algo=run_algo) if simulate else None
     with click.progressbar(length=len(refs), label="predictors", file=sys.stderr, hidden=as_json) as bar:
         rows = compare_predictors(registry, refs, workload, sim, base, on_done=lambda _n: bar.update(1))
     meta = {"workload": workload_summary(workload), "scheduler": base.name, "profile": profile, "gpus": gpus}

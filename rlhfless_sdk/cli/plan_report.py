@@ -4,25 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rlhfless_sdk.api.config import SchedulerConfig, read_scheduler_config
+from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.history import isolated_history
-from rlhfless_sdk.api.plugins import Registry
-from rlhfless_sdk.api.records import CandidateEstimate, Cluster, StepPlan
-from rlhfless_sdk.planning.costmodel import AnalyticCostModel
+from rlhfless_sdk.api.records import CandidateEstimate, StepPlan
 from rlhfless_sdk.planning.planner import StepPlanner
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload, finished_samples
-
-
-def resolve_scheduler(name_or_path: str, registry: Registry) -> SchedulerConfig:
-    """A registered scheduler by name, or a scheduler YAML file by path."""
-    if name_or_path.endswith((".yaml", ".yml")) or Path(name_or_path).is_file():
-        return read_scheduler_config(name_or_path, registry)
-    return registry.scheduler(name_or_path)
 
 
 @dataclass
@@ -34,47 +24,20 @@ class PlannedStep:
     rollout_gpus: int | None = None
 
 
-@dataclass
-class PlanSetup:
-    """Where a scheduler plans: its cluster (the fleet, burst nodes, or an async pipeline's rollout GPUs), its
-    cost model, and the planner's engine size and learner GPUs (``rollout_gpus``: an async pipeline's split)."""
-
-    cluster: Cluster
-    cost_model: AnalyticCostModel
-    gpus_per_actor: int = 1
-    learner_gpus: int = 1
-    rollout_gpus: int | None = None
-
-
 def plan_synthetic(
     schedulers: list[SchedulerConfig],
-    registry: Registry,
     workload: SyntheticWorkload,
-    cluster: Cluster,
-    cost_model: AnalyticCostModel,
+    planner_of: Callable[[SchedulerConfig], tuple[StepPlanner, int | None]],
     history_steps: int = 1,
-    burst: Callable[[Cluster, SchedulerConfig], Cluster] | None = None,
-    setup: Callable[[SchedulerConfig], PlanSetup] | None = None,
 ) -> list[PlannedStep]:
     """Each scheduler observes ``history_steps`` earlier steps of the workload, then plans the next one;
-    ``burst(cluster, config)`` gives the cluster a scheduler plans on (the fleet plus its burst nodes), or
-    ``setup(config)`` all of where it plans. Its predictor's history reads only what it observed here
+    ``planner_of(config)`` gives its planner (``planner_for``, on the cluster the simulator runs it on) and an
+    async pipeline's rollout GPUs (None: synchronous). Its predictor's history reads only what it observed here
     (``isolated_history``)."""
     out = []
     for config in schedulers:
-        if setup is not None:
-            where = setup(config)
-        else:
-            where = PlanSetup(burst(cluster, config) if burst is not None else cluster, cost_model)
         with isolated_history():
-            planner = StepPlanner(
-                config,
-                cluster=where.cluster,
-                cost_model=where.cost_model,
-                registry=registry,
-                gpus_per_actor=where.gpus_per_actor,
-                learner_gpus=where.learner_gpus,
-            )
+            planner, rollout_gpus = planner_of(config)
             for step in range(history_steps):
                 batch, lengths = replace(workload, step=step).batch()
                 planner.observe(finished_samples(batch, lengths))
@@ -82,8 +45,8 @@ def plan_synthetic(
             plan = planner.plan(batch, step=history_steps)
         assert batch.true_lengths is not None
         mae = float(np.abs(np.asarray(plan.predicted_lengths) - batch.true_lengths).mean()) if len(batch) else 0.0
-        actual = where.cost_model.estimate(batch, true, np.asarray(plan.assignment), plan.num_actors, plan.prefill)
-        out.append(PlannedStep(config.name, plan, mae, actual, where.rollout_gpus))
+        actual = planner.cost_model.estimate(batch, true, np.asarray(plan.assignment), plan.num_actors, plan.prefill)
+        out.append(PlannedStep(config.name, plan, mae, actual, rollout_gpus))
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,8 @@ import numpy as np
 
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.plugins import Registry
-from rlhfless_sdk.api.records import Cluster
-from rlhfless_sdk.cli.args import MAX_GPUS, check_samples, dumps, run_profile
-from rlhfless_sdk.cli.plan_report import resolve_scheduler
+from rlhfless_sdk.api.records import Cluster, dumps
+from rlhfless_sdk.cli.args import MAX_GPUS, check_samples, run_profile
 from rlhfless_sdk.simulation.simulator import SimulationResult, Simulator
 from rlhfless_sdk.simulation.traces import (
     MAX_TOKENS,
@@ -83,6 +83,35 @@ def equal_peak(config: SchedulerConfig, fleet_actors: int) -> SchedulerConfig:
     ``simulate``: every scheduler compared on the same peak GPUs)."""
     most = min(config.max_actors or fleet_actors, fleet_actors)
     return config.derive(burst=1.0, max_actors=max(most, config.min_actors))
+
+
+def comparable_configs(
+    names: Sequence[str],
+    registry: Registry,
+    max_actors: int | None,
+    allow_burst_engines: bool,
+    gpus: int,
+    gpus_per_actor: int,
+) -> list[SchedulerConfig]:
+    """The schedulers ``names`` as `simulate` and `plan` run them: on the fleet's peak GPUs (``equal_peak``) unless
+    burst engines are allowed, ``--max-actors`` applied to the ones that scale (beyond the fleet only with
+    ``--allow-burst``)."""
+    if max_actors is not None and max_actors * gpus_per_actor > MAX_GPUS:
+        raise click.BadParameter(
+            f"{max_actors} actors of {gpus_per_actor} GPUs need {max_actors * gpus_per_actor:,} GPUs, more than the "
+            f"{MAX_GPUS:,} a cluster may have",
+            param_hint="'--max-actors'",
+        )
+    fleet_actors = gpus // gpus_per_actor
+    if max_actors is not None and max_actors > fleet_actors and not allow_burst_engines:
+        raise click.ClickException(
+            f"--max-actors {max_actors} is beyond the fleet's {fleet_actors} engines on --gpus {gpus}: add "
+            "--allow-burst to run burst engines (billed while held; the row is flagged as holding more GPUs)"
+        )
+    configs = [allow_burst(registry.resolve(n), max_actors) for n in names]
+    if not allow_burst_engines:
+        configs = [equal_peak(c, fleet_actors) for c in configs]
+    return configs
 
 
 def run_simulation(
@@ -333,22 +362,7 @@ def simulate_main(
     prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)  # a synchronous engine's
     if gpus < prof.gpus_per_actor:
         raise click.ClickException(f"--gpus {gpus} is fewer than one actor of profile {profile} needs")
-    fleet_actors = gpus // prof.gpus_per_actor
-    if max_actors is not None and max_actors * prof.gpus_per_actor > MAX_GPUS:
-        raise click.BadParameter(
-            f"{max_actors} actors of {prof.gpus_per_actor} GPUs need {max_actors * prof.gpus_per_actor:,} GPUs, more "
-            f"than the {MAX_GPUS:,} a cluster may have",
-            param_hint="'--max-actors'",
-        )
-    if max_actors is not None and max_actors > fleet_actors and not allow_burst_engines:
-        raise click.ClickException(
-            f"--max-actors {max_actors} is beyond the fleet's {fleet_actors} engines on --gpus {gpus}: add "
-            "--allow-burst to run burst engines (billed while held; the row is flagged as holding more GPUs)"
-        )
-    configs = [resolve_scheduler(n, registry) for n in names]
-    configs = [allow_burst(c, max_actors) for c in configs]
-    if not allow_burst_engines:
-        configs = [equal_peak(c, fleet_actors) for c in configs]
+    configs = comparable_configs(names, registry, max_actors, allow_burst_engines, gpus, prof.gpus_per_actor)
     split = parse_rollout_gpus(rollout_gpus)
     if isinstance(split, int):
         configs = [

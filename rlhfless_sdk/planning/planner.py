@@ -34,8 +34,10 @@ from rlhfless_sdk.api.records import (
     PrefillPlan,
     StepPlan,
     StepProgress,
+    TimePerTokenProfile,
 )
-from rlhfless_sdk.planning.engine import EngineCostModel, LengthSpread
+from rlhfless_sdk.planning.costmodel import AnalyticCostModel
+from rlhfless_sdk.planning.engine_model import EngineCostModel, LengthSpread
 
 log = logging.getLogger("rlhfless.planner")
 
@@ -298,6 +300,7 @@ class StepPlanner:
         prefill: PrefillPlan | None = None,
         segment_tokens: int | bool | None = False,
         length_caps: np.ndarray | None = None,
+        fallbacks: Sequence[str] = (),
     ) -> StepPlan:
         """The plan for one step. ``predicted`` overrides the predictor (a backend that already asked it).
 
@@ -306,10 +309,12 @@ class StepPlanner:
         ``num_actors`` plans the step with exactly that many decode actors instead of asking the scaler (the
         time-cost frontier, a backend that lost engines); ``prefill`` reuses a prefill plan made for this batch.
         Either way every policy's output is checked and a failing policy falls back to its baseline.
+        ``fallbacks``: the step's fallbacks so far (a driver's calls before the plan: the straggler policy, the
+        predictor of a carrying step); the plan's ``fallbacks`` start with them, so the step report has them all.
         """
         t0 = time.perf_counter()
         self._planned_with_spread = self.spread is not None
-        fallbacks: list[str] = []
+        fallbacks = list(fallbacks)
         for kind in _PLAN_KINDS:
             self.spent.pop(kind, None)
         pred = self.predict(batch, fallbacks) if predicted is None else check_predictions(predicted, batch)
@@ -357,9 +362,9 @@ class StepPlanner:
             # no step measured yet: nothing is known about the estimates' error, so count it as 100%
             u = float(np.median(self.estimate_errors)) if self.estimate_errors else 1.0
             estimates = [
-                self.check(batch, pred, assignments[e.num_actors], e.num_actors, prefill, length_caps).model_copy(
-                    update={"uncertainty": u}
-                )
+                self.checked_estimate(
+                    batch, pred, assignments[e.num_actors], e.num_actors, prefill, length_caps
+                ).model_copy(update={"uncertainty": u})
                 for e in estimates
             ]
 
@@ -401,7 +406,7 @@ class StepPlanner:
         estimate = None
         if self.check_model is not None:
             estimate = next(e for e in estimates if e.num_actors == chosen) if checked else None
-            estimate = estimate or self.check(batch, pred, sample_actor, chosen, prefill, length_caps)
+            estimate = estimate or self.checked_estimate(batch, pred, sample_actor, chosen, prefill, length_caps)
         return StepPlan.model_construct(
             step=step,
             scheduler=self.config.name,
@@ -471,7 +476,7 @@ class StepPlanner:
 
         return self._ask_straggler(fallbacks, "keeps_tokens", step, False, check)
 
-    def check(
+    def checked_estimate(
         self,
         batch: PromptBatch,
         pred: np.ndarray,
@@ -578,3 +583,55 @@ class MigrationController:
         )
         self.decisions += len(decisions)
         return decisions
+
+
+def most_actors(config: SchedulerConfig, fleet: Cluster, gpus_per_actor: int) -> int:
+    """The most decode actors ``config`` may run on ``fleet``: its ``max_actors``, else ``burst`` times the
+    fleet's engines (beyond the fleet: serverless burst actors)."""
+    if config.max_actors is not None:
+        return config.max_actors
+    return int(config.burst * (fleet.total_gpus // gpus_per_actor))
+
+
+def planner_for(
+    config: SchedulerConfig,
+    profile: TimePerTokenProfile,
+    cluster: Cluster,
+    registry: Registry | None = None,
+    *,
+    prefill_actor: bool = True,
+) -> StepPlanner:
+    """The step planner of ``config`` on ``cluster`` (the fleet) with engines as ``profile`` describes them: the
+    one way the simulator, every command and the OpenRLHF adapter build one, so they all plan on the same cluster.
+
+    The learner is colocated (as verl and OpenRLHF's ``--colocate_all`` run): it takes no GPU during generation.
+    The cluster grows serverless burst nodes up to ``most_actors`` (the config's ``max_actors``, else ``burst``
+    times the fleet's engines); a backend that cannot burst passes a config whose ``max_actors`` is its fleet.
+    Candidates are estimated by the analytic cost model and checked per sample (``EngineCostModel``).
+    ``prefill_actor``: a deduplicated prefill takes a GPU of its own (False where each engine prefills its own
+    prompts' prefixes, as on OpenRLHF's engines)."""
+    gpa = profile.gpus_per_actor
+    return StepPlanner(
+        config,
+        cluster=cluster.with_burst(most_actors(config, cluster, gpa) * gpa),
+        cost_model=AnalyticCostModel(profile),
+        registry=registry,
+        gpus_per_actor=gpa,
+        learner_gpus=0,
+        check_model=EngineCostModel(profile),
+        prefill_actor=prefill_actor,
+    )
+
+
+def rollout_planner_for(
+    config: SchedulerConfig,
+    profile: TimePerTokenProfile,
+    rollout_gpus: int,
+    gpus_per_node: int,
+    registry: Registry | None = None,
+) -> StepPlanner:
+    """The planner of an async pipeline's engines: alone on ``rollout_gpus`` GPUs (the others learn), with the
+    memory ``profile`` gives an engine on GPUs of its own, never beyond them."""
+    cluster = Cluster.of_gpus(rollout_gpus, min(rollout_gpus, gpus_per_node))
+    engines = rollout_gpus // profile.gpus_per_actor
+    return planner_for(config.derive(burst=1.0, max_actors=max(engines, 1)), profile, cluster, registry)

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.errors import RlhflessError
-from rlhfless_sdk.api.records import FinishedSample
+from rlhfless_sdk.api.records import FinishedSample, StepPlan
+
+if TYPE_CHECKING:
+    from rlhfless_sdk.planning.planner import StepPlanner
 
 
 class CarryError(RlhflessError):
@@ -215,6 +218,27 @@ class CarryBook:
     def open_groups(self) -> int:
         return len(self.groups)
 
+    def state(self) -> dict[str, Any]:
+        """What the book holds between steps, as plain data (a checkpoint's): the groups launched so far, the
+        carried samples and the open groups."""
+        return {
+            "launched": self._launched,
+            "carried": [asdict(p) for p in self.carried],
+            "groups": {str(g): asdict(grp) for g, grp in self.groups.items()},
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> CarryBook:
+        """A book holding what ``state()`` saved (after a round trip through JSON: tuples as lists, keys as str)."""
+        book = cls()
+        book._launched = int(state["launched"])
+        book.carried = [Piece(**{**p, "steps": [tuple(x) for x in p["steps"]]}) for p in state["carried"]]
+        for g, grp in state["groups"].items():
+            lengths = {int(k): int(v) for k, v in grp["lengths"].items()}
+            steps = {int(k): [tuple(x) for x in v] for k, v in grp["steps"].items()}
+            book.groups[int(g)] = Group(grp["uid"], int(grp["n"]), int(grp["prompt_length"]), lengths, steps)
+        return book
+
     def open_group_ids(self) -> list[int]:
         """Groups launched and not trained yet (carried samples, or complete and held), oldest first."""
         return sorted(self.groups)
@@ -230,3 +254,28 @@ def batch_cut(held: Sequence[int], fresh: Sequence[int], done_at: dict[int, floa
     first = sorted(fresh, key=lambda g: (done_at[g], g))[: max(b - len(held), 0)]
     train = {*held, *first}
     return train, max(done_at[g] for g in train)
+
+
+def plan_pieces(
+    planner: StepPlanner,
+    book: CarryBook,
+    new: PromptBatch | None,
+    step: int,
+    fallbacks: list[str],
+    budget: int | None = None,
+) -> tuple[PromptBatch, StepPlan]:
+    """A carrying step's work planned: ``book.pieces`` (the carried samples, one prompt each, then ``new``'s groups,
+    a new sample's first piece at most ``budget`` tokens) and the plan, whose fallbacks start with ``fallbacks`` (the
+    step's so far, the predictor's included). A carried sample's predicted length is what the learned spread expects
+    it still to generate. ``book.step_pieces`` holds the pieces, in batch order."""
+    pred = planner.predict(new, fallbacks) if new is not None and len(new) else None
+    spread = planner.spread
+    # a carried sample's expected remainder, in the predictor's units (the check model scales them again)
+    remaining = (lambda t, h, sp=spread: sp.remaining(t, h) / sp.scale) if spread is not None else None
+    batch, piece_pred, caps = book.pieces(
+        new, pred, budget=budget, remaining=remaining, cap=spread.cap if spread and spread.cap else None
+    )
+    plan = planner.plan(
+        batch, step=step, predicted=piece_pred, segment_tokens=budget, length_caps=caps, fallbacks=fallbacks
+    )
+    return batch, plan

@@ -47,7 +47,7 @@ class NoEngineLeft(RlhflessError):
 # -- what a backend reports --------------------------------------------------------------------------------
 @dataclass(slots=True)
 class Finished:
-    """A sample finished: ``length`` response tokens in all (every piece, wherever generated)."""
+    """A sample finished: ``length`` response tokens in all (every segment, wherever generated)."""
 
     sample: int
     length: int
@@ -206,6 +206,11 @@ class RolloutBackend(Protocol):
         """Stop a running sample and keep its tokens; how many it generated, or None if it is not running there."""
         ...
 
+    def cut_all(self, running: Sequence[tuple[int, int]]) -> list[int | None]:
+        """The step ends: cut every (engine, sample) of ``running`` as ``cut`` does, answering for each in order;
+        a real backend sends them all in one round instead of a round trip each."""
+        ...
+
     def resume(self, engine: int, sample: int, mode: str = "tokens") -> None:
         """Continue a cut sample (or one whose engine died after a cut) on ``engine``, from the tokens it kept:
         re-prefilled (``tokens``) or with its KV shipped (``kv``)."""
@@ -231,7 +236,7 @@ class StepOutcome:
     report: StepReport
     samples: list[FinishedSample]  # batch order: each prompt's samples adjacent, in sample order
     outputs: list[Any]  # the backend's output per sample, same order
-    pieces: list[list[tuple[int, int]]]  # per sample: (engine, tokens) generated there, in order; sums to its length
+    segments: list[list[tuple[int, int]]]  # per sample: (engine, tokens) generated there, in order; sums to its length
     usage: StepUsage
     carried: list[int] = field(default_factory=list)  # samples cut when the step ended (``run(stop=...)``)
 
@@ -263,8 +268,8 @@ class StepController:
         self.prompt_index = {uid: i for i, uid in enumerate(batch.uids)}
         self.state = [_WAITING] * n
         self.engine = [-1] * n
-        self.kept = [0] * n  # tokens kept from earlier pieces (cuts)
-        self.pieces: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        self.kept = [0] * n  # tokens kept from earlier segments (cuts)
+        self.segments: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         self.sample_migrations = [0] * n
         self.length = [0] * n
         self.finish_reason = ["stop"] * n
@@ -314,7 +319,7 @@ class StepController:
         if observe:
             self.planner.note_error(report.estimate_error)
         carried = [sid for sid, s in enumerate(self.state) if s == _CARRIED]
-        return StepOutcome(report, samples, self.outputs, self.pieces, usage, carried)
+        return StepOutcome(report, samples, self.outputs, self.segments, usage, carried)
 
     def done_prompts(self) -> list[int]:
         """Prompts (batch positions) all of whose samples have finished, for an end rule."""
@@ -330,17 +335,14 @@ class StepController:
             self.finish_reason[sid] = "abort"
             self.unfinished -= 1
         self.queue.clear()
-        for sid in range(len(self.state)):
-            if self.state[sid] != _WAITING:
-                continue
-            e = self.engine[sid]
-            tokens = self.backend.cut(e, sid)
+        running = [(self.engine[sid], sid) for sid in range(len(self.state)) if self.state[sid] == _WAITING]
+        for (e, sid), tokens in zip(running, self.backend.cut_all(running), strict=True):
             if tokens is None:
                 continue
             if tokens < self.kept[sid]:
                 raise SampleAccountingError(f"sample {sid} was cut at {tokens} tokens, below the {self.kept[sid]} kept")
             if tokens > self.kept[sid]:
-                self.pieces[sid].append((e, tokens - self.kept[sid]))
+                self.segments[sid].append((e, tokens - self.kept[sid]))
             self.kept[sid] = self.length[sid] = tokens
             self.state[sid] = _CARRIED
             self.finish_reason[sid] = "abort"
@@ -419,7 +421,7 @@ class StepController:
 
     def _finish_all(self, finished: Sequence[Finished]) -> None:
         state, kept, engine, pending = self.state, self.kept, self.engine, self.pending
-        pieces, length, reason, outputs = self.pieces, self.length, self.finish_reason, self.outputs
+        segments, length, reason, outputs = self.segments, self.length, self.finish_reason, self.outputs
         prompt, by_prompt, n = self.prompt, self.finished_lengths, len(self.state)
         for f in finished:
             sid, tokens = f.sample, f.length
@@ -427,7 +429,7 @@ class StepController:
                 raise SampleAccountingError(f"backend reported sample {sid} finished; it is not pending in this step")
             if tokens < kept[sid]:
                 raise SampleAccountingError(f"sample {sid} finished with {tokens} tokens, below the {kept[sid]} kept")
-            pieces[sid].append((engine[sid], tokens - kept[sid]))
+            segments[sid].append((engine[sid], tokens - kept[sid]))
             kept[sid] = length[sid] = tokens
             state[sid] = _DONE
             reason[sid] = f.finish_reason
@@ -469,17 +471,17 @@ class StepController:
         self.redispatched += len(resumed) + sum(len(s) for s in fresh.values())
 
     def _truncate(self, sid: int, kept: int) -> None:
-        """Drop the pieces beyond the ``kept`` tokens that survived (a lost engine's work)."""
-        pieces, total = [], 0
-        for engine, tokens in self.pieces[sid]:
+        """Drop the segments beyond the ``kept`` tokens that survived (a lost engine's work)."""
+        segments, total = [], 0
+        for engine, tokens in self.segments[sid]:
             take = min(tokens, kept - total)
             if take <= 0:
                 break
-            pieces.append((engine, take))
+            segments.append((engine, take))
             total += take
         if total != kept:
             raise SampleAccountingError(f"sample {sid}: the backend kept {kept} tokens, but only {total} were cut")
-        self.pieces[sid], self.kept[sid] = pieces, kept
+        self.segments[sid], self.kept[sid] = segments, kept
 
     # -- migration -------------------------------------------------------------------------------------------
     def snapshot(self, status: dict[int, EngineStatus]) -> StepProgress:
@@ -538,7 +540,7 @@ class StepController:
                 continue  # it finished (or was lost) before the cut landed; a later poll says which
             if tokens < self.kept[sid]:
                 raise SampleAccountingError(f"sample {sid} was cut at {tokens} tokens, below the {self.kept[sid]} kept")
-            self.pieces[sid].append((d.from_actor, tokens - self.kept[sid]))
+            self.segments[sid].append((d.from_actor, tokens - self.kept[sid]))
             self.kept[sid] = tokens
             moved = self._still_planned(sid)  # the rest of the prediction moves with the sample
             self.planned[d.from_actor] = self.planned.get(d.from_actor, 0.0) - moved

@@ -56,6 +56,10 @@ class TailRounds:
             except StopIteration:
                 self.dry = True
 
+    def waiting(self) -> list[Hashable]:
+        """The prompts drawn and not trained yet, outside a round: deferred first, then fresh (a checkpoint's)."""
+        return [*self.deferred, *self.fresh]
+
     def done(self) -> bool:
         self._draw(1)
         return not self.fresh and not self.deferred
@@ -125,3 +129,11 @@ def first_done(done_at: np.ndarray, train: int, long: bool) -> tuple[np.ndarray,
     order = np.lexsort((np.arange(len(done_at)), done_at))
     rows = np.sort(order[:train])
     return rows, (math.inf if long else float(np.asarray(done_at)[rows].max(initial=0.0)))
+
+
+def note_completed(completed: dict[int, int], now: Iterable[int]) -> None:
+    """Record the groups seen complete at this poll (``now``; those already recorded keep their rank), all with the
+    same rank, the poll's: an end rule's completion order, ties broken later in launch order."""
+    rank = len(completed)
+    for g in now:
+        completed.setdefault(g, rank)

@@ -38,15 +38,12 @@ from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import (
     CandidateEstimate,
     Cluster,
-    Node,
     StepPlan,
     StepReport,
     TimePerTokenProfile,
 )
-from rlhfless_sdk.planning.costmodel import AnalyticCostModel
-from rlhfless_sdk.planning.engine import DONE, RUNNING, EngineCostModel, EngineModel, EngineSamples
-from rlhfless_sdk.planning.planner import StepPlanner
-from rlhfless_sdk.rollout.batchcut import BatchCutStep, plan_pieces
+from rlhfless_sdk.planning.engine_model import DONE, RUNNING, EngineModel, EngineSamples
+from rlhfless_sdk.planning.planner import StepPlanner, planner_for, rollout_planner_for
 from rlhfless_sdk.rollout.carry import CarryBook
 from rlhfless_sdk.rollout.controller import (
     EngineStatus,
@@ -60,7 +57,21 @@ from rlhfless_sdk.rollout.controller import (
     held,
     stopped_at,
 )
-from rlhfless_sdk.rollout.tail import TailRounds, first_done, round_fields
+from rlhfless_sdk.rollout.drivers import (
+    ASYNC,
+    BATCH_CUT,
+    PLAIN,
+    TAIL_ROUNDS,
+    TOKEN_BUDGET,
+    BatchCutStep,
+    BudgetStep,
+    Driven,
+    PlainStep,
+    Ran,
+    TailRound,
+    driver_mode,
+)
+from rlhfless_sdk.rollout.tail import TailRounds
 from rlhfless_sdk.simulation.bound import WorkBound, work_bound
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
@@ -106,18 +117,6 @@ def _round_batch(steps: Sequence[WorkloadStep], refs: Sequence[Any]) -> tuple[Pr
         true_lengths=np.asarray(true) if has_true else None,
     )
     return batch, np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
-
-
-def with_burst(cluster: Cluster, gpus: int) -> Cluster:
-    """``cluster`` (the fleet) plus serverless burst nodes (``burst0``, ...) up to ``gpus`` GPUs in all: decode
-    actors placed there are billed serverless, on top of the fleet even when the fleet is billed serverful."""
-    extra = gpus - cluster.total_gpus
-    if extra <= 0:
-        return cluster
-    per_node, gpu_type = cluster.nodes[0].num_gpus, cluster.nodes[0].gpu_type
-    sizes = [per_node] * (extra // per_node) + ([extra % per_node] if extra % per_node else [])
-    burst = [Node(name=f"burst{i}", num_gpus=n, gpu_type=gpu_type) for i, n in enumerate(sizes)]
-    return Cluster(nodes=[*cluster.nodes, *burst])
 
 
 def covered(spans: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
@@ -184,7 +183,7 @@ class SimulatedBackend:
         checks = checks_per_step * (4 if self.pulls else 1)  # a shared queue is refilled at every check
         self.interval = max((chosen.time_s if chosen else 1.0) / checks, 1e-3)
         self.checks_per_step = checks_per_step
-        self.tau = float(start.max(initial=0.0)) + self.interval
+        self.next_check_s = float(start.max(initial=0.0)) + self.interval
         self.checks = 0
         self._now = 0.0
 
@@ -251,13 +250,13 @@ class SimulatedBackend:
 
     def poll(self) -> Poll:
         if self.migrates or self.pulls:
-            now = self.tau
+            now = self.next_check_s
             self._pause_until(now)
             self.advance_to(now)
             self.checks += 1
             if self.checks % (4 * self.checks_per_step) == 0:
                 self.interval *= 2  # the plan was far off: check less often rather than forever
-            self.tau = now + self.interval
+            self.next_check_s = now + self.interval
         else:
             now = math.inf
             self._pause_until(now)
@@ -298,6 +297,9 @@ class SimulatedBackend:
             return None
         s.cut_from[sample] = engine
         return self.actors[engine]._remove_running(s, sample)
+
+    def cut_all(self, running: Sequence[tuple[int, int]]) -> list[int | None]:
+        return [self.cut(e, sid) for e, sid in running]
 
     def resume(self, engine: int, sample: int, mode: str = "tokens") -> None:
         """Queue the sample first on ``engine``: its KV arrives over the link (``kv``), or the engine recomputes
@@ -346,6 +348,87 @@ class SimulatedBackend:
         )
 
 
+class _WorkloadIO:
+    """The simulator's side of a driven step (``rlhfless_sdk.rollout.drivers.StepIO``): prompts drawn from the
+    workload's steps in order, each sample's true length from the workload, the plan run whole on simulated
+    engines (the clock is exact: a cut's instant and what each sample had by then are read off the run).
+
+    A carrying driver's pieces (``book.step_pieces``: carried samples, then the new groups) are run to their true
+    ends, a new sample capped at the step's token ``budget`` (None: none)."""
+
+    def __init__(
+        self, sim: Simulator, planner: StepPlanner, steps: Sequence[WorkloadStep], book: CarryBook | None = None
+    ) -> None:
+        self.sim, self.planner, self.steps, self.book = sim, planner, steps, book
+        self.stream = deque((k, i) for k, ws in enumerate(steps) for i in range(len(ws.batch)))
+        self.truth: dict[tuple[int, int], int] = {}  # a carried sample's true total length
+        self.budget: int | None = None
+        self.step = 0
+        self.new_lengths = np.zeros(0, dtype=np.int64)
+        self.lengths = np.zeros(0, dtype=np.int64)  # what each sample of the executed batch generates
+        self.total: list[int] = []
+        self.ws: WorkloadStep | None = None
+        self.plan: StepPlan | None = None
+
+    def begin(self, step: int) -> None:
+        """A new step: its number, and the planner told which engines are warm."""
+        self.step = step
+        self.new_lengths = np.zeros(0, dtype=np.int64)
+        self.planner.warm_actors = len(self.sim.warm)
+
+    def draw(self, k: int) -> list[Any]:
+        return [self.stream.popleft() for _ in range(min(k, len(self.stream)))]
+
+    def batch(self, prompts: list[Any]) -> PromptBatch:
+        batch, self.new_lengths = _round_batch(self.steps, prompts)
+        return batch
+
+    def adopt(self, batch: PromptBatch, lengths: np.ndarray) -> PromptBatch:
+        """A workload step's batch as it is, with its true lengths."""
+        self.new_lengths = np.asarray(lengths)
+        return batch
+
+    def execute(self, batch: PromptBatch, plan: StepPlan, stop: Any, observe: bool) -> Ran:
+        """The plan run whole (``stop`` is read off the finish times by the driver instead)."""
+        if self.book is None:
+            self.lengths = self.new_lengths
+        else:
+            pieces = self.book.step_pieces
+            n_carried = len(pieces) - len(self.new_lengths)
+            self.total = _true_totals(self.truth, pieces, n_carried, self.new_lengths)
+            budget = self.budget
+            self.lengths = np.asarray(
+                [
+                    t - p.generated if (i < n_carried or budget is None) else min(t, budget)
+                    for i, (p, t) in enumerate(zip(pieces, self.total, strict=True))
+                ],
+                dtype=np.int64,
+            )
+        self.ws = WorkloadStep(step=self.step, batch=batch, lengths=self.lengths)
+        self.plan = plan
+        backend = self.sim.backend(self.planner, self.ws, plan)
+        outcome = StepController(self.planner, backend, batch, plan, step=self.step).run(observe=observe)
+        return Ran(outcome, [], finish_s=backend.s.finish_time)
+
+    def tokens(self, ran: Ran, stop_s: float) -> tuple[list[int], list[bool]]:
+        """Each piece's tokens when the step ended: by the cut instant (the same engines run again up to it), or
+        all it was to generate in this step; ended when they reach its true total."""
+        assert self.book is not None and self.ws is not None and self.plan is not None
+        pieces = self.book.step_pieces
+        if math.isfinite(stop_s):
+            made = [int(m) for m in self.sim._tokens_at(self.planner, self.ws, self.plan, stop_s)]
+        elif self.budget is not None:
+            made = [s.response_length for s in ran.outcome.samples]
+        else:
+            made = [int(m) for m in self.lengths]
+        target = made if math.isfinite(stop_s) else self.lengths.tolist()
+        ended = [p.generated + m >= t for p, m, t in zip(pieces, target, self.total, strict=True)]
+        return made, ended
+
+    def history_key(self, uid: str) -> str:
+        return uid
+
+
 @dataclass
 class SimulatedStep:
     """A step's report plus what the simulator saw that the report does not hold."""
@@ -355,7 +438,7 @@ class SimulatedStep:
     chosen: CandidateEstimate | None
     preemptions: int = 0
     frontier: list[dict] | None = None  # every candidate N: predicted and simulated (time, GPU-seconds)
-    outcome: StepOutcome | None = None  # per sample: final actor, migrations, the pieces of its tokens
+    outcome: StepOutcome | None = None  # per sample: final actor, migrations, the segments of its tokens
     usage: StepUsage | None = None  # what the report bills (learning, burst engines kept or released)
 
     @classmethod
@@ -419,6 +502,9 @@ class SimulationResult:
 class Simulator:
     """Runs a scheduler over a workload on a simulated cluster; see the module docstring for the model."""
 
+    #: The step drivers this backend runs (``rlhfless_sdk.rollout.drivers``): all of them.
+    modes = frozenset({PLAIN, TOKEN_BUDGET, TAIL_ROUNDS, BATCH_CUT, ASYNC})
+
     def __init__(
         self,
         profile: TimePerTokenProfile,
@@ -446,35 +532,15 @@ class Simulator:
         self.registry = registry
         self.max_tokens = max_tokens
         self.checks_per_step = checks_per_step
-        self.cost_model = AnalyticCostModel(profile)
-        self.check_model = EngineCostModel(profile)
         self.warm: frozenset[int] = frozenset()  # actors that worked in the previous step
         self.warm_prefill = False
         self.run_algo = algo or "ppo"
         self._bounds: dict[int, tuple[Workload, str, WorkBound]] = {}
 
-    def planning_cluster(self, config: SchedulerConfig) -> Cluster:
-        """The fleet, plus serverless burst nodes when the config allows more decode actors than it holds
-        (``max_actors``, else ``burst`` times the fleet's)."""
-        return with_burst(self.cluster, self.most_actors(config) * self.profile.gpus_per_actor)
-
-    def most_actors(self, config: SchedulerConfig) -> int:
-        if config.max_actors is not None:
-            return config.max_actors
-        return int(config.burst * (self.cluster.total_gpus // self.profile.gpus_per_actor))
-
     def planner(self, config: SchedulerConfig) -> StepPlanner:
-        # Colocated learner (as verl and OpenRLHF's --colocate_all run): it takes no GPU during generation and
-        # scores and learns on every GPU afterwards.
-        return StepPlanner(
-            config,
-            cluster=self.planning_cluster(config),
-            cost_model=self.cost_model,
-            registry=self.registry,
-            gpus_per_actor=self.profile.gpus_per_actor,
-            learner_gpus=0,
-            check_model=self.check_model,
-        )
+        """``config``'s planner on the fleet (``planner_for``: plus burst nodes when the config allows more decode
+        actors than the fleet holds)."""
+        return planner_for(config, self.profile, self.cluster, self.registry)
 
     def run(
         self,
@@ -520,19 +586,27 @@ class Simulator:
                 return self.best_split(config, workload, on_step)
             return self.run_async(config, workload, on_step, fixed)
         planner = self.planner(config)
-        if hasattr(planner.policies["straggler"], "over_provision"):  # over-provisioning: cut at B groups
-            if planner.keeps_tokens(0, []):
-                return self.run_cut(planner, workload, on_step)
-            return self.run_tail(planner, workload, on_step)
-        if carries:
-            return self.run_carry(planner, workload, on_step)
+        mode = driver_mode(planner)
+        if mode == PLAIN:
+            return self.run_plain(planner, workload, on_step, frontier)
+        drive = {TOKEN_BUDGET: self.run_carry, TAIL_ROUNDS: self.run_tail, BATCH_CUT: self.run_cut}[mode]
+        return drive(planner, workload, on_step)
+
+    def run_plain(
+        self,
+        planner: StepPlanner,
+        workload: Workload,
+        on_step: Callable[[StepReport], Any] | None = None,
+        frontier: bool = False,
+    ) -> SimulationResult:
+        """Every step of the workload, each sample run to its end in its step (``PlainStep``)."""
         steps = []
         for ws in workload.steps:
             sim = self.step(planner, ws, frontier=frontier)
             steps.append(sim)
             if on_step is not None:
                 on_step(sim.report)
-        return SimulationResult(config.name, steps)
+        return SimulationResult(planner.config.name, steps)
 
     # -- OpenRLHF's async mode ------------------------------------------------------------------------------
     def splits(self) -> list[int]:
@@ -599,15 +673,7 @@ class Simulator:
         gen_cluster = Cluster.of_gpus(r, min(r, self.cluster.nodes[0].num_gpus if self.cluster.nodes else r))
         learners = g - r
         # OpenRLHF 0.11.2 refuses vLLM sleep with --train.async_enable: the engines hold GPUs of their own
-        planner = StepPlanner(
-            config,
-            cluster=gen_cluster,
-            cost_model=AnalyticCostModel(prof),
-            registry=self.registry,
-            gpus_per_actor=prof.gpus_per_actor,
-            learner_gpus=0,
-            check_model=EngineCostModel(prof),
-        )
+        planner = rollout_planner_for(config, prof, r, gen_cluster.nodes[0].num_gpus, self.registry)
         token_counts = [float(ws.batch.prompt_lengths @ ws.batch.n_samples + ws.lengths.sum()) for ws in workload.steps]
         train_s = [sum(self._learning(t, learners)) for t in token_counts]
         done: dict[int, tuple[StepPlan, StepOutcome, list[int]]] = {}
@@ -698,131 +764,100 @@ class Simulator:
         prepare, learn = self.profile.learner_rates(self.run_algo)
         return tokens * prepare / gpus, tokens * learn / gpus
 
-    # -- tail batching (a straggler policy that over-provisions) ---------------------------------------------
+    # -- the step drivers of the straggler policies (``rlhfless_sdk.rollout.drivers``) -------------------------
     def run_tail(
         self, planner: StepPlanner, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
     ) -> SimulationResult:
-        """Rounds of ``rlhfless_sdk.rollout.tail``: a short round starts extra groups and stops when B have
+        """Rounds of tail batching (``TailRound``): a short round starts extra groups and stops when B have
         finished (the simulated step is run whole and cut at that instant: what happens after it cannot change
         what happened before); the others' tokens are dropped and their prompts deferred to a long round."""
-        config = planner.config
         steps_in = workload.steps
         b = max((len(ws.batch) for ws in steps_in), default=0)
         if b == 0:
-            return SimulationResult(config.name, [])
+            return SimulationResult(planner.config.name, [])
         rounds = TailRounds(b, [(k, i) for k, ws in enumerate(steps_in) for i in range(len(ws.batch))])
-        g = self.cluster.total_gpus
+        io = _WorkloadIO(self, planner, steps_in)
         out: list[SimulatedStep] = []
         r = 0
         while not rounds.done():
-            over = planner.over_provision(r, [])
-            rnd = rounds.next(over)
-            batch, lengths = _round_batch(steps_in, rnd.prompts)
-            planner.warm_actors = len(self.warm)
-            plan = planner.plan(batch, step=r)
-            backend = self.backend(planner, WorkloadStep(step=r, batch=batch, lengths=lengths), plan)
-            outcome = StepController(planner, backend, batch, plan, step=r).run(observe=False)
-            finish = np.asarray(backend.s.finish_time)
-            done_at = np.maximum.reduceat(finish, batch.sample_offsets[:-1]) if len(batch) else np.zeros(0)
-            trained_rows, stop = first_done(done_at, rnd.train, rnd.long)
-            rounds.settle([rnd.prompts[i] for i in trained_rows.tolist()])
-            keep = np.zeros(len(batch), dtype=bool)
-            keep[trained_rows] = True
-            sample_keep = np.repeat(keep, batch.n_samples)
-            trained_samples = [x for x, k in zip(outcome.samples, sample_keep.tolist(), strict=True) if k]
-            planner.observe(trained_samples)
-            rep, u = outcome.report, outcome.usage
-            tokens = float((batch.prompt_lengths * batch.n_samples)[keep].sum() + lengths[sample_keep].sum())
-            prepare_s, learn_s = self._learning(tokens, g)
-            usage = self.hold(planner, replace(stopped_at(u, stop), prepare_s=prepare_s, learn_s=learn_s))
-            cut = not rnd.long and len(trained_rows) < len(batch)
-            report = rep.model_copy(
-                update={**billing(usage), **round_fields(trained_samples, int(keep.sum()), len(rounds.deferred), cut)}
-            )
-            out.append(SimulatedStep.of(report, plan, outcome, usage=usage))
-            if on_step is not None:
-                on_step(report)
+            io.begin(r)
+            driven = TailRound(planner, rounds, r).run(io)
+            keep = np.zeros(len(driven.batch), dtype=bool)
+            keep[driven.trained_rows] = True
+            trained_lengths = io.lengths[np.repeat(keep, driven.batch.n_samples)]
+            tokens = float((driven.batch.prompt_lengths * driven.batch.n_samples)[keep].sum() + trained_lengths.sum())
+            out.append(self._settle_step(planner, driven, tokens, driven.stop_s, on_step))
             r += 1
-        return SimulationResult(config.name, out)
+        return SimulationResult(planner.config.name, out)
 
-    # -- partial rollouts cut when B groups are done (APRIL) ------------------------------------------------
     def run_cut(
         self, planner: StepPlanner, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
     ) -> SimulationResult:
-        """Steps with (1 + over_provision) x B groups in flight, cut when B are complete: every group carried
-        from the step before trains, plus the first fresh ones to finish; every other sample is cut at that
-        instant and carried with its tokens (``rlhfless_sdk.rollout.carry``). The simulated step is run whole
-        and cut at that instant (what happens after it cannot change what happened before): the tokens each
-        sample had by then come from the same engines run again up to it. Prompts come as a stream (the
-        workload's steps in order); once it runs dry, the last step trains what is left (B or fewer)."""
+        """Steps with (1 + over_provision) x B groups in flight, cut when B are complete (``BatchCutStep``): every
+        group carried from the step before trains, plus the first fresh ones to finish; every other sample is cut
+        at that instant and carried with its tokens. The simulated step is run whole and cut at that instant (what
+        happens after it cannot change what happened before): the tokens each sample had by then come from the
+        same engines run again up to it. Prompts come as a stream (the workload's steps in order); once it runs
+        dry, the last step trains what is left (B or fewer)."""
         config = planner.config
         if config.migrates():
             raise RlhflessError(f"scheduler {config.name!r}: cut-and-migrate with a batch-cut straggler policy")
         steps_in = workload.steps
         b = max((len(ws.batch) for ws in steps_in), default=0)
-        stream = deque((k, i) for k, ws in enumerate(steps_in) for i in range(len(ws.batch)))
-        book = CarryBook()
-        truth: dict[tuple[int, int], int] = {}
-        g = self.cluster.total_gpus
+        io = _WorkloadIO(self, planner, steps_in, book=CarryBook())
         out: list[SimulatedStep] = []
         r = 0
-        while stream or book.open_groups:
-            step = BatchCutStep(planner, book, b, r)
-            held = step.held  # carried from the step before: they all train in this one
-            refs = [stream.popleft() for _ in range(min(step.fresh_wanted(), len(stream)))]
-            new, new_lengths = _round_batch(steps_in, refs) if refs else (None, np.zeros(0, dtype=np.int64))
-            planner.warm_actors = len(self.warm)
-            batch, plan = step.plan(new)
-            pieces = step.pieces
-            total = _true_totals(truth, pieces, step.n_carried, new_lengths)
-            piece_ws = WorkloadStep(
-                step=r,
-                batch=batch,
-                lengths=np.asarray([t - p.generated for p, t in zip(pieces, total, strict=True)], dtype=np.int64),
-            )
-            backend = self.backend(planner, piece_ws, plan)
-            outcome = StepController(planner, backend, batch, plan, step=r).run(observe=False)
-            done_at = dict.fromkeys(held, 0.0)
-            for piece, t in zip(pieces, backend.s.finish_time, strict=True):
-                done_at[piece.group] = max(done_at[piece.group], t) if piece.group in done_at else t
-            train, stop = step.end(done_at)
-            made = self._tokens_at(planner, piece_ws, plan, stop) if math.isfinite(stop) else list(piece_ws.lengths)
-            ended = [p.generated + m >= t for p, m, t in zip(pieces, made, total, strict=True)]
-            settled = step.settle([int(m) for m in made], ended, train)
-            rep, u = outcome.report, outcome.usage
-            prepare_s, learn_s = self._learning(float(settled.trained_prompt_and_response_tokens), g)
-            usage = self.hold(planner, replace(stopped_at(u, stop), prepare_s=prepare_s, learn_s=learn_s))
-            report = rep.model_copy(
-                update={
-                    **billing(usage),
-                    **step.report_fields(settled),
-                    "estimate_error": rep.estimate_error if not math.isfinite(stop) else None,
-                }
-            )
-            out.append(SimulatedStep.of(report, plan, outcome, usage=usage))
-            if on_step is not None:
-                on_step(report)
+        while True:
+            io.begin(r)
+            driven = BatchCutStep(planner, io.book, b, r).run(io)
+            if driven is None:
+                break
+            tokens = float(driven.settled.trained_prompt_and_response_tokens)
+            out.append(self._settle_step(planner, driven, tokens, driven.stop_s, on_step))
             r += 1
         return SimulationResult(config.name, out)
 
-    def _plan_pieces(
+    def run_carry(
+        self, planner: StepPlanner, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
+    ) -> SimulationResult:
+        """Steps whose new samples stop at the straggler policy's token budget and finish in the next step
+        (``BudgetStep``); a group trains in the step its last sample ends, and the learner's time is that of the
+        trained groups. After the workload's last step, one more step finishes what is carried, so every prompt
+        trains exactly once."""
+        io = _WorkloadIO(self, planner, workload.steps, book=CarryBook())
+        steps: list[SimulatedStep] = []
+        work: list[WorkloadStep | None] = [*workload.steps, None]  # None: the final step, carried samples only
+        for k, ws in enumerate(work):
+            if ws is None and not io.book.carried:
+                break
+            step_no = ws.step if ws is not None else (workload.steps[-1].step + 1 if workload.steps else 0)
+            io.begin(step_no)
+            driver = BudgetStep(planner, io.book, step_no, k)
+            io.budget = driver.budget
+            driven = driver.run(io, io.adopt(ws.batch, ws.lengths) if ws is not None else None)
+            tokens = float(driven.settled.trained_prompt_and_response_tokens)
+            steps.append(self._settle_step(planner, driven, tokens, None, on_step))
+        return SimulationResult(planner.config.name, steps)
+
+    def _settle_step(
         self,
         planner: StepPlanner,
-        book: CarryBook,
-        new: PromptBatch | None,
-        new_lengths: np.ndarray,
-        truth: dict[tuple[int, int], int],
-        step: int,
-        budget: int | None,
-        fallbacks: list[str],
-    ) -> tuple[PromptBatch, StepPlan, list[int], int]:
-        """A carrying step's work (``book.pieces``: carried samples, then ``new``'s groups) planned; records the
-        new samples' true lengths in ``truth``. Returns the batch, its plan, each piece's true total length and
-        how many pieces are carried samples."""
-        n_carried = len(book.carried)
-        planner.warm_actors = len(self.warm)
-        batch, plan = plan_pieces(planner, book, new, step, fallbacks, budget)
-        return batch, plan, _true_totals(truth, book.step_pieces, n_carried, new_lengths), n_carried
+        driven: Driven,
+        tokens: float,
+        stop_s: float | None,
+        on_step: Callable[[StepReport], Any] | None,
+    ) -> SimulatedStep:
+        """A driven step billed: the engines up to ``stop_s`` (None: as they ran), the learner on the ``tokens``
+        (prompt + response) that train, burst engines kept or released; the report with the driver's fields."""
+        rep, u = driven.outcome.report, driven.outcome.usage
+        prepare_s, learn_s = self._learning(tokens, self.cluster.total_gpus)
+        usage = u if stop_s is None else stopped_at(u, stop_s)
+        usage = self.hold(planner, replace(usage, prepare_s=prepare_s, learn_s=learn_s))
+        report = rep.model_copy(update={**billing(usage), **driven.fields})
+        sim = SimulatedStep.of(report, driven.plan, driven.outcome, usage=usage)
+        if on_step is not None:
+            on_step(report)
+        return sim
 
     def _tokens_at(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, t: float) -> list[int]:
         """Each sample's tokens at time ``t`` of a step dispatched as the step controller does (no migration)."""
@@ -831,55 +866,12 @@ class Simulator:
         backend.advance_to(t)
         return backend.tokens_now()
 
-    # -- partial rollouts (a straggler policy with a token budget) -----------------------------------------
-    def run_carry(
-        self, planner: StepPlanner, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
-    ) -> SimulationResult:
-        """Steps whose new samples stop at the straggler policy's token budget and finish in the next step
-        (``rlhfless_sdk.rollout.carry``); a group trains in the step its last sample ends, and the learner's
-        time is that of the trained groups. After the workload's last step, one more step finishes what is
-        carried, so every prompt trains exactly once."""
-        config = planner.config
-        book = CarryBook()
-        truth: dict[tuple[int, int], int] = {}
-        g = self.cluster.total_gpus
-        steps: list[SimulatedStep] = []
-        work: list[WorkloadStep | None] = [*workload.steps, None]  # None: the final step, carried samples only
-        for k, ws in enumerate(work):
-            if ws is None and not book.carried:
-                break
-            fallbacks: list[str] = []
-            step_no = ws.step if ws is not None else (workload.steps[-1].step + 1 if workload.steps else 0)
-            new, new_lengths = (ws.batch, ws.lengths) if ws is not None else (None, np.zeros(0, dtype=np.int64))
-            budget = planner.segment_tokens(step_no, fallbacks)
-            batch, plan, total, n_carried = self._plan_pieces(
-                planner, book, new, new_lengths, truth, step_no, budget, fallbacks
-            )
-            pieces = book.step_pieces
-            targets = [
-                t - p.generated if (i < n_carried or budget is None) else min(t, budget)
-                for i, (p, t) in enumerate(zip(pieces, total, strict=True))
-            ]
-            piece_ws = WorkloadStep(step=step_no, batch=batch, lengths=np.asarray(targets, dtype=np.int64))
-            outcome = self.execute(planner, piece_ws, plan)
-            ended = [p.generated + t >= tt for p, t, tt in zip(pieces, targets, total, strict=True)]
-            settled = book.settle(k, [s.response_length for s in outcome.samples], ended)
-            planner.observe(settled.finished)
-            planner.note_error(outcome.report.estimate_error)
-            rep, u = outcome.report, outcome.usage
-            prepare_s, learn_s = self._learning(float(settled.trained_prompt_and_response_tokens), g)
-            usage = self.hold(planner, replace(u, prepare_s=prepare_s, learn_s=learn_s))
-            report = rep.model_copy(update={**billing(usage), **settled.report_fields()})
-            steps.append(SimulatedStep.of(report, plan, outcome, usage=usage))
-            if on_step is not None:
-                on_step(report)
-        return SimulationResult(config.name, steps)
-
     def step(self, planner: StepPlanner, ws: WorkloadStep, frontier: bool = False) -> SimulatedStep:
-        """One step; the actors that worked in it stay warm for the next (``self.warm``)."""
-        planner.warm_actors = len(self.warm)
-        plan = planner.plan(ws.batch, step=ws.step)
-        outcome = self.execute(planner, ws, plan, observe=True)
+        """One step (``PlainStep``); the actors that worked in it stay warm for the next (``self.warm``)."""
+        io = _WorkloadIO(self, planner, [ws])
+        io.begin(ws.step)
+        driven = PlainStep(planner, ws.step).run(io, io.adopt(ws.batch, ws.lengths))
+        plan, outcome = driven.plan, driven.outcome
         front = self.frontier(planner, ws, plan, outcome.report) if frontier else None
         usage = self.hold(planner, outcome.usage)
         report = outcome.report.model_copy(update=billing(usage))

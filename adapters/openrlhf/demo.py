@@ -197,16 +197,15 @@ def run_demo(settings: DemoSettings, say=print, progress=None) -> dict[str, Any]
 def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -> dict[str, Any]:
     from types import SimpleNamespace
 
-    from rlhfless_openrlhf.engines import create_engines
+    from rlhfless_openrlhf.engine_factory import create_engines
     from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
-    from rlhfless_openrlhf.rollout import rollout_args
+    from rlhfless_openrlhf.rollout_actor import rollout_args
 
     from rlhfless_sdk import get_plugin_manager
     from rlhfless_sdk.api.profiles import load_profile
-    from rlhfless_sdk.cli.plan_report import resolve_scheduler
 
     registry = get_plugin_manager().registry
-    configs = [resolve_scheduler(name, registry) for name in settings.schedulers]  # names or YAML files
+    configs = [registry.resolve(name) for name in settings.schedulers]  # names or YAML files
     say(f"starting {settings.engines} vLLM engines (CPU) on {model.name} ...")
     t0 = time.time()
     engines = create_engines(settings.engines, str(model), cpu=True, placer=registry.create("placer", "pack"))

@@ -14,8 +14,9 @@ from pathlib import Path
 import click
 
 from rlhfless_sdk import get_plugin_manager, hookimpl
-from rlhfless_sdk.cli.args import POSITIVE, dumps
-from rlhfless_sdk.cli.plan_report import resolve_scheduler
+from rlhfless_sdk.api.records import dumps
+
+POSITIVE = click.IntRange(min=1)
 
 
 @click.command("profile")
@@ -109,6 +110,8 @@ def demo_cmd(
 ) -> None:
     """A real rollout comparison on this machine: OpenRLHF's engines on vLLM (CPU), SmolLM2-135M-Instruct,
     each scheduler for several epochs over the same GSM8K-style prompts."""
+    from rlhfless_openrlhf.capabilities import adapter_refusal
+
     try:
         from rlhfless_openrlhf.demo import DemoSettings, load_questions, run_demo
     except ImportError as exc:
@@ -118,7 +121,7 @@ def demo_cmd(
     # everything the run needs is checked before the model loads and the engines start
     registry = get_plugin_manager().registry
     for name in schedulers:
-        refused = resolve_scheduler(name, registry).simulator_only()  # an unknown name or a bad file: exit 2
+        refused = adapter_refusal(registry.resolve(name), registry)  # an unknown name or a bad file: exit 2
         if refused is not None:
             raise click.BadParameter(refused, param_hint="'--scheduler'")
     if prompts_file is not None:

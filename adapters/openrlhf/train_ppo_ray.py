@@ -78,6 +78,8 @@ def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
 
 def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
     """Validate the scheduler, config and profile; None means: run OpenRLHF unchanged."""
+    from rlhfless_openrlhf.capabilities import adapter_refusal
+
     from rlhfless_sdk.api.config import read_scheduler_config
     from rlhfless_sdk.api.plugins import get_plugin_manager
     from rlhfless_sdk.api.profiles import load_profile
@@ -90,10 +92,10 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
         config = registry.scheduler(name)  # an unknown name lists the valid ones
         if name == "openrlhf":
             return None
-    refused = config.simulator_only()
+    profile = load_profile(ours.get("--scheduler.profile", "qwen2.5-7b-l40s"))
+    refused = adapter_refusal(config, registry, profile)
     if refused is not None:
         raise SystemExit(f"error: {refused}")
-    profile = load_profile(ours.get("--scheduler.profile", "qwen2.5-7b-l40s"))
     report = str(Path(ours.get("--scheduler.report", "rlhfless_steps.jsonl")).resolve())
     trace = str(Path(ours["--scheduler.trace"]).resolve()) if "--scheduler.trace" in ours else None
     settings = {
@@ -120,21 +122,15 @@ def _seconds(value: str | None, flag: str) -> float:
 
 
 def keeps_tokens(settings: dict[str, Any]) -> bool:
-    """Whether the scheduler trains tokens generated under older weights: its straggler policy keeps a cut sample's
+    """Whether the scheduler trains tokens generated under older weights: its step driver keeps a cut sample's
     tokens across a weight update (partial rollouts). Asked as the samples generator asks it, of a step planner."""
-    from rlhfless_sdk.api.config import SchedulerConfig
-    from rlhfless_sdk.api.records import Cluster, TimePerTokenProfile
-    from rlhfless_sdk.planning.costmodel import AnalyticCostModel
-    from rlhfless_sdk.planning.planner import StepPlanner
+    from rlhfless_openrlhf.capabilities import mode_of
 
-    planner = StepPlanner(
-        SchedulerConfig.model_validate(settings["scheduler"]),
-        cluster=Cluster.of_gpus(1, 1),
-        cost_model=AnalyticCostModel(TimePerTokenProfile.model_validate(settings["profile"])),
-        learner_gpus=0,
-        prefill_actor=False,
-    )
-    return planner.keeps_tokens(0, [])
+    from rlhfless_sdk.api.config import SchedulerConfig
+    from rlhfless_sdk.rollout import drivers
+
+    mode = mode_of(SchedulerConfig.model_validate(settings["scheduler"]), profile=settings["profile"])
+    return drivers.keeps_tokens(mode)
 
 
 def passed(flag: str, argv: Sequence[str], shortest: str | None = None) -> bool:
@@ -252,8 +248,8 @@ def install_rollout_hooks(settings: dict[str, Any], argv: Sequence[str] | None =
     line OpenRLHF's parser reads (default: ``sys.argv[1:]`` when the hook runs, which is what the parser read)."""
     import openrlhf.trainer.ray as ray_pkg
     import openrlhf.utils.config as config_module
-    import rlhfless_openrlhf.engines as engines_module
-    from rlhfless_openrlhf.engines import create_vllm_engines_with_rlhfless
+    import rlhfless_openrlhf.engine_factory as engines_module
+    from rlhfless_openrlhf.engine_factory import create_vllm_engines_with_rlhfless
 
     original = getattr(config_module.hierarchize, "__wrapped__", config_module.hierarchize)
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-from rlhfless_openrlhf.engine import RlhflessRolloutActor
+from rlhfless_openrlhf.engine_actor import RlhflessRolloutActor
 
 from rlhfless_sdk.api.records import Actor, Cluster, Node
 

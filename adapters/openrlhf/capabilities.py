@@ -1,0 +1,44 @@
+"""What the OpenRLHF adapter runs: the step drivers of its samples generator, and the one-line refusal of a
+scheduler that needs another (light: no Ray, vLLM or OpenRLHF import, so the launcher and the CLI check first)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.plugins import Registry
+from rlhfless_sdk.api.records import Cluster, TimePerTokenProfile
+from rlhfless_sdk.planning.planner import planner_for
+from rlhfless_sdk.rollout.drivers import ASYNC, BATCH_CUT, PLAIN, TAIL_ROUNDS, driver_mode, refusal
+
+#: The step drivers the samples generator runs on OpenRLHF's engines.
+MODES = frozenset({PLAIN, TAIL_ROUNDS, BATCH_CUT})
+BACKEND = "the OpenRLHF adapter"
+_ASYNC_HINT = (
+    "on OpenRLHF pass --train.async_enable (and --train.partial_rollout_enable) with --scheduler openrlhf; "
+    "`rlhfless simulate` models the async pipeline"
+)
+
+
+def mode_of(config: SchedulerConfig, registry: Registry | None = None, profile: Any = None) -> str:
+    """The step driver ``config`` needs, as the samples generator asks it (of its own step planner)."""
+    if config.pipeline.mode == "async":
+        return ASYNC
+    if profile is None:
+        from rlhfless_sdk.api.profiles import load_profile
+
+        profile = load_profile("qwen2.5-7b-l40s")
+    prof = TimePerTokenProfile.model_validate(profile) if isinstance(profile, dict) else profile
+    config = config.derive(burst=1.0, max_actors=None)
+    return driver_mode(
+        planner_for(config, prof, Cluster.of_gpus(prof.gpus_per_actor, 8), registry, prefill_actor=False)
+    )
+
+
+def adapter_refusal(config: SchedulerConfig, registry: Registry | None = None, profile: Any = None) -> str | None:
+    """Why the adapter cannot run ``config`` (None: it can), naming the policy or pipeline that needs more."""
+    mode = mode_of(config, registry, profile)
+    why = refusal(config, mode, MODES, BACKEND)
+    if why is not None:
+        why += f"; {_ASYNC_HINT}" if mode == ASYNC else "; `rlhfless simulate` runs every step driver"
+    return why

@@ -1,0 +1,589 @@
+"""RLHFless's samples generator: OpenRLHF's ``SamplesGenerator`` with the rollout driven by the SDK's step drivers.
+
+OpenRLHF calls ``_generate_vllm`` once per training batch. The generator hands the step to the SDK's driver of its
+scheduler's mode (``rlhfless_sdk.rollout.drivers``: plain, tail rounds or a batch cut), the same code the simulator
+runs, through ``_EnginesIO``: prompts from OpenRLHF's dataloader, tokenized into the planner's batch, the plan run by
+the SDK's ``StepController`` on OpenRLHF's vLLM engines (``ray_backend.RayBackend``) under the driver's end rule.
+What is left here is OpenRLHF's side: experiences from the responses that train, the checkpoint of carried work
+and deferred prompts, the trace and the report as JSON lines, and ``rlhfless/*`` metrics for OpenRLHF's logs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
+from rlhfless_openrlhf.capabilities import BACKEND, MODES
+from rlhfless_openrlhf.messages import CutSample
+from rlhfless_openrlhf.ray_backend import (
+    BackendSettings,
+    EnginePool,
+    EngineRequest,
+    RayBackend,
+    RolloutEngineLost,
+    engine_gpus,
+)
+from vllm import SamplingParams
+
+from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
+from rlhfless_sdk.api.records import Cluster, StepPlan, StepReport, TimePerTokenProfile
+from rlhfless_sdk.planning.planner import planner_for
+from rlhfless_sdk.rollout import drivers
+from rlhfless_sdk.rollout.carry import CarryBook
+from rlhfless_sdk.rollout.controller import StepController, StepOutcome
+from rlhfless_sdk.rollout.drivers import (
+    BATCH_CUT,
+    TAIL_ROUNDS,
+    BatchCutStep,
+    Driven,
+    PlainStep,
+    Ran,
+    TailRound,
+    driver_mode,
+    refusal,
+)
+from rlhfless_sdk.rollout.tail import TailRounds
+
+__all__ = ["RlhflessSamplesGenerator", "RolloutEngineLost", "log_lines", "merge_metrics", "prompt_uid"]
+
+log = logging.getLogger("rlhfless.openrlhf")
+
+
+def log_lines() -> None:
+    """Show the adapter's INFO lines (placement, refill rounds, engines woken) in this process's stderr, once."""
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
+def prompt_uid(prompt: str) -> str:
+    """A stable id for a prompt's text: its length history follows it across epochs."""
+    return hashlib.sha1(prompt.encode("utf-8")).hexdigest()[:16]
+
+
+class _EnginesIO:
+    """OpenRLHF's side of a driven step (``rlhfless_sdk.rollout.drivers.StepIO``): prompts from its dataloader (or
+    tail batching's rounds), tokenized; the plan run by the step controller on the engines under the driver's end
+    rule; a carried sample's tokens and logprobs kept for its next step."""
+
+    def __init__(
+        self, gen: RlhflessSamplesGenerator, kw: dict[str, Any], source: Any = None, dataloader_iter: Any = None
+    ) -> None:
+        """``source``: prompt reference -> (prompt, label, image) (tail batching's ``tail_prompts``); default the
+        prompts ``draw`` took from ``dataloader_iter``, by position."""
+        self.gen, self.kw, self.source, self.dataloader_iter = gen, kw, source, dataloader_iter
+        self.n = int(kw.get("n_samples_per_prompt", gen.args.rollout.n_samples_per_prompt))
+        self.exhausted = False
+        self.drawn: list[tuple[str, Any, Any]] = []  # prompt, label, image of each prompt drawn this step
+        self.metas: list[tuple[str, Any, Any, list[int]]] = []  # per batch prompt: prompt, label, image, token ids
+        self.new_uids: list[str] = []
+        self.backend: RayBackend | None = None
+        self.t_start = time.time()
+
+    # -- the driver's calls -----------------------------------------------------------------------------------
+    def draw(self, k: int) -> list[Hashable]:
+        if k <= 0:
+            return []
+        prompts, labels, images, self.exhausted = _collect_prompt_batch(self.dataloader_iter, k)
+        self.drawn = list(zip(prompts, labels, images or [None] * len(prompts), strict=True))
+        self.source = self.drawn
+        return list(range(len(self.drawn)))
+
+    def batch(self, prompts: list[Hashable]) -> PromptBatch:
+        """The prompts (references into ``source``) as a batch, their uids distinct from the open groups' (a
+        carrying step's) too."""
+        gen = self.gen
+        metas = [self.source[k] for k in prompts]
+        taken: set[str] = set()
+        if gen.mode == BATCH_CUT:
+            taken = {p.uid for p in gen.book.carried} | {gen.group_meta[g][3] for g in gen.book.open_group_ids()}
+        token_ids, batch = gen._prompt_batch([m[0] for m in metas], self.n, taken)
+        self.drawn = [(m[0], m[1], m[2]) for m in metas]
+        self.metas = [(m[0], m[1], m[2], ids) for m, ids in zip(metas, token_ids, strict=True)]
+        self.new_uids = list(batch.uids)
+        return batch
+
+    def execute(self, batch: PromptBatch, plan: StepPlan, stop: Any, observe: bool) -> Ran:
+        gen = self.gen
+        prefix: dict[int, tuple[list[int], list[float] | None]] = {}
+        if gen.mode == BATCH_CUT:  # the batch: carried samples (one prompt each), then the new groups
+            pieces = gen.book.step_pieces
+            n_carried = len(pieces) - self.n * len(self.new_uids)
+            for i, (prompt, label, image, ids) in enumerate(self.metas):  # the new groups, in launch order
+                gen.group_meta[pieces[n_carried + i * self.n].group] = (prompt, label, image, self.new_uids[i], ids)
+            firsts = pieces[:n_carried] + pieces[n_carried :: self.n]
+            self.metas = [(m[0], m[1], m[2], m[4]) for m in (gen.group_meta[p.group] for p in firsts)]
+            prefix = {
+                sid: gen.carry_state[(p.group, p.sample_index)]
+                for sid, p in enumerate(pieces[:n_carried])
+                if (p.group, p.sample_index) in gen.carry_state
+            }
+        if not gen.pool.live():
+            raise RuntimeError("every rollout engine has died; cannot generate")
+        req = EngineRequest(
+            prompts=[m[0] for m in self.metas],
+            labels=[m[1] for m in self.metas],
+            images=[m[2] for m in self.metas],
+            token_ids=[m[3] for m in self.metas],
+            keys=[f"{batch.uids[i]}/{k}" for i in range(len(batch)) for k in range(int(batch.n_samples[i]))],
+            prompt_of=[i for i in range(len(batch)) for _ in range(int(batch.n_samples[i]))],
+            params=gen._sampling_params(**self.kw),
+            max_length=self.kw.get("max_len", 2048),
+            prefix=prefix,
+        )
+        self.backend = backend = RayBackend(gen.pool, req, plan, self.t_start, gen.backend_settings)
+        history = [self.history_key(u) for u in batch.uids]  # a prompt repeated in the batch shares its history
+        controller = StepController(gen.planner, backend, batch, plan, step=gen.step, history_uids=history)
+        outcome = controller.run(observe=observe, stop=stop)
+        backend.collect_carried()  # the calls of samples cut at the end return what they have (or are dropped)
+        return Ran(outcome, controller.done_prompts())
+
+    def tokens(self, ran: Ran, stop_s: float) -> tuple[list[int], list[bool]]:
+        assert self.backend is not None
+        carried = set(ran.outcome.carried)
+        made, ended = [], []
+        for sid, s in enumerate(ran.outcome.samples):
+            kept = sid not in carried or sid in self.backend.carried_out  # a carried sample whose engine died: none
+            made.append(s.response_length if kept else 0)
+            ended.append(sid not in carried)
+        return made, ended
+
+    def history_key(self, uid: str) -> str:
+        return uid.split("#")[0]
+
+
+class RlhflessSamplesGenerator(SamplesGenerator):
+    """Drop-in for OpenRLHF's ``SamplesGenerator`` (same constructor, plus the scheduler)."""
+
+    #: The step drivers it runs (``rlhfless_openrlhf.capabilities``); a scheduler needing another is refused.
+    modes = MODES
+
+    def __init__(
+        self,
+        strategy: Any,
+        prompts_dataloader: Any,
+        eval_dataloader: Any,
+        tokenizer: Any,
+        vllm_engines: list,
+        *,
+        scheduler: SchedulerConfig,
+        profile: TimePerTokenProfile,
+        report_path: str | Path | None = None,
+        trace_path: str | Path | None = None,
+        check_interval_s: float = 0.5,
+        carry_timeout_s: float = 120.0,
+        gpus_per_node: int = 8,
+        registry: Registry | None = None,
+    ) -> None:
+        super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
+        registry = registry or get_plugin_manager().registry
+        self.pool = EnginePool(self.vllm_engines)
+        n = len(self.vllm_engines)
+        gpa = profile.gpus_per_actor
+        # the engines OpenRLHF created, one decode actor each: never more (real engines do not burst)
+        config = scheduler.derive(burst=1.0, max_actors=min(scheduler.max_actors or n, n))
+        self.cluster = Cluster.of_gpus(n * gpa, gpus_per_node)
+        self.planner = planner_for(config, profile, self.cluster, registry, prefill_actor=False)
+        self.planner.warm_actors = n  # OpenRLHF started them before the first step
+        self.mode = driver_mode(self.planner)
+        refused = refusal(config, self.mode, self.modes, BACKEND)
+        if refused is not None:
+            raise RlhflessError(refused)
+        self.profile = profile
+        self.report_path = None if report_path is None else Path(report_path)
+        self.trace_path = None if trace_path is None else Path(trace_path)
+        # dedup prefill rides on vLLM's prefix cache; the user's setting holds for every scheduler alike
+        self.prefix_caching = bool(getattr(self.args.vllm, "enable_prefix_caching", True))
+        if not self.prefix_caching:
+            log.info("prefix caching is off (--vllm.enable_prefix_caching): the dedup prefill plan is not applied")
+        self.check_interval_s = check_interval_s
+        self.carry_timeout_s = carry_timeout_s  # how long a step's end waits for its carried samples' calls
+        self.keeps_tokens = drivers.keeps_tokens(self.mode)
+        if self.keeps_tokens and self.args.algo.advantage.is_correction_level == "off":
+            log.warning(
+                "rlhfless: scheduler %s trains carried tokens one weight update stale, but importance-sampling "
+                "correction is off (--algo.advantage.is_correction_level): they train without an importance weight",
+                config.name,
+            )
+        # tail batching: rounds of prompts from OpenRLHF's dataloader, the slowest groups' prompts deferred
+        self.tail: TailRounds | None = None
+        self.tail_prompts: dict[int, tuple[str, Any, Any]] = {}  # prompt id -> prompt, label, image (not trained yet)
+        self._tail_source: Any = None  # the dataloader iterator the rounds draw from
+        self._tail_drawn = 0
+        self._tail_pending: list[int] = []  # restored from a checkpoint, not yet in a round
+        # partial rollouts cut at B groups: what is carried between steps
+        self.book = CarryBook()
+        self.group_meta: dict[int, tuple[str, Any, Any, str, list[int]]] = {}  # group -> prompt, label, image, uid, ids
+        self.carry_state: dict[tuple[int, int], tuple[list[int], list[float] | None]] = {}  # sample -> tokens, logprobs
+        self.ended_responses: dict[tuple[int, int], dict[str, Any]] = {}  # samples ended, their group still open
+        self.step = 0
+        self.last_cuts: list[tuple[int, int, CutSample]] = []
+        self.last_trained_groups: list[int] = []  # the groups of the last step's experiences
+        self.last_report: StepReport | None = None
+        self.last_metrics: dict[str, float] = {}
+
+    @property
+    def backend_settings(self) -> BackendSettings:
+        """What a step's backend needs, read when the step starts (OpenRLHF's args may change between steps)."""
+        return BackendSettings(
+            tokenizer=self.tokenizer,
+            prefix_caching=self.prefix_caching,
+            check_interval_s=self.check_interval_s,
+            carry_timeout_s=self.carry_timeout_s,
+            gpus_per_engine=engine_gpus(self.args),
+            max_num_seqs=self.profile.max_num_seqs,
+        )
+
+    @property
+    def dead(self) -> set[int]:
+        """Rollout engines that died."""
+        return self.pool.dead
+
+    # -- the step ------------------------------------------------------------------------------------------
+    def generate_samples(self, **generate_kwargs):  # type: ignore[override]
+        """OpenRLHF's entry point, unchanged, except that a step in which a rollout engine died is not handed to
+        training (see ``dead_engine_error``)."""
+        out = super().generate_samples(**generate_kwargs)
+        error = self.dead_engine_error()
+        if error is not None:
+            raise RolloutEngineLost(error)
+        return out
+
+    def dead_engine_error(self) -> str | None:
+        """Why the run cannot go on after a rollout engine died, or None if none did."""
+        return self.pool.dead_engine_error(self.step - 1)
+
+    def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):  # type: ignore[override]
+        """One training batch. Evaluation rollouts take OpenRLHF's own path: they are not the workload the
+        scheduler plans for and never enter the length history or the step count. With dynamic filtering, each
+        group the filter drops is replaced by a fresh prompt from the dataloader, as OpenRLHF does, in refill rounds
+        (each one a scheduled round of its own in the step report) until the batch is full or the data ends."""
+        if dataloader_iter is not None and dataloader_iter is getattr(self, "_eval_dataloader_iter", None):
+            return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
+        if self.mode in (BATCH_CUT, TAIL_ROUNDS):
+            if dynamic_filtering:  # refused at launch too: a dropped group would break "B groups a step"
+                raise RuntimeError(
+                    f"rlhfless: the {self.mode} step driver of scheduler {self.planner.config.name} cannot run with "
+                    "dynamic filtering"
+                )
+            if self.mode == BATCH_CUT:
+                return self._generate_batch_cut(dataloader_iter, num_prompts, **generate_kwargs)
+            return self._generate_tail_round(dataloader_iter, num_prompts, **generate_kwargs)
+        n = int(generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
+        accepted: list = []
+        consumed, want, exhausted = 0, num_prompts, False
+        while want > 0 and not exhausted:
+            prompts, labels, images, exhausted = _collect_prompt_batch(dataloader_iter, want)
+            if not prompts:
+                exhausted = True
+                break
+            consumed += len(prompts)
+            experiences = self.generate_step(prompts, labels, images=images, **generate_kwargs)
+            if not dynamic_filtering:
+                return experiences, consumed, exhausted
+            kept = self._filter(experiences, n)
+            accepted.extend(kept)
+            want = len(prompts) - len(kept) // n
+            if want:
+                log.info("dynamic filtering dropped %d of %d groups; refilling from the dataloader", want, len(prompts))
+        return accepted, consumed, exhausted
+
+    def generate_step(self, prompts: list[str], labels: list[Any], *, images: list | None = None, **kw: Any) -> list:
+        """One plain step (``PlainStep``): every sample of ``prompts`` generated under the plan, to its end;
+        experiences grouped by prompt, in order."""
+        io = _EnginesIO(self, kw, source=list(zip(prompts, labels, images or [None] * len(prompts), strict=True)))
+        driven = PlainStep(self.planner, self.step).run(io, io.batch(list(range(len(prompts)))))
+        return self._finish_driven(io, driven, kw)
+
+    def _finish_driven(self, io: _EnginesIO, driven: Driven, kw: dict[str, Any]) -> list:
+        """A plain step or a tail round: the experiences of the groups that train, their trace, the report."""
+        n = io.n
+        outcome = driven.outcome
+        rows = driven.trained_rows
+        experiences = [
+            self._process_response_into_experience(outcome.outputs[sid], **kw)
+            for g in rows
+            for sid in range(g * n, (g + 1) * n)
+        ]
+        assert io.backend is not None
+        self.last_cuts = io.backend.cut_log  # (sample in batch order, engine, CutSample): what each cut kept
+        self.last_trained_groups = rows
+        self._trace_groups(
+            (
+                driven.batch.uids[i],
+                io.metas[i][3],
+                [outcome.samples[sid].response_length for sid in range(i * n, (i + 1) * n)],
+            )
+            for i in rows
+        )
+        report = outcome.report.model_copy(update=driven.fields)
+        self._finish_step(report, outcome, driven.plan)
+        return experiences
+
+    # -- carried work across OpenRLHF checkpoints ------------------------------------------------------------
+    def carry_snapshot(self) -> dict[str, Any] | None:
+        """What a straggler policy holds between steps, as plain data for OpenRLHF's checkpoint (``client_states``).
+        Partial rollouts: the carry book's state (``CarryBook.state``: open groups, carried samples), each open
+        group's prompt, the carried samples' tokens and logprobs, the samples already ended in open groups. Tail
+        batching: the prompts drawn from the dataloader and not trained yet (``TailRounds.waiting``), in order.
+        None when nothing is held."""
+        book = self.book
+        waiting = ([] if self.tail is None else self.tail.waiting()) + self._tail_pending
+        if not book.groups and not waiting:
+            return None
+        snapshot: dict[str, Any] = {"version": 1, "step": self.step}
+        if book.groups:
+            snapshot.update(
+                {
+                    **book.state(),
+                    "group_meta": {str(g): [m[0], m[1], None, m[3], list(m[4])] for g, m in self.group_meta.items()},
+                    "carry_state": [[g, j, list(t), lp] for (g, j), (t, lp) in self.carry_state.items()],
+                    "ended": [[g, j, r] for (g, j), r in self.ended_responses.items()],
+                }
+            )
+        if waiting:
+            snapshot["deferred"] = [[self.tail_prompts[k][0], self.tail_prompts[k][1]] for k in waiting]
+        # plain JSON data (a reward's tensors become numbers), whatever the checkpoint format pickles or not
+        return json.loads(json.dumps(snapshot, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+
+    def restore_carry(self, snapshot: dict[str, Any] | None) -> int:
+        """Take back what ``carry_snapshot`` saved; returns the number of carried samples and deferred prompts
+        restored. What this generator cannot continue (another scheduler, another format) is dropped with a
+        logged count."""
+        if not snapshot:
+            return 0
+        restored = 0
+        version_ok = snapshot.get("version") == 1
+        deferred = snapshot.get("deferred", [])
+        if deferred and (self.mode != TAIL_ROUNDS or not version_ok):
+            log.warning(
+                "rlhfless: the checkpoint holds %d deferred prompt(s) that scheduler %s does not re-run; they are "
+                "dropped (their prompts were consumed: they will not train this epoch)",
+                len(deferred),
+                self.planner.config.name,
+            )
+        elif deferred:
+            for prompt, label in deferred:
+                k = self._tail_drawn
+                self._tail_drawn += 1
+                self.tail_prompts[k] = (prompt, label, None)
+                self._tail_pending.append(k)
+            self.step = int(snapshot["step"])
+            restored += len(deferred)
+            log.info("rlhfless: restored %d deferred prompt(s) from the checkpoint", len(deferred))
+        if "groups" not in snapshot:
+            return restored
+        carried = len(snapshot.get("carried", []))
+        if self.mode != BATCH_CUT or not version_ok:
+            log.warning(
+                "rlhfless: the checkpoint carries %d partial sample(s) in %d open group(s) that scheduler %s cannot "
+                "continue; they are dropped (their prompts were consumed: they will not train this epoch)",
+                carried,
+                len(snapshot.get("groups", {})),
+                self.planner.config.name,
+            )
+            return restored
+        book = self.book = CarryBook.from_state(snapshot)
+        self.group_meta = {int(g): (m[0], m[1], None, m[3], list(m[4])) for g, m in snapshot["group_meta"].items()}
+        self.carry_state = {(int(g), int(j)): (list(t), lp) for g, j, t, lp in snapshot["carry_state"]}
+        self.ended_responses = {(int(g), int(j)): r for g, j, r in snapshot["ended"]}
+        self.step = int(snapshot["step"])
+        log.info(
+            "rlhfless: restored %d carried sample(s) in %d open group(s) from the checkpoint", carried, len(book.groups)
+        )
+        return restored + carried
+
+    def _generate_batch_cut(self, dataloader_iter, b: int, **kw: Any) -> tuple[list, int, bool]:
+        """One step of partial rollouts cut when B groups are complete (the SDK's ``BatchCutStep``, APRIL-style):
+        every group carried from the step before, plus fresh prompts from OpenRLHF's dataloader up to
+        (1 + over_provision) x B groups in flight; the step ends once the carried groups and ``B - carried`` fresh
+        ones are complete, and every other sample is cut where it is and carried, with its tokens and their
+        logprobs, into the next step, where it continues under the new weights on whichever engine the plan picks.
+        A group trains once, complete, with all n samples in order; each carried token keeps the logprob of the
+        policy that generated it, so OpenRLHF's rollout-logprob importance correction applies. Once the dataloader
+        runs dry the last steps train what is left, B a step, and the epoch ends when nothing is carried. Returns
+        (experiences, prompts taken from the dataloader, exhausted)."""
+        io = _EnginesIO(self, kw, dataloader_iter=dataloader_iter)
+        driven = BatchCutStep(self.planner, self.book, b, self.step).run(io)
+        if driven is None:
+            return [], 0, True
+        assert driven.settled is not None and io.backend is not None
+        outcome, settled, backend = driven.outcome, driven.settled, io.backend
+        carried = set(outcome.carried)
+        for sid, p in enumerate(self.book.step_pieces):
+            key = (p.group, p.sample_index)
+            if sid not in carried:
+                self.ended_responses[key] = outcome.outputs[sid]
+                self.carry_state.pop(key, None)
+            elif sid in backend.carried_out:  # everything it has now, prompt excluded
+                resp = backend.carried_out[sid]
+                start = resp["action_ranges"][0][0]
+                lps = resp["rollout_log_probs"]
+                self.carry_state[key] = (list(resp["observation_tokens"][start:]), None if lps is None else lps[start:])
+        self._trace_groups(
+            (self.group_meta[tg.group][3], self.group_meta[tg.group][4], tg.lengths) for tg in settled.trained
+        )
+        experiences = []
+        for tg in settled.trained:
+            for j in range(len(tg.lengths)):
+                response = self.ended_responses.pop((tg.group, j))
+                experiences.append(self._process_response_into_experience(response, **kw))
+            self.group_meta.pop(tg.group, None)
+        self.last_cuts = backend.cut_log
+        self.last_trained_groups = driven.trained_rows  # the experiences' groups, in order
+        self._finish_step(outcome.report.model_copy(update=driven.fields), outcome, driven.plan)
+        return experiences, len(io.drawn), io.exhausted and not self.book.open_group_ids()
+
+    # -- tail batching (a straggler policy that over-provisions and re-runs its slowest groups) -----------------
+    def _prompt_stream(self, dataloader_iter):
+        """Every prompt of OpenRLHF's dataloader, one at a time (none of a batch dropped), as an id."""
+        for _, prompts, labels, images in dataloader_iter:
+            for prompt, label, image in zip(prompts, labels, images, strict=True):
+                k = self._tail_drawn
+                self._tail_drawn += 1
+                self.tail_prompts[k] = (prompt, label, image)
+                yield k
+
+    def _generate_tail_round(self, dataloader_iter, b: int, **kw: Any) -> tuple[list, int, bool]:
+        """One round of tail batching (the SDK's ``TailRound``, RollPacker-style, on-policy), its ``TailRounds``
+        drawing prompts from OpenRLHF's dataloader: a short round starts (1 + over_provision) x B groups and ends
+        once B are complete; the others are aborted, their tokens dropped, their prompts deferred. Once B are
+        deferred, a long round runs them, and only them, to the end. When the dataloader runs dry the deferred
+        prompts fill the rounds and the last one trains what is left, so every prompt trains exactly once and no
+        token from older weights reaches training. Returns (experiences, prompts taken from the dataloader,
+        exhausted: the dataloader is dry and nothing is deferred)."""
+        if self.tail is None or dataloader_iter is not self._tail_source:
+            # a new epoch (the last one's rounds are done) or a resumed run: what was drawn and not trained stays
+            left = self._tail_pending + ([] if self.tail is None else self.tail.waiting())
+            self._tail_pending = []
+            self.tail = TailRounds(b, self._prompt_stream(dataloader_iter), deferred=left)
+            self._tail_source = dataloader_iter
+        rounds, drawn = self.tail, self._tail_drawn
+        if rounds.done():
+            return [], 0, True
+        io = _EnginesIO(self, kw, source=self.tail_prompts)
+        driven = TailRound(self.planner, rounds, self.step).run(io)
+        experiences = self._finish_driven(io, driven, kw)
+        for i in driven.trained_rows:
+            del self.tail_prompts[driven.prompts[i]]
+        exhausted = rounds.done()  # may draw the next prompt, to see whether the dataloader is dry
+        return experiences, self._tail_drawn - drawn, exhausted
+
+    def _tokenize(self, prompt: str) -> list[int]:
+        return self.tokenizer(text=prompt, add_special_tokens=False)["input_ids"]
+
+    def _prompt_batch(self, prompts: list[str], n: int, taken: set[str] | None = None) -> tuple[list, PromptBatch]:
+        """The prompts tokenized, as the planner's ``PromptBatch`` of n samples each. A prompt's uid is a hash of
+        its text (its length-history key); the same prompt twice, or one already in ``taken`` (open groups), gets
+        ``#k`` appended, which the history key drops."""
+        token_ids = [self._tokenize(p) for p in prompts]
+        taken = set(taken or ())
+        uids = []
+        for p in prompts:
+            base, k = prompt_uid(p), 0
+            while (uid := base if k == 0 else f"{base}#{k}") in taken:
+                k += 1
+            taken.add(uid)
+            uids.append(uid)
+        lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
+        batch = PromptBatch(
+            uids=uids,
+            prompt_lengths=lengths,
+            n_samples=np.full(len(prompts), n, dtype=np.int64),
+            token_flat=np.fromiter((t for ids in token_ids for t in ids), dtype=np.int64, count=int(lengths.sum())),
+        )
+        return token_ids, batch
+
+    def _sampling_params(self, **kw: Any) -> SamplingParams:
+        return SamplingParams(
+            temperature=kw.get("temperature", 1.0),
+            top_p=kw.get("top_p", 1.0),
+            top_k=kw.get("top_k", -1),
+            max_tokens=kw.get("max_new_tokens"),
+            min_tokens=kw.get("min_new_tokens", 1),
+            skip_special_tokens=kw.get("skip_special_tokens", False),
+            logprobs=1 if self.args.algo.advantage.is_correction_level != "off" else None,
+        )
+
+    # -- after the step ------------------------------------------------------------------------------------
+    def _trace_groups(self, groups: Any) -> None:
+        """Append groups (uid, prompt token ids, each sample's response length) as trained in this step to the
+        trace, in the JSON-lines format ``rlhfless simulate --trace`` reads: the prompt's uid (stable across
+        epochs; a prompt repeated within a batch gets ``#k``), the step, the sample index, prompt and response
+        lengths, and the prompt's token ids (so a replay deduplicates prefixes). A replay's step is the groups
+        that trained in it, each sample at its full length (a carried sample's pieces summed)."""
+        if self.trace_path is None:
+            return
+        self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.trace_path.open("a", encoding="utf-8") as fh:
+            for uid, prompt, lengths in groups:
+                for k, length in enumerate(lengths):
+                    row = {
+                        "uid": uid,
+                        "step": self.step,
+                        "sample_idx": k,
+                        "prompt_length": len(prompt),
+                        "response_length": int(length),
+                        "prompt": list(prompt),
+                    }
+                    fh.write(json.dumps(row) + "\n")
+
+    def _finish_step(self, report: StepReport, outcome: StepOutcome, plan: StepPlan) -> None:
+        lengths = np.array([s.response_length for s in outcome.samples], dtype=np.float64)
+        pred = np.array([s.predicted_length or 0.0 for s in outcome.samples], dtype=np.float64)
+        self.last_report = report
+        self.last_metrics = {
+            "rlhfless/predicted_length_mean": float(pred.mean()) if pred.size else 0.0,
+            "rlhfless/actual_length_mean": float(lengths.mean()) if lengths.size else 0.0,
+            "rlhfless/prediction_mae": report.prediction_mae or 0.0,
+            "rlhfless/active_engines": float(plan.num_actors),
+            "rlhfless/engines_idle": float(len(self.pool.live()) - plan.num_actors),
+            "rlhfless/idle_fraction": report.idle_fraction,
+            "rlhfless/gpu_seconds": report.gpu_seconds,
+            "rlhfless/migrations": float(report.migrations),
+            "rlhfless/dedup_prefill_tokens_saved": float(report.prefill_tokens_saved),
+            "rlhfless/planner_ms": plan.planner_ms,
+            **{
+                f"rlhfless/engine{e}_busy_s": u.busy_s
+                for e, u in enumerate(outcome.usage.engines)
+                if e not in self.dead
+            },
+        }
+        if self.report_path is not None:
+            self.report_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.report_path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(report.model_dump(mode="json")) + "\n")
+        self.step += 1
+
+    def _filter(self, experiences: list, n: int) -> list:
+        min_r, max_r = self.args.algo.dynamic_filtering_range
+        kept = []
+        for g in range(0, len(experiences), n):
+            group = experiences[g : g + n]
+            if all(e.scores is not None for e in group):
+                avg = sum(e.scores[0].item() for e in group) / len(group)
+                if not (min_r < avg < max_r):
+                    continue
+            kept.extend(group)
+        return kept
+
+
+def merge_metrics(logs_dict: dict[str, Any] | None, generator: Any) -> dict[str, Any] | None:
+    """Add the generator's ``rlhfless/*`` metrics of the latest step to OpenRLHF's logs dict (wandb/TensorBoard
+    write every numeric entry of it); OpenRLHF's own keys are never overwritten."""
+    if logs_dict is not None:
+        for key, value in getattr(generator, "last_metrics", {}).items():
+            logs_dict.setdefault(key, value)
+    return logs_dict

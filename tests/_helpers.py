@@ -1,0 +1,86 @@
+"""Small builders shared by several test files: throwaway plugins, in-flight samples, a foreign history file.
+
+Tests run with import mode importlib, so this folder is no package: a test file loads this module by path,
+under a name of its own::
+
+    _spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
+    H = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(H)
+
+and ``H.sibling("strategies")`` loads another shared module of this folder the same way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sqlite3
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from rlhfless_sdk import PolicySpec, hookimpl
+from rlhfless_sdk.api.kinds import KIND
+from rlhfless_sdk.api.records import SampleProgress
+
+
+def sibling(name: str) -> ModuleType:
+    """The module ``<name>.py`` of this folder, loaded by path as ``rlhfless_test_<name>``."""
+    spec = importlib.util.spec_from_file_location(f"rlhfless_test_{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _hookimpl(body: Callable[[Callable[[Any], None]], None]) -> Callable[..., None]:
+    def hook(self, register):
+        body(register)
+
+    return hookimpl(hook)
+
+
+def plugin(**hooks: Callable[[Callable[[Any], None]], None]) -> object:
+    """A throwaway plugin object: ``plugin(rlhfless_register_assigners=body)`` implements that hook (any name,
+    even one that matches no hookspec) by calling ``body(register)``."""
+    return type("ThrowawayHooks", (), {name: _hookimpl(body) for name, body in hooks.items()})()
+
+
+def _registers(specs: Sequence[PolicySpec]) -> Callable[[Callable[[Any], None]], None]:
+    def body(register):
+        for spec in specs:
+            register(spec)
+
+    return body
+
+
+def policy_plugin(**by_kind: PolicySpec | Sequence[PolicySpec]) -> object:
+    """A throwaway plugin that registers policies, by kind: ``policy_plugin(assigner=PolicySpec(...))``, or a
+    list of specs for a kind; each kind's registration hook (``KIND[kind].hook``) registers them in order."""
+    hooks = {}
+    for kind, specs in by_kind.items():
+        hooks[KIND[kind].hook] = _registers([specs] if isinstance(specs, PolicySpec) else list(specs))
+    return plugin(**hooks)
+
+
+def in_flight(
+    uid: str, actor: int, tokens: int, *, predicted: float, max_tokens: int, index: int = 0
+) -> SampleProgress:
+    """An unfinished sample as a progress snapshot lists it: on ``actor``, ``tokens`` generated so far."""
+    return SampleProgress(
+        uid=uid,
+        sample_index=index,
+        actor_id=actor,
+        tokens_generated=tokens,
+        predicted_length=predicted,
+        max_tokens=max_tokens,
+    )
+
+
+def foreign_schema_history(path: Path) -> Path:
+    """Write, at ``path``, a length history whose meta table says it is ours but whose ``lengths`` table has
+    other columns (uid, length): a file the history must refuse, naming it."""
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        db.execute("INSERT INTO meta VALUES ('app', 'rlhfless-length-history'), ('schema_version', '1')")
+        db.execute("CREATE TABLE lengths (uid TEXT, length REAL)")
+    return path

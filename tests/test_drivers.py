@@ -1,0 +1,162 @@
+"""The step drivers: which one a scheduler gets (declared capabilities, no probing), what a backend that cannot run
+it says, the fallbacks of a step reaching its report in every mode, and `plan` planning where `simulate` runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rlhfless_sdk import NoParams, PolicySpec
+from rlhfless_sdk.api.records import Cluster
+from rlhfless_sdk.cli.main import main
+from rlhfless_sdk.planning.planner import planner_for
+from rlhfless_sdk.rollout.drivers import (
+    ASYNC,
+    BATCH_CUT,
+    MODES,
+    PLAIN,
+    TAIL_ROUNDS,
+    TOKEN_BUDGET,
+    driver_mode,
+    refusal,
+)
+from rlhfless_sdk.simulation.simulator import Simulator
+from rlhfless_sdk.simulation.traces import synthetic_workload
+from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+
+_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
+
+PROFILE = "qwen2.5-7b-l40s"
+
+
+class RaisingPredictor:
+    """A length predictor whose every call raises (a plugin bug)."""
+
+    def __init__(self, params=None) -> None:
+        pass
+
+    def predict(self, batch):
+        raise RuntimeError("predictor bug")
+
+    def observe(self, samples) -> None:
+        pass
+
+
+RAISING = PolicySpec(name="raises", factory=RaisingPredictor, params=NoParams)
+
+
+@pytest.fixture
+def registry(registry_with):
+    return registry_with(raising=H.policy_plugin(predictor=RAISING))
+
+
+def _profile():
+    from rlhfless_sdk.api.profiles import load_profile
+
+    return load_profile(PROFILE)
+
+
+EXPECTED = {
+    "openrlhf": PLAIN,
+    "verl": PLAIN,
+    "rlhfless": PLAIN,
+    "rlhfless-paper": PLAIN,
+    "rlhfless-fast": BATCH_CUT,
+    "rlhfless-onpolicy": TAIL_ROUNDS,
+    "openrlhf-async": ASYNC,
+    "openrlhf-async-partial": ASYNC,
+}
+
+
+@pytest.mark.parametrize(("preset", "mode"), sorted(EXPECTED.items()))
+def test_each_preset_gets_the_driver_its_straggler_policy_declares(registry, preset, mode):
+    planner = planner_for(registry.scheduler(preset), _profile(), Cluster.of_gpus(8, 8), registry)
+    assert driver_mode(planner) == mode
+
+
+def test_a_token_budget_policy_gets_its_driver_and_a_backend_without_it_refuses_naming_it(registry):
+    config = registry.scheduler("openrlhf").derive(name="budgeted", straggler={"name": "partial"})
+    planner = planner_for(config, _profile(), Cluster.of_gpus(8, 8), registry)
+    mode = driver_mode(planner)
+    assert mode == TOKEN_BUDGET
+    assert refusal(config, mode, MODES, "the simulator") is None
+    why = refusal(config, mode, {PLAIN, BATCH_CUT}, "a test backend")
+    assert why is not None and "'partial'" in why and "token-budget" in why and "a test backend" in why
+    assert "plain, batch-cut" in why  # what the backend does run
+
+
+def test_a_third_party_straggler_policy_declares_its_capability_by_protocol(registry_with):
+    """A plugin's own over-provisioning policy gets tail rounds; with ``keeps_tokens`` True, a batch cut: what it
+    implements says it, whatever it is named."""
+
+    class Rounds:
+        def __init__(self, params=None) -> None:
+            pass
+
+        def segment_tokens(self, step):
+            return None
+
+        def over_provision(self, step):
+            return 0.5
+
+    class Keeps(Rounds):
+        def keeps_tokens(self, step):
+            return True
+
+    specs = [PolicySpec(name=n, factory=f, params=NoParams) for n, f in (("my-rounds", Rounds), ("my-cut", Keeps))]
+    registry = registry_with(mine=H.policy_plugin(straggler=specs))
+    base = registry.scheduler("openrlhf")
+    for name, mode in (("my-rounds", TAIL_ROUNDS), ("my-cut", BATCH_CUT)):
+        config = base.derive(name=name, straggler={"name": name})
+        assert driver_mode(planner_for(config, _profile(), Cluster.of_gpus(8, 8), registry)) == mode
+
+
+def _every_preset() -> list[str]:
+    from rlhfless_sdk import get_plugin_manager
+
+    return get_plugin_manager().registry.names("scheduler")
+
+
+@pytest.mark.parametrize("preset", _every_preset())
+def test_a_raising_predictor_is_reported_on_every_step_in_every_mode(registry, preset):
+    """The fallback to the baseline predictor reaches every step's report, whichever driver runs the preset (a batch
+    cut's step that starts no new prompt asks no predictor: the carried pieces keep their first prediction)."""
+    config = registry.scheduler(preset).derive(predictor="raises", burst=1.0)
+    sim = Simulator(_profile(), Cluster.of_gpus(8, 8), registry=registry, split_probe_steps=1)
+    workload = synthetic_workload(SyntheticWorkload(16, 4, seed=0), 3)
+    result = sim.run(config, workload)
+    fallbacks = [r.fallbacks for r in result.reports]
+    assert all("predictor:raises" in f for f in fallbacks[: len(workload.steps)]), fallbacks
+
+
+@pytest.mark.parametrize("preset", ["openrlhf", "rlhfless-paper", "rlhfless-fast", "openrlhf-async"])
+@pytest.mark.parametrize("burst", [False, True])
+def test_plan_plans_on_the_cluster_simulate_runs_on(preset, burst):
+    """`plan` and `simulate` build their planners the same way (``planner_for``): the same engine counts to choose
+    from, the fleet's (16 here) unless burst engines are allowed."""
+    flags = ["--scheduler", preset, "--gpus", "16", "--prompts", "64", "--samples", "4", "--json"]
+    flags += ["--allow-burst"] if burst else []
+    flags += ["--rollout-gpus", "8"] if preset == "openrlhf-async" else []
+    runner = CliRunner()
+    planned = runner.invoke(main, ["plan", *flags])
+    assert planned.exit_code == 0, planned.output
+    plan = json.loads(planned.output)["schedulers"][0]
+    simulated = runner.invoke(main, ["simulate", *flags, "--steps", "1"])
+    assert simulated.exit_code == 0, simulated.output
+    run = json.loads(simulated.output)["schedulers"][0]
+    candidates = sorted(c["num_actors"] for c in plan["candidates"])
+    if plan["rollout_gpus"]:  # async: its step planned on its rollout GPUs only
+        assert candidates[-1] == plan["rollout_gpus"]
+        return
+    step = run["steps"][0]
+    if step.get("frontier"):  # what the simulated step chose from
+        assert sorted(f["num_actors"] for f in step["frontier"]) == candidates
+    assert step["num_actors"] in candidates and run["peak_gpus"] <= max(candidates[-1], 16)
+    # the fleet's 16 engines (a prefill actor takes one of them), 24 with burst for the preset that bursts
+    assert candidates[-1] == {"rlhfless-paper": 15, "rlhfless-fast": 24 if burst else 16}.get(preset, 16)
