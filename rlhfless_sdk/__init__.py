@@ -8,7 +8,7 @@ Every policy kind of the kind table (``rlhfless_sdk.api.kinds``) and the protoco
 - assigner: ``PromptAssigner``
 - migrator: ``Migrator``
 - scaler: ``ActorScaler``
-- straggler: ``StragglerPolicy``
+- straggler: ``StragglerPolicy`` (capabilities: ``OverProvisioning``, ``KeepsCutTokens``)
 - placer: ``ActorPlacer``
 
 A plugin author needs one import::
@@ -30,8 +30,10 @@ from rlhfless_sdk.api.protocols import (
     ActorPlacer,
     ActorScaler,
     CostModel,
+    KeepsCutTokens,
     LengthPredictor,
     Migrator,
+    OverProvisioning,
     PrefillPlanner,
     PromptAssigner,
     StragglerPolicy,
@@ -72,12 +74,14 @@ __all__ = [
     "CostModel",
     "FinishedSample",
     "HistoryError",
+    "KeepsCutTokens",
     "LengthHistory",
     "LengthPredictor",
     "MigrationDecision",
     "Migrator",
     "NoParams",
     "Node",
+    "OverProvisioning",
     "PluginError",
     "PluginManager",
     "PolicyRef",

@@ -44,11 +44,11 @@ from rlhfless_sdk.rollout.controller import StepController, StepOutcome
 from rlhfless_sdk.rollout.drivers import (
     BATCH_CUT,
     TAIL_ROUNDS,
-    BatchCutStep,
+    BatchCutSession,
     Driven,
     PlainStep,
     Ran,
-    TailRound,
+    TailSession,
     driver_mode,
     refusal,
 )
@@ -219,6 +219,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             )
         # tail batching: rounds of prompts from OpenRLHF's dataloader, the slowest groups' prompts deferred
         self.tail: TailRounds | None = None
+        self.tail_session: TailSession | None = None
         self.tail_prompts: dict[int, tuple[str, Any, Any]] = {}  # prompt id -> prompt, label, image (not trained yet)
         self._tail_source: Any = None  # the dataloader iterator the rounds draw from
         self._tail_drawn = 0
@@ -416,7 +417,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         runs dry the last steps train what is left, B a step, and the epoch ends when nothing is carried. Returns
         (experiences, prompts taken from the dataloader, exhausted)."""
         io = _EnginesIO(self, kw, dataloader_iter=dataloader_iter)
-        driven = BatchCutStep(self.planner, self.book, b, self.step).run(io)
+        driven = BatchCutSession(self.planner, b, self.book).next(io, self.step)
         if driven is None:
             return [], 0, True
         assert driven.settled is not None and io.backend is not None
@@ -468,13 +469,14 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             # a new epoch (the last one's rounds are done) or a resumed run: what was drawn and not trained stays
             left = self._tail_pending + ([] if self.tail is None else self.tail.waiting())
             self._tail_pending = []
-            self.tail = TailRounds(b, self._prompt_stream(dataloader_iter), deferred=left)
+            self.tail_session = TailSession(self.planner, b, self._prompt_stream(dataloader_iter), deferred=left)
+            self.tail = self.tail_session.rounds
             self._tail_source = dataloader_iter
         rounds, drawn = self.tail, self._tail_drawn
-        if rounds.done():
-            return [], 0, True
         io = _EnginesIO(self, kw, source=self.tail_prompts)
-        driven = TailRound(self.planner, rounds, self.step).run(io)
+        driven = self.tail_session.next(io, self.step)
+        if driven is None:
+            return [], 0, True
         experiences = self._finish_driven(io, driven, kw)
         for i in driven.trained_rows:
             del self.tail_prompts[driven.prompts[i]]

@@ -34,7 +34,7 @@ def rlhfless_register_schedulers(register: Callable[[SchedulerConfig], None]) ->
 
 @hookspec
 def rlhfless_register_commands(register: Callable[[Any], None]) -> None:
-    """Register ``rlhfless`` subcommands: ``register(click_command)`` (a framework adapter adds its own, e.g. ``demo``, ``profile``).
+    """Register ``rlhfless`` subcommands: ``register(click_command)`` (a framework's adapter adds its own).
 
     A command's module should import lightly: ``rlhfless --help`` loads every plugin that registers commands.
     """

@@ -1,8 +1,9 @@
 """The one table of policy kinds: protocol, registration hook, baseline and optional capabilities.
 
-Everything that varies by kind reads this table: the hookspecs (one ``rlhfless_register_<kind>s`` hook per
-row), the scheduler config (one field per row), the registry (protocol checks), the planner (fallback to the
-baseline) and the CLI. Adding a kind means a row here, a protocol in ``protocols.py`` and the planner's wiring.
+Everything that varies by kind reads this table: the scheduler config (one field per row), the registry (protocol
+checks), the planner (fallback to the baseline) and the CLI; the hookspecs (one ``rlhfless_register_<kind>s`` hook per
+row) are written out in ``hookspecs.py`` and held to it by a test. Adding a kind means a row here, a protocol in
+``protocols.py``, its hook and the planner's wiring.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class PolicyKind:
 
     name: str  #: the config field and registry key, e.g. ``"assigner"``
     protocol: type  #: the ``typing.Protocol`` every policy of this kind implements
-    baseline: str  #: the policy used when the configured one raises or breaks its guarantee (what a training framework does without rlhfless)
+    baseline: str  #: the policy used when the configured one raises or breaks its guarantee (a framework's own)
     summary: str  #: what the kind's registration hook registers (its docstring)
     #: Optional attributes a policy may have, each with what the planner does with it.
     capabilities: tuple[tuple[str, str], ...] = ()
@@ -98,12 +99,13 @@ KINDS: tuple[PolicyKind, ...] = (
         capabilities=(
             (
                 "over_provision",
-                "over_provision(step): start that many more groups than train; the slowest are re-run later",
+                "OverProvisioning: over_provision(step), start that many more groups than train; the slowest are "
+                "re-run later (tail batching's rounds)",
             ),
             (
                 "keeps_tokens",
-                "keeps_tokens(step) -> True: with over_provision, the groups not trained keep their tokens and "
-                "finish in the next step (partial rollouts cut at the B-th group) instead of re-running",
+                "KeepsCutTokens: keeps_tokens(step) -> True, with over_provision the groups not trained keep their "
+                "tokens and finish in the next step (partial rollouts cut at the B-th group)",
             ),
         ),
         optional=True,

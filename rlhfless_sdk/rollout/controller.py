@@ -14,6 +14,7 @@ Sample ids are positions in batch order (prompt after prompt, each prompt's samp
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -169,7 +170,10 @@ def billing(u: StepUsage) -> dict[str, Any]:
 
 def stopped_at(u: StepUsage, t: float) -> StepUsage:
     """``u`` for a step whose engines stopped at ``t`` seconds (a round cut once enough groups finished): no
-    engine works or is billed past ``t``; one that had not started by then did no work."""
+    engine works or is billed past ``t``; one that had not started by then did no work. ``t`` infinite: the step
+    ran to its end, ``u`` as it is."""
+    if math.isinf(t):
+        return u
     engines = []
     for e in u.engines:
         if e.first_s is None or e.first_s >= t:

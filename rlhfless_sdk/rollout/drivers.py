@@ -22,7 +22,7 @@ Each backend declares the modes it runs; ``refusal`` is the one-line reason one 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,6 +30,7 @@ import numpy as np
 
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.protocols import KeepsCutTokens, OverProvisioning
 from rlhfless_sdk.api.records import FinishedSample, StepPlan
@@ -96,8 +97,14 @@ class Ran:
 class StepIO(Protocol):
     """A backend's side of a driven step."""
 
-    def draw(self, k: int) -> list[Hashable]:
-        """Up to ``k`` prompts from the backend's stream, as references (fewer, or none, once it runs dry)."""
+    def draw(self, k: int | None) -> list[Hashable]:
+        """Up to ``k`` prompts from the backend's stream, as references (fewer, or none, once it runs dry); None:
+        the source's next batch as it comes (a workload's step, a dataloader's batch)."""
+        ...
+
+    def step_number(self, step: int) -> int:
+        """The number of the step whose batch ``draw(None)`` drew last (a workload's own step numbers), or ``step``
+        (the driver's count) where prompts come one at a time."""
         ...
 
     def batch(self, prompts: list[Hashable]) -> PromptBatch:
@@ -133,6 +140,7 @@ class Driven:
     stop_s: float = math.inf
     settled: Settlement | None = None
     prompts: list[Hashable] | None = None
+    trained_tokens: int = 0  # prompt + response tokens of what trains (the learner's work)
 
     @property
     def outcome(self) -> StepOutcome:
@@ -152,7 +160,9 @@ class PlainStep:
         plan = self.planner.plan(batch, step=self.step)
         ran = io.execute(batch, plan, None, True)
         rows = list(range(len(batch)))
-        return Driven(batch, plan, ran, {}, rows, ran.outcome.samples)
+        samples = ran.outcome.samples
+        tokens = sum(s.prompt_length + s.response_length for s in samples)
+        return Driven(batch, plan, ran, {}, rows, samples, trained_tokens=tokens)
 
 
 # -- tail batching's rounds -------------------------------------------------------------------------------------
@@ -201,7 +211,10 @@ class TailRound:
         self.planner.observe([s.model_copy(update={"uid": io.history_key(s.uid)}) for s in trained])
         cut = self.cuts()
         fields = round_fields(trained, len(rows_l), len(self.rounds.deferred), cut)
-        return Driven(batch, plan, ran, fields, rows_l, trained, stop_s, prompts=self.round.prompts)
+        tokens = int((batch.prompt_lengths * batch.n_samples)[rows].sum()) + sum(s.response_length for s in trained)
+        return Driven(
+            batch, plan, ran, fields, rows_l, trained, stop_s, prompts=self.round.prompts, trained_tokens=tokens
+        )
 
 
 # -- partial rollouts under a token budget -------------------------------------------------------------------
@@ -226,8 +239,11 @@ class BudgetStep:
         settled = self.book.settle(self.index, made, ended)
         self.planner.observe(settled.finished)
         self.planner.note_error(ran.outcome.report.estimate_error)
-        rows = list(range(len(settled.trained)))
-        return Driven(batch, plan, ran, settled.report_fields(), rows, settled.finished, settled=settled)
+        rows = [g.group for g in settled.trained]
+        tokens = settled.trained_prompt_and_response_tokens
+        return Driven(
+            batch, plan, ran, settled.report_fields(), rows, settled.finished, settled=settled, trained_tokens=tokens
+        )
 
 
 # -- partial rollouts cut when B groups are complete ---------------------------------------------------------
@@ -326,4 +342,78 @@ class BatchCutStep:
         if math.isfinite(stop_s):  # the plan's estimate is for every piece run to its end
             fields["estimate_error"] = None
         rows = [g.group for g in settled.trained]
-        return Driven(batch, plan, ran, fields, rows, settled.finished, stop_s, settled, prompts)
+        tokens = settled.trained_prompt_and_response_tokens
+        return Driven(batch, plan, ran, fields, rows, settled.finished, stop_s, settled, prompts, tokens)
+
+
+# -- a run's steps: one session per mode, holding what persists between steps ----------------------------------
+class DriverSession(Protocol):
+    """The steps of one run in one mode: ``next`` drives the next step (None: nothing is left to run)."""
+
+    mode: str
+
+    def next(self, io: StepIO, step: int) -> Driven | None: ...
+
+
+class BudgetSession:
+    """Partial rollouts under a token budget: each step draws the source's next batch (``io.draw(None)``); once it
+    runs dry, steps finish what is carried."""
+
+    mode = TOKEN_BUDGET
+
+    def __init__(self, planner: StepPlanner, book: CarryBook) -> None:
+        self.planner, self.book, self.index = planner, book, 0
+
+    def next(self, io: StepIO, step: int) -> Driven | None:
+        prompts = io.draw(None)
+        if not prompts and not self.book.carried:
+            return None
+        driver = BudgetStep(self.planner, self.book, io.step_number(step), self.index)
+        self.index += 1
+        return driver.run(io, io.batch(prompts) if prompts else None)
+
+
+class TailSession:
+    """Tail batching's rounds over the source's prompts (``stream``), B = ``b`` groups a round; ``deferred``: prompts
+    drawn and not trained before (a resumed run's), re-run first."""
+
+    mode = TAIL_ROUNDS
+
+    def __init__(
+        self, planner: StepPlanner, b: int, stream: Iterable[Hashable], deferred: Iterable[Hashable] = ()
+    ) -> None:
+        self.planner, self.rounds = planner, TailRounds(b, stream, deferred=deferred)
+        self.book = None
+
+    def next(self, io: StepIO, step: int) -> Driven | None:
+        if self.rounds.done():
+            return None
+        return TailRound(self.planner, self.rounds, step).run(io)
+
+
+class BatchCutSession:
+    """Partial rollouts cut when B = ``b`` groups are complete, over ``book``."""
+
+    mode = BATCH_CUT
+
+    def __init__(self, planner: StepPlanner, b: int, book: CarryBook) -> None:
+        if planner.config.migrates():
+            raise RlhflessError(
+                f"scheduler {planner.config.name!r}: cut-and-migrate with a batch-cut straggler policy is not supported"
+            )
+        self.planner, self.b, self.book = planner, b, book
+
+    def next(self, io: StepIO, step: int) -> Driven | None:
+        return BatchCutStep(self.planner, self.book, self.b, step).run(io)
+
+
+def session_for(mode: str, planner: StepPlanner, b: int, stream: Iterable[Hashable]) -> DriverSession:
+    """The session of a carrying or over-provisioning ``mode`` (B = ``b`` groups a step, prompts from ``stream``
+    where the mode draws them one at a time)."""
+    if mode == TOKEN_BUDGET:
+        return BudgetSession(planner, CarryBook())
+    if mode == TAIL_ROUNDS:
+        return TailSession(planner, b, stream)
+    if mode == BATCH_CUT:
+        return BatchCutSession(planner, b, CarryBook())
+    raise ValueError(f"no session for the {mode} step driver")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -63,15 +63,12 @@ from rlhfless_sdk.rollout.drivers import (
     PLAIN,
     TAIL_ROUNDS,
     TOKEN_BUDGET,
-    BatchCutStep,
-    BudgetStep,
     Driven,
     PlainStep,
     Ran,
-    TailRound,
     driver_mode,
+    session_for,
 )
-from rlhfless_sdk.rollout.tail import TailRounds
 from rlhfless_sdk.simulation.bound import WorkBound, work_bound
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
@@ -354,7 +351,7 @@ class _WorkloadIO:
     engines (the clock is exact: a cut's instant and what each sample had by then are read off the run).
 
     A carrying driver's pieces (``book.step_pieces``: carried samples, then the new groups) are run to their true
-    ends, a new sample capped at the step's token ``budget`` (None: none)."""
+    ends, a new sample capped at the plan's token budget (``segment_tokens``)."""
 
     def __init__(
         self, sim: Simulator, planner: StepPlanner, steps: Sequence[WorkloadStep], book: CarryBook | None = None
@@ -362,8 +359,9 @@ class _WorkloadIO:
         self.sim, self.planner, self.steps, self.book = sim, planner, steps, book
         self.stream = deque((k, i) for k, ws in enumerate(steps) for i in range(len(ws.batch)))
         self.truth: dict[tuple[int, int], int] = {}  # a carried sample's true total length
-        self.budget: int | None = None
         self.step = 0
+        self.whole: WorkloadStep | None = None  # the workload step ``draw(None)`` drew last
+        self.next_whole = 0
         self.new_lengths = np.zeros(0, dtype=np.int64)
         self.lengths = np.zeros(0, dtype=np.int64)  # what each sample of the executed batch generates
         self.total: list[int] = []
@@ -376,10 +374,29 @@ class _WorkloadIO:
         self.new_lengths = np.zeros(0, dtype=np.int64)
         self.planner.warm_actors = len(self.sim.warm)
 
-    def draw(self, k: int) -> list[Any]:
-        return [self.stream.popleft() for _ in range(min(k, len(self.stream)))]
+    def prompts(self) -> Iterator[Any]:
+        """The workload's prompts one at a time, in step order."""
+        while self.stream:
+            yield self.stream.popleft()
+
+    def draw(self, k: int | None) -> list[Any]:
+        if k is not None:
+            return [self.stream.popleft() for _ in range(min(k, len(self.stream)))]
+        # the next workload step whole (numbered as the workload numbers it), or none after the last
+        self.whole = self.steps[self.next_whole] if self.next_whole < len(self.steps) else None
+        if self.whole is None:
+            self.step = self.steps[-1].step + 1 if self.steps else 0
+            return []
+        self.next_whole += 1
+        self.step = self.whole.step
+        return [self.stream.popleft() for _ in range(len(self.whole.batch))]
+
+    def step_number(self, step: int) -> int:
+        return self.step
 
     def batch(self, prompts: list[Any]) -> PromptBatch:
+        if self.whole is not None and prompts and prompts[0][0] == self.next_whole - 1:  # a workload step whole
+            return self.adopt(self.whole.batch, self.whole.lengths)
         batch, self.new_lengths = _round_batch(self.steps, prompts)
         return batch
 
@@ -396,7 +413,7 @@ class _WorkloadIO:
             pieces = self.book.step_pieces
             n_carried = len(pieces) - len(self.new_lengths)
             self.total = _true_totals(self.truth, pieces, n_carried, self.new_lengths)
-            budget = self.budget
+            budget = plan.segment_tokens
             self.lengths = np.asarray(
                 [
                     t - p.generated if (i < n_carried or budget is None) else min(t, budget)
@@ -417,7 +434,7 @@ class _WorkloadIO:
         pieces = self.book.step_pieces
         if math.isfinite(stop_s):
             made = [int(m) for m in self.sim._tokens_at(self.planner, self.ws, self.plan, stop_s)]
-        elif self.budget is not None:
+        elif self.plan.segment_tokens is not None:
             made = [s.response_length for s in ran.outcome.samples]
         else:
             made = [int(m) for m in self.lengths]
@@ -589,8 +606,7 @@ class Simulator:
         mode = driver_mode(planner)
         if mode == PLAIN:
             return self.run_plain(planner, workload, on_step, frontier)
-        drive = {TOKEN_BUDGET: self.run_carry, TAIL_ROUNDS: self.run_tail, BATCH_CUT: self.run_cut}[mode]
-        return drive(planner, workload, on_step)
+        return self.run_driven(planner, workload, on_step, mode)
 
     def run_plain(
         self,
@@ -765,93 +781,42 @@ class Simulator:
         return tokens * prepare / gpus, tokens * learn / gpus
 
     # -- the step drivers of the straggler policies (``rlhfless_sdk.rollout.drivers``) -------------------------
-    def run_tail(
-        self, planner: StepPlanner, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
+    def run_driven(
+        self,
+        planner: StepPlanner,
+        workload: Workload,
+        on_step: Callable[[StepReport], Any] | None = None,
+        mode: str = BATCH_CUT,
     ) -> SimulationResult:
-        """Rounds of tail batching (``TailRound``): a short round starts extra groups and stops when B have
-        finished (the simulated step is run whole and cut at that instant: what happens after it cannot change
-        what happened before); the others' tokens are dropped and their prompts deferred to a long round."""
+        """Every step of a carrying or over-provisioning ``mode``, run by its driver session over the workload's
+        prompts (B = the largest step's prompts a step). A step whose driver cuts it at some instant (tail batching's
+        rounds, a batch cut) is simulated whole and cut there: what happens after it cannot change what happened
+        before; what each sample had by then comes from the same engines run again up to it."""
         steps_in = workload.steps
         b = max((len(ws.batch) for ws in steps_in), default=0)
         if b == 0:
             return SimulationResult(planner.config.name, [])
-        rounds = TailRounds(b, [(k, i) for k, ws in enumerate(steps_in) for i in range(len(ws.batch))])
         io = _WorkloadIO(self, planner, steps_in)
-        out: list[SimulatedStep] = []
-        r = 0
-        while not rounds.done():
-            io.begin(r)
-            driven = TailRound(planner, rounds, r).run(io)
-            keep = np.zeros(len(driven.batch), dtype=bool)
-            keep[driven.trained_rows] = True
-            trained_lengths = io.lengths[np.repeat(keep, driven.batch.n_samples)]
-            tokens = float((driven.batch.prompt_lengths * driven.batch.n_samples)[keep].sum() + trained_lengths.sum())
-            out.append(self._settle_step(planner, driven, tokens, driven.stop_s, on_step))
-            r += 1
-        return SimulationResult(planner.config.name, out)
-
-    def run_cut(
-        self, planner: StepPlanner, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
-    ) -> SimulationResult:
-        """Steps with (1 + over_provision) x B groups in flight, cut when B are complete (``BatchCutStep``): every
-        group carried from the step before trains, plus the first fresh ones to finish; every other sample is cut
-        at that instant and carried with its tokens. The simulated step is run whole and cut at that instant (what
-        happens after it cannot change what happened before): the tokens each sample had by then come from the
-        same engines run again up to it. Prompts come as a stream (the workload's steps in order); once it runs
-        dry, the last step trains what is left (B or fewer)."""
-        config = planner.config
-        if config.migrates():
-            raise RlhflessError(f"scheduler {config.name!r}: cut-and-migrate with a batch-cut straggler policy")
-        steps_in = workload.steps
-        b = max((len(ws.batch) for ws in steps_in), default=0)
-        io = _WorkloadIO(self, planner, steps_in, book=CarryBook())
+        session = session_for(mode, planner, b, io.prompts())
+        io.book = session.book
         out: list[SimulatedStep] = []
         r = 0
         while True:
             io.begin(r)
-            driven = BatchCutStep(planner, io.book, b, r).run(io)
+            driven = session.next(io, r)
             if driven is None:
-                break
-            tokens = float(driven.settled.trained_prompt_and_response_tokens)
-            out.append(self._settle_step(planner, driven, tokens, driven.stop_s, on_step))
+                return SimulationResult(planner.config.name, out)
+            out.append(self._settle_step(planner, driven, on_step))
             r += 1
-        return SimulationResult(config.name, out)
-
-    def run_carry(
-        self, planner: StepPlanner, workload: Workload, on_step: Callable[[StepReport], Any] | None = None
-    ) -> SimulationResult:
-        """Steps whose new samples stop at the straggler policy's token budget and finish in the next step
-        (``BudgetStep``); a group trains in the step its last sample ends, and the learner's time is that of the
-        trained groups. After the workload's last step, one more step finishes what is carried, so every prompt
-        trains exactly once."""
-        io = _WorkloadIO(self, planner, workload.steps, book=CarryBook())
-        steps: list[SimulatedStep] = []
-        work: list[WorkloadStep | None] = [*workload.steps, None]  # None: the final step, carried samples only
-        for k, ws in enumerate(work):
-            if ws is None and not io.book.carried:
-                break
-            step_no = ws.step if ws is not None else (workload.steps[-1].step + 1 if workload.steps else 0)
-            io.begin(step_no)
-            driver = BudgetStep(planner, io.book, step_no, k)
-            io.budget = driver.budget
-            driven = driver.run(io, io.adopt(ws.batch, ws.lengths) if ws is not None else None)
-            tokens = float(driven.settled.trained_prompt_and_response_tokens)
-            steps.append(self._settle_step(planner, driven, tokens, None, on_step))
-        return SimulationResult(planner.config.name, steps)
 
     def _settle_step(
-        self,
-        planner: StepPlanner,
-        driven: Driven,
-        tokens: float,
-        stop_s: float | None,
-        on_step: Callable[[StepReport], Any] | None,
+        self, planner: StepPlanner, driven: Driven, on_step: Callable[[StepReport], Any] | None
     ) -> SimulatedStep:
-        """A driven step billed: the engines up to ``stop_s`` (None: as they ran), the learner on the ``tokens``
-        (prompt + response) that train, burst engines kept or released; the report with the driver's fields."""
+        """A driven step billed: the engines up to when it ended, the learner on the tokens (prompt + response)
+        that train, burst engines kept or released; the report with the driver's fields."""
         rep, u = driven.outcome.report, driven.outcome.usage
-        prepare_s, learn_s = self._learning(tokens, self.cluster.total_gpus)
-        usage = u if stop_s is None else stopped_at(u, stop_s)
+        prepare_s, learn_s = self._learning(float(driven.trained_tokens), self.cluster.total_gpus)
+        usage = stopped_at(u, driven.stop_s)
         usage = self.hold(planner, replace(usage, prepare_s=prepare_s, learn_s=learn_s))
         report = rep.model_copy(update={**billing(usage), **driven.fields})
         sim = SimulatedStep.of(report, driven.plan, driven.outcome, usage=usage)
