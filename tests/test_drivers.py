@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlhfless_sdk import NoParams, PolicySpec
 from rlhfless_sdk.api.records import Cluster
@@ -160,3 +162,49 @@ def test_plan_plans_on_the_cluster_simulate_runs_on(preset, burst):
     assert step["num_actors"] in candidates and run["peak_gpus"] <= max(candidates[-1], 16)
     # the fleet's 16 engines (a prefill actor takes one of them), 24 with burst for the preset that bursts
     assert candidates[-1] == {"rlhfless-paper": 15, "rlhfless-fast": 24 if burst else 16}.get(preset, 16)
+
+
+# -- partial rollouts inside the async pipeline (the simulator) -------------------------------------------------
+@settings(max_examples=12, deadline=None)
+@given(
+    steps=st.integers(1, 4),
+    per_step=st.integers(1, 8),
+    samples=st.integers(1, 4),
+    over=st.sampled_from([0.0, 0.5, 1.0]),
+    queue=st.integers(1, 2),
+    partial=st.booleans(),
+    seed=st.integers(0, 3),
+)
+def test_an_async_pipeline_cut_at_b_groups_trains_every_token_once_and_bounds_its_age(
+    steps, per_step, samples, over, queue, partial, seed
+):
+    """An async pipeline whose batches are cut once B groups are complete (the straggler policy ``partial-batch``):
+    every batch but the last trains B groups, every prompt's group trains exactly once with every token it
+    generated, and no token is older than the pipeline's lag plus one batch it was carried across."""
+    from rlhfless_sdk import get_plugin_manager
+
+    registry = get_plugin_manager().registry
+    pipeline = {"mode": "async", "queue_size": queue, "partial_rollout": partial, "rollout_gpus": 2}
+    straggler = {"name": "partial-batch", "params": {"over_provision": over}}
+    config = registry.scheduler("openrlhf-async").derive(name="async-cut", pipeline=pipeline, straggler=straggler)
+    work = synthetic_workload(
+        SyntheticWorkload(per_step, samples, seed=seed, median_length=60.0, max_length=400), steps
+    )
+    total_prompts = sum(len(ws.batch) for ws in work.steps)
+    sim = Simulator(_profile(), Cluster.of_gpus(4, 4), registry=registry)
+    reports = sim.run(config, work).reports
+    b = max(len(ws.batch) for ws in work.steps)
+    assert [r.groups_trained for r in reports[:-1]] == [b] * (len(reports) - 1)
+    assert sum(r.groups_trained for r in reports) == total_prompts
+    assert sum(r.response_tokens for r in reports) == sum(int(ws.lengths.sum()) for ws in work.steps)
+    assert max(r.max_token_age_steps for r in reports) <= queue + 1
+
+
+def test_an_async_pipeline_refuses_a_driver_it_does_not_model(registry):
+    from rlhfless_sdk.api.errors import RlhflessError
+
+    config = registry.scheduler("openrlhf-async").derive(name="async-tail", straggler={"name": "tail-batch"})
+    sim = Simulator(_profile(), Cluster.of_gpus(4, 4), registry=registry)
+    work = synthetic_workload(SyntheticWorkload(4, 2, seed=0, median_length=60.0, max_length=400), 2)
+    with pytest.raises(RlhflessError, match=r"'async-tail'.*tail-rounds.*partial-batch"):
+        sim.run(config.derive(pipeline={"mode": "async", "rollout_gpus": 2}), work)

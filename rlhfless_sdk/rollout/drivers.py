@@ -48,16 +48,22 @@ EndRule = Callable[[StepController], bool]
 
 
 def driver_mode(planner: StepPlanner, fallbacks: list[str] | None = None) -> str:
-    """The driver ``planner``'s scheduler needs: its pipeline, then its straggler policy's declared capabilities."""
-    config = planner.config
-    if config.pipeline.mode == "async":
+    """The driver ``planner``'s scheduler needs: ``async`` for a pipeline (whose batches its straggler policy's
+    driver generates, ``straggler_mode``), else its straggler policy's."""
+    if planner.config.pipeline.mode == "async":
         return ASYNC
+    return straggler_mode(planner, fallbacks)
+
+
+def straggler_mode(planner: StepPlanner, fallbacks: list[str] | None = None) -> str:
+    """How the straggler policy of ``planner``'s scheduler runs a step (a pipeline's batch included), from the
+    capabilities it declares."""
     policy = planner.policies["straggler"]
     if isinstance(policy, OverProvisioning):
         if isinstance(policy, KeepsCutTokens) and planner.keeps_tokens(0, [] if fallbacks is None else fallbacks):
             return BATCH_CUT
         return TAIL_ROUNDS
-    if config.policy_refs()["straggler"].name != KIND["straggler"].baseline:
+    if planner.config.policy_refs()["straggler"].name != KIND["straggler"].baseline:
         return TOKEN_BUDGET
     return PLAIN
 

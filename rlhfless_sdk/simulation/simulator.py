@@ -33,7 +33,6 @@ from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.history import isolated_history
-from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import (
     CandidateEstimate,
@@ -68,6 +67,7 @@ from rlhfless_sdk.rollout.drivers import (
     Ran,
     driver_mode,
     session_for,
+    straggler_mode,
 )
 from rlhfless_sdk.simulation.bound import WorkBound, work_bound
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
@@ -367,6 +367,8 @@ class _WorkloadIO:
         self.total: list[int] = []
         self.ws: WorkloadStep | None = None
         self.plan: StepPlan | None = None
+        self.backend_kw: dict[str, Any] = {}  # where the engines run (an async pipeline's: its GPUs, its pauses)
+        self.last_backend: SimulatedBackend | None = None
 
     def begin(self, step: int) -> None:
         """A new step: its number, and the planner told which engines are warm."""
@@ -423,7 +425,7 @@ class _WorkloadIO:
             )
         self.ws = WorkloadStep(step=self.step, batch=batch, lengths=self.lengths)
         self.plan = plan
-        backend = self.sim.backend(self.planner, self.ws, plan)
+        backend = self.last_backend = self.sim.backend(self.planner, self.ws, plan, **self.backend_kw)
         outcome = StepController(self.planner, backend, batch, plan, step=self.step).run(observe=observe)
         return Ran(outcome, [], finish_s=backend.s.finish_time)
 
@@ -433,7 +435,7 @@ class _WorkloadIO:
         assert self.book is not None and self.ws is not None and self.plan is not None
         pieces = self.book.step_pieces
         if math.isfinite(stop_s):
-            made = [int(m) for m in self.sim._tokens_at(self.planner, self.ws, self.plan, stop_s)]
+            made = [int(m) for m in self.sim._tokens_at(self.planner, self.ws, self.plan, stop_s, **self.backend_kw)]
         elif self.plan.segment_tokens is not None:
             made = [s.response_length for s in ran.outcome.samples]
         else:
@@ -516,6 +518,23 @@ class SimulationResult:
         }
 
 
+def carried_ages(driven: Driven, k: int, times: Sequence[Any]) -> tuple[int, int, int]:
+    """(trained response tokens, stale ones, largest age) of batch ``k`` of an async pipeline whose batches are cut
+    at B groups: a token generated in batch j is ``k - times[j].version`` weight updates old when batch k trains
+    (an upper bound under partial rollout, where a broadcast mid-batch gives later tokens newer weights)."""
+    assert driven.settled is not None
+    total = stale = oldest = 0
+    for group in driven.settled.trained:
+        for per_sample in group.steps:
+            for j, tokens in per_sample:
+                age = k - times[j].version
+                total += tokens
+                if tokens > 0 and age > 0:
+                    stale += tokens
+                    oldest = max(oldest, age)
+    return total, stale, oldest
+
+
 class Simulator:
     """Runs a scheduler over a workload on a simulated cluster; see the module docstring for the model."""
 
@@ -592,12 +611,7 @@ class Simulator:
     ) -> SimulationResult:
         self.warm, self.warm_prefill = frozenset(), False
         self.run_algo = self.algo or workload.algo
-        carries = config.policy("straggler").name != KIND["straggler"].baseline
         if config.pipeline.mode == "async":
-            if carries:
-                raise RlhflessError(
-                    f"scheduler {config.name!r}: a straggler policy with the async pipeline is not simulated yet"
-                )
             fixed = self.rollout_gpus(config)
             if fixed is None:
                 return self.best_split(config, workload, on_step)
@@ -690,15 +704,48 @@ class Simulator:
         learners = g - r
         # OpenRLHF 0.11.2 refuses vLLM sleep with --train.async_enable: the engines hold GPUs of their own
         planner = rollout_planner_for(config, prof, r, gen_cluster.nodes[0].num_gpus, self.registry)
+        mode = straggler_mode(planner)
+        if mode not in (PLAIN, BATCH_CUT):
+            raise RlhflessError(
+                f"scheduler {config.name!r}: the {mode} step driver inside the async pipeline is not simulated; "
+                "partial rollouts cut at B groups (partial-batch) are"
+            )
         token_counts = [float(ws.batch.prompt_lengths @ ws.batch.n_samples + ws.lengths.sum()) for ws in workload.steps]
+        batches = len(workload.steps)
+        io: _WorkloadIO | None = None
+        session = None
+        if mode == BATCH_CUT:  # partial rollouts inside the pipeline: each batch cut once B groups are complete
+            io = _WorkloadIO(self, planner, workload.steps)
+            b_size = max((len(ws.batch) for ws in workload.steps), default=0)
+            session = session_for(BATCH_CUT, planner, b_size, io.prompts())
+            io.book = session.book
+            prompts = sum(len(ws.batch) for ws in workload.steps)
+            batches = -(-prompts // b_size) if b_size else 0  # every batch but the last trains B groups
+            token_counts = [0.0] * batches  # what each batch trains: known once it is generated
         train_s = [sum(self._learning(t, learners)) for t in token_counts]
         done: dict[int, tuple[StepPlan, StepOutcome, list[int]]] = {}
+        driven_of: dict[int, Driven] = {}
 
         def generate(k: int, start: float, pauses: list[tuple[float, float]]) -> float:
+            relative = [(max(a - start, 0.0), b - max(a, start)) for a, b in pauses if b > start]
+            if session is not None and io is not None:
+                io.begin(k)
+                io.backend_kw = {"cluster": gen_cluster, "pauses": relative, "profile": prof}
+                driven = session.next(io, k)
+                if driven is None:
+                    raise RlhflessError(f"scheduler {config.name!r}: batch {k} of {batches} found nothing to generate")
+                usage = stopped_at(driven.outcome.usage, driven.stop_s)
+                self.hold(planner, usage)
+                token_counts[k] = float(driven.trained_tokens)
+                train_s[k] = sum(self._learning(token_counts[k], learners))
+                assert io.last_backend is not None
+                outcome = replace(driven.outcome, usage=usage)
+                done[k] = (driven.plan, outcome, io.last_backend.tokens_before_pauses)
+                driven_of[k] = driven
+                return start + usage.generation_s
             ws = workload.steps[k]
             planner.warm_actors = len(self.warm)
             plan = planner.plan(ws.batch, step=ws.step)
-            relative = [(max(a - start, 0.0), b - max(a, start)) for a, b in pauses if b > start]
             backend = self.backend(planner, ws, plan, cluster=gen_cluster, pauses=relative, profile=prof)
             outcome = StepController(planner, backend, ws.batch, plan, step=ws.step).run(observe=True)
             self.hold(planner, outcome.usage)  # no burst engine here: the fleet's engines that worked stay warm
@@ -706,7 +753,7 @@ class Simulator:
             return start + outcome.usage.generation_s
 
         timeline = partial_pipeline if pipe.partial_rollout else locked_pipeline
-        times = timeline(len(workload.steps), generate, train_s, prof.weight_sync_s, pipe.queue_size)
+        times = timeline(batches, generate, train_s, prof.weight_sync_s, pipe.queue_size)
         # what each GPU did on the run's clock: engine e's work on every batch, the learners', the broadcasts
         engine_spans: dict[int, list[tuple[float, float]]] = {}
         for k, b in enumerate(times):
@@ -720,11 +767,15 @@ class Simulator:
         gens = [(b.gen_start, b.gen_end) for b in times]
         gpa = prof.gpus_per_actor
         steps = []
-        for k, (ws, b) in enumerate(zip(workload.steps, times, strict=True)):
+        for k, b in enumerate(times):
             plan, outcome, before = done[k]
             rep, u = outcome.report, outcome.usage
-            total = int(ws.lengths.sum())
-            stale, oldest = token_ages(k, b.version, before, total)
+            if k in driven_of:  # a cut batch: what trains, and each piece's age from the batch that made it
+                rep = rep.model_copy(update=driven_of[k].fields)
+                total, stale, oldest = carried_ages(driven_of[k], k, times)
+            else:
+                total = int(workload.steps[k].lengths.sum())
+                stale, oldest = token_ages(k, b.version, before, total)
             lo, hi = (times[k - 1].sync_end if k else 0.0), b.sync_end
             prepare_s, learn_s = self._learning(token_counts[k], learners)
             usage = replace(u, gpus=g, learner_gpus=learners, prepare_s=prepare_s, learn_s=learn_s, step_s=hi - lo)
@@ -824,9 +875,10 @@ class Simulator:
             on_step(report)
         return sim
 
-    def _tokens_at(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, t: float) -> list[int]:
-        """Each sample's tokens at time ``t`` of a step dispatched as the step controller does (no migration)."""
-        backend = self.backend(planner, ws, plan)
+    def _tokens_at(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, t: float, **kw: Any) -> list[int]:
+        """Each sample's tokens at time ``t`` of a step dispatched as the step controller does (no migration);
+        ``kw``: where its engines ran (``backend``'s)."""
+        backend = self.backend(planner, ws, plan, **kw)
         StepController(planner, backend, ws.batch, plan, step=ws.step).dispatch()
         backend.advance_to(t)
         return backend.tokens_now()
