@@ -235,15 +235,13 @@ class BudgetStep:
         self.planner, self.book, self.step, self.index = planner, book, step, index
         self.fallbacks: list[str] = []
         self.budget = planner.segment_tokens(step, self.fallbacks)
-        self.n_carried = 0
 
     def run(self, io: StepIO, new: PromptBatch | None) -> Driven:
-        self.n_carried = len(self.book.carried)
         batch, plan = plan_pieces(self.planner, self.book, new, self.step, self.fallbacks, self.budget)
         ran = io.execute(batch, plan, None, False)
         made, ended = io.tokens(ran, math.inf)
         settled = self.book.settle(self.index, made, ended)
-        self.planner.observe(settled.finished)
+        self.planner.observe([f.model_copy(update={"uid": io.history_key(f.uid)}) for f in settled.finished])
         self.planner.note_error(ran.outcome.report.estimate_error)
         rows = [g.group for g in settled.trained]
         tokens = settled.trained_prompt_and_response_tokens

@@ -397,8 +397,9 @@ class _WorkloadIO:
         return self.step
 
     def batch(self, prompts: list[Any]) -> PromptBatch:
-        if self.whole is not None and prompts and prompts[0][0] == self.next_whole - 1:  # a workload step whole
-            return self.adopt(self.whole.batch, self.whole.lengths)
+        whole, self.whole = self.whole, None
+        if whole is not None:  # ``draw(None)`` drew a workload step whole: its batch as it is
+            return self.adopt(whole.batch, whole.lengths)
         batch, self.new_lengths = _round_batch(self.steps, prompts)
         return batch
 
@@ -712,10 +713,9 @@ class Simulator:
             )
         token_counts = [float(ws.batch.prompt_lengths @ ws.batch.n_samples + ws.lengths.sum()) for ws in workload.steps]
         batches = len(workload.steps)
-        io: _WorkloadIO | None = None
+        io = _WorkloadIO(self, planner, workload.steps)
         session = None
         if mode == BATCH_CUT:  # partial rollouts inside the pipeline: each batch cut once B groups are complete
-            io = _WorkloadIO(self, planner, workload.steps)
             b_size = max((len(ws.batch) for ws in workload.steps), default=0)
             session = session_for(BATCH_CUT, planner, b_size, io.prompts())
             io.book = session.book
@@ -728,29 +728,24 @@ class Simulator:
 
         def generate(k: int, start: float, pauses: list[tuple[float, float]]) -> float:
             relative = [(max(a - start, 0.0), b - max(a, start)) for a, b in pauses if b > start]
-            if session is not None and io is not None:
+            io.backend_kw = {"cluster": gen_cluster, "pauses": relative, "profile": prof}
+            if session is None:  # the batch the workload gives, every sample to its end
+                ws = workload.steps[k]
+                io.begin(ws.step)
+                driven = PlainStep(planner, ws.step).run(io, io.adopt(ws.batch, ws.lengths))
+            else:
                 io.begin(k)
-                io.backend_kw = {"cluster": gen_cluster, "pauses": relative, "profile": prof}
-                driven = session.next(io, k)
-                if driven is None:
+                cut = session.next(io, k)
+                if cut is None:
                     raise RlhflessError(f"scheduler {config.name!r}: batch {k} of {batches} found nothing to generate")
-                usage = stopped_at(driven.outcome.usage, driven.stop_s)
-                self.hold(planner, usage)
+                driven = driven_of[k] = cut
                 token_counts[k] = float(driven.trained_tokens)
                 train_s[k] = sum(self._learning(token_counts[k], learners))
-                assert io.last_backend is not None
-                outcome = replace(driven.outcome, usage=usage)
-                done[k] = (driven.plan, outcome, io.last_backend.tokens_before_pauses)
-                driven_of[k] = driven
-                return start + usage.generation_s
-            ws = workload.steps[k]
-            planner.warm_actors = len(self.warm)
-            plan = planner.plan(ws.batch, step=ws.step)
-            backend = self.backend(planner, ws, plan, cluster=gen_cluster, pauses=relative, profile=prof)
-            outcome = StepController(planner, backend, ws.batch, plan, step=ws.step).run(observe=True)
-            self.hold(planner, outcome.usage)  # no burst engine here: the fleet's engines that worked stay warm
-            done[k] = (plan, outcome, backend.tokens_before_pauses)
-            return start + outcome.usage.generation_s
+            usage = stopped_at(driven.outcome.usage, driven.stop_s)
+            self.hold(planner, usage)  # no burst engine here: the fleet's engines that worked stay warm
+            assert io.last_backend is not None
+            done[k] = (driven.plan, replace(driven.outcome, usage=usage), io.last_backend.tokens_before_pauses)
+            return start + usage.generation_s
 
         timeline = partial_pipeline if pipe.partial_rollout else locked_pipeline
         times = timeline(batches, generate, train_s, prof.weight_sync_s, pipe.queue_size)
