@@ -134,6 +134,9 @@ def test_a_raising_predictor_is_reported_on_every_step_in_every_mode(registry, p
     workload = synthetic_workload(SyntheticWorkload(16, 4, seed=0), 3)
     result = sim.run(config, workload)
     fallbacks = [r.fallbacks for r in result.reports]
+    if config.pipeline.mode == "stream":  # the stream calls no predictor (prompt order, whichever engine has room)
+        assert fallbacks == [[]] * len(result.reports)
+        return
     assert all("predictor:raises" in f for f in fallbacks[: len(workload.steps)]), fallbacks
 
 

@@ -79,7 +79,7 @@ def test_token_ages_count_each_token_once(batch, version, cuts, extra):
 
 
 def test_sync_pipeline_fields_are_refused():
-    with pytest.raises(ValueError, match="async only"):
+    with pytest.raises(ValueError, match="async or stream only"):
         PipelineConfig(mode="sync", partial_rollout=True)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import yaml
-from pydantic import Field, PositiveInt, ValidationError, create_model, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, ValidationError, create_model, model_validator
 
 from rlhfless_sdk.api.errors import ConfigError, ConfigProblem
 from rlhfless_sdk.api.kinds import KIND, KINDS, POLICY_KINDS, PolicyKind
@@ -55,22 +55,41 @@ class PipelineConfig(Record):
     ``queue_size`` batches ahead (so tokens are up to ``queue_size`` weight updates old). Without
     ``partial_rollout`` a weight broadcast waits for the batch being generated to finish (the engines' lock); with
     it the engines pause for the broadcast and go on with the new weights, so one sample can hold tokens of two
-    policies. A framework adapter's docs name the framework flags each setting models.
+    policies. ``stream`` (``rlhfless_sdk.rollout.stream``): ``rollout_gpus`` GPUs generate without batch
+    boundaries, the learner trains each B complete groups as soon as they exist, weight updates pause the engines
+    and running samples go on under the new weights; no token is more than ``max_age`` updates old; ``elastic``
+    re-plans the split between batches. A framework adapter's docs name the framework flags each setting models.
     """
 
-    mode: Literal["sync", "async"] = "sync"
+    mode: Literal["sync", "async", "stream"] = "sync"
     queue_size: PositiveInt = Field(default=1, description="async: batches generated ahead of training.")
     partial_rollout: bool = Field(default=False, description="async: keep generating through a weight update.")
     rollout_gpus: PositiveInt | None = Field(
         default=None,
-        description="async: GPUs that generate (the rest learn); default: the fastest split, every one tried on "
-        "the first steps.",
+        description="async, stream: GPUs that generate (the rest learn); default: the fastest split, every one "
+        "tried on the first steps.",
     )
+    max_age: NonNegativeInt = Field(default=1, description="stream: the most weight updates any trained token is old.")
+    elastic: bool = Field(
+        default=False, description="stream: re-plan the rollout/learner split between batches from what it measures."
+    )
+
+    @property
+    def pipelined(self) -> bool:
+        """Generation and learning on GPUs of their own, at once (``async`` or ``stream``)."""
+        return self.mode != "sync"
 
     @model_validator(mode="after")
     def _async_only(self) -> PipelineConfig:
         if self.mode == "sync" and (self.partial_rollout or self.rollout_gpus is not None or self.queue_size != 1):
-            raise ValueError("queue_size, partial_rollout and rollout_gpus apply to mode: async only")
+            raise ValueError("queue_size, partial_rollout and rollout_gpus apply to mode: async or stream only")
+        if self.mode != "stream" and (self.max_age != 1 or self.elastic):
+            raise ValueError("max_age and elastic apply to mode: stream only")
+        if self.mode == "stream" and (self.partial_rollout or self.queue_size != 1):
+            raise ValueError(
+                "mode: stream always generates through weight updates and bounds age by max_age; "
+                "queue_size and partial_rollout are async's"
+            )
         return self
 
 

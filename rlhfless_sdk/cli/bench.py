@@ -84,7 +84,7 @@ def bench_simulate(
     workload = synthetic_workload(SyntheticWorkload(prompts, samples, seed=seed), steps)
     walls: list[float] = []
     rollout_gpus = None
-    if config.pipeline.mode == "async":
+    if config.pipeline.pipelined:
         t0 = time.perf_counter()
         result = sim.run(config, workload)
         wall = time.perf_counter() - t0

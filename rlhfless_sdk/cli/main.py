@@ -298,13 +298,14 @@ def rollout_split(config: Any, rollout_gpus: int | None, gpus: int, gpa: int) ->
     """Where `plan` plans an async scheduler's step: ``--rollout-gpus`` or its preset's ``rollout_gpus`` (checked
     as the simulator does); None for a synchronous one. An async one with neither is refused: its split is
     what `simulate` searches for."""
-    if config.pipeline.mode != "async":
+    if not config.pipeline.pipelined:
         return None
     r = rollout_gpus if rollout_gpus is not None else config.pipeline.rollout_gpus
     if r is None:
         raise click.BadParameter(
-            f"scheduler {config.name!r} is an async pipeline (its engines on GPUs of their own, the rest learning): "
-            "say how many of the --gpus generate, or run `rlhfless simulate`, which finds the fastest split",
+            f"scheduler {config.name!r} is an {config.pipeline.mode} pipeline (its engines on GPUs of their own, "
+            "the rest learning): say how many of the --gpus generate, or run `rlhfless simulate`, which finds the "
+            "fastest split",
             param_hint="'--rollout-gpus'",
         )
     if r % gpa or not gpa <= r <= gpus - 1:

@@ -69,6 +69,7 @@ def compare(results: list[SimulationResult]) -> list[dict[str, Any]]:
                 "cost_reduction_vs_serverful": 1.0
                 - _ratio(tot["total_gpu_seconds"], base["total_gpu_seconds_serverful"]),
                 "split_search": r.split_search,
+                "stream": r.stream,
                 "steps": [
                     {**s.report.model_dump(), **({"frontier": s.frontier} if s.frontier is not None else {})}
                     for s in r.steps
@@ -187,7 +188,10 @@ def print_tables(rows: list[dict[str, Any]], gpus: int = 0) -> None:
             f"{row['mean_idle_fraction']:>6.2f}{row['migrations']:>6}{row['stale_token_fraction']:>7.0%}"
             f"{row['max_token_age_steps']:>5}"
         )
-        if row.get("rollout_gpus"):
+        if row.get("stream") is not None:
+            splits = ",".join(str(x) for x in row["stream"]["splits"])
+            click.echo(f"{'':<24}(stream: rollout GPUs batch by batch {splits}; the rest learn)")
+        elif row.get("rollout_gpus"):
             tried = row.get("split_search")
             how = f"the fastest of {len(tried)} splits {row.get('split_tried_on', 'tried')}" if tried else "as set"
             click.echo(f"{'':<24}(async: {row['rollout_gpus']} GPUs generate, the rest learn; {how})")
@@ -364,9 +368,11 @@ def simulate_main(
         raise click.ClickException(f"--gpus {gpus} is fewer than one actor of profile {profile} needs")
     configs = comparable_configs(names, registry, max_actors, allow_burst_engines, gpus, prof.gpus_per_actor)
     split = parse_rollout_gpus(rollout_gpus)
-    if isinstance(split, int):
+    if isinstance(split, int):  # a fixed split for every pipeline that has one (an elastic stream re-plans its own)
         configs = [
-            c.derive(pipeline={**c.pipeline.model_dump(), "rollout_gpus": split}) if c.pipeline.mode == "async" else c
+            c.derive(pipeline={**c.pipeline.model_dump(), "rollout_gpus": split})
+            if c.pipeline.pipelined and not c.pipeline.elastic
+            else c
             for c in configs
         ]
     shape = {

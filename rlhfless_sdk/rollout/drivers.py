@@ -10,7 +10,9 @@ The scheduler's straggler policy says how its steps run, through the capabilitie
   from scratch later (``OverProvisioning``): ``TailRound``;
 - ``batch-cut``: steps cut when B groups are complete, the others carried with their tokens (``KeepsCutTokens``):
   ``rlhfless_sdk.rollout.batchcut.BatchCutStep``;
-- ``async``: a generation/learning pipeline (``pipeline: async``), which only the simulator models.
+- ``async``: a generation/learning pipeline (``pipeline: async``), which only the simulator models;
+- ``stream``: the streaming pipeline (``pipeline: stream``, ``rlhfless_sdk.rollout.stream``), no batch boundaries in
+  generation.
 
 A driver owns what a step of its mode decides: the prompts it draws, the plan (with every policy fallback of the
 step), the end rule, which groups train, what is carried or deferred, what the predictor observes and the report's
@@ -42,7 +44,8 @@ if TYPE_CHECKING:
     from rlhfless_sdk.planning.planner import StepPlanner
 
 PLAIN, TOKEN_BUDGET, TAIL_ROUNDS, BATCH_CUT, ASYNC = "plain", "token-budget", "tail-rounds", "batch-cut", "async"
-MODES = (PLAIN, TOKEN_BUDGET, TAIL_ROUNDS, BATCH_CUT, ASYNC)
+STREAM = "stream"
+MODES = (PLAIN, TOKEN_BUDGET, TAIL_ROUNDS, BATCH_CUT, ASYNC, STREAM)
 
 EndRule = Callable[[StepController], bool]
 
@@ -52,6 +55,8 @@ def driver_mode(planner: StepPlanner, fallbacks: list[str] | None = None) -> str
     driver generates, ``straggler_mode``), else its straggler policy's."""
     if planner.config.pipeline.mode == "async":
         return ASYNC
+    if planner.config.pipeline.mode == "stream":
+        return STREAM
     return straggler_mode(planner, fallbacks)
 
 
@@ -73,8 +78,8 @@ def refusal(config: SchedulerConfig, mode: str, modes: Collection[str], backend:
     can. The line names the policy that asks for the mode."""
     if mode in modes:
         return None
-    if mode == ASYNC:
-        what = "its async pipeline (pipeline: async)"
+    if mode in (ASYNC, STREAM):
+        what = f"its {mode} pipeline (pipeline: {mode})"
     else:
         what = f"its straggler policy {config.policy_refs()['straggler'].name!r}"
     return (

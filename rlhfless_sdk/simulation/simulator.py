@@ -69,8 +69,10 @@ from rlhfless_sdk.rollout.drivers import (
     session_for,
     straggler_mode,
 )
+from rlhfless_sdk.rollout.stream import BalancedSplit, GroupBook, run_stream
 from rlhfless_sdk.simulation.bound import WorkBound, work_bound
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
+from rlhfless_sdk.simulation.stream import SimulatedStream
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
 
 
@@ -450,6 +452,24 @@ class _WorkloadIO:
 
 
 @dataclass
+class _StreamLearner:
+    """The learner of a simulated stream: each group's tokens, the algorithm's GPU-seconds per token."""
+
+    group_tokens: Sequence[float]
+    s_per_token: float
+    sync_s: float
+
+    def tokens(self, groups: Sequence[int]) -> float:
+        return float(sum(self.group_tokens[g] for g in groups))
+
+    def train_s(self, tokens: float, gpus: int, joining: int = 0, after_s: float = 0.0) -> float:
+        work = tokens * self.s_per_token
+        if joining and work > gpus * after_s:  # the joiners help once they are in
+            return after_s + (work - gpus * after_s) / (gpus + joining)
+        return work / gpus
+
+
+@dataclass
 class SimulatedStep:
     """A step's report plus what the simulator saw that the report does not hold."""
 
@@ -482,6 +502,7 @@ class SimulationResult:
     gpus: int = 0  # the fleet
     work: WorkBound | None = None  # the GPU work any schedule of the workload must do
     split_search: list[dict] | None = None  # async at its best split: each split tried and its time
+    stream: dict | None = None  # the streaming pipeline: batches, splits, re-plans
 
     @property
     def reports(self) -> list[StepReport]:
@@ -612,11 +633,13 @@ class Simulator:
     ) -> SimulationResult:
         self.warm, self.warm_prefill = frozenset(), False
         self.run_algo = self.algo or workload.algo
-        if config.pipeline.mode == "async":
+        if config.pipeline.mode == "stream" and config.pipeline.elastic:  # the split is re-planned as it runs
+            return self.run_stream(config, workload, on_step, None)
+        if config.pipeline.pipelined:
             fixed = self.rollout_gpus(config)
             if fixed is None:
                 return self.best_split(config, workload, on_step)
-            return self.run_async(config, workload, on_step, fixed)
+            return self.run_pipeline(config, workload, on_step, fixed)
         planner = self.planner(config)
         mode = driver_mode(planner)
         if mode == PLAIN:
@@ -669,7 +692,7 @@ class Simulator:
         tried: list[dict] = []
         best: tuple[float, int, SimulationResult] | None = None
         for r in self.splits():
-            res = self.run_async(config, probe, None, r)
+            res = self.run_pipeline(config, probe, None, r)
             t = sum(x.time_s for x in res.reports)
             tried.append({"rollout_gpus": r, "time_s": t})
             if best is None or t < best[0]:
@@ -677,12 +700,24 @@ class Simulator:
         assert best is not None
         _, r, res = best
         if probe is not workload:
-            res = self.run_async(config, workload, on_step, r)
+            res = self.run_pipeline(config, workload, on_step, r)
         elif on_step is not None:
             for rep in res.reports:
                 on_step(rep)
         res.split_search = tried
         return res
+
+    def run_pipeline(
+        self,
+        config: SchedulerConfig,
+        workload: Workload,
+        on_step: Callable[[StepReport], Any] | None,
+        r: int,
+    ) -> SimulationResult:
+        """The config's pipeline with ``r`` rollout GPUs (its first split, when elastic)."""
+        if config.pipeline.mode == "stream":
+            return self.run_stream(config, workload, on_step, r)
+        return self.run_async(config, workload, on_step, r)
 
     def run_async(
         self,
@@ -796,6 +831,116 @@ class Simulator:
             if on_step is not None:
                 on_step(report)
         return SimulationResult(config.name, steps, rollout_gpus=r)
+
+    def run_stream(
+        self,
+        config: SchedulerConfig,
+        workload: Workload,
+        on_step: Callable[[StepReport], Any] | None,
+        r: int | None,
+    ) -> SimulationResult:
+        """The streaming pipeline (``rlhfless_sdk.rollout.stream``) with ``r`` rollout GPUs at first: the
+        workload's prompts one stream, batches of B groups (the first step's batch size), engines on GPUs of their
+        own (dedicated memory). Batch k's report spans the time between updates k - 1 and k and bills what
+        happened in it: each engine while held (from its start, start-up included, to its last token or its
+        stop), the learner GPUs while they train, every GPU during an update."""
+        self.warm, self.warm_prefill = frozenset(), False
+        self.run_algo = self.algo or workload.algo
+        pipe = config.pipeline
+        g, prof = self.cluster.total_gpus, self.dedicated
+        gpa = prof.gpus_per_actor
+        sizes: list[int] = []
+        gid, index, plen, target, group_tokens = [], [], [], [], []
+        for ws in workload.steps:
+            b, lengths = ws.batch, np.asarray(ws.lengths, dtype=np.int64)
+            if self.max_tokens is not None:
+                lengths = np.minimum(lengths, self.max_tokens)
+            for i in range(len(b)):
+                lo, hi = int(b.sample_offsets[i]), int(b.sample_offsets[i + 1])
+                n, p = hi - lo, int(b.prompt_lengths[i])
+                gid += [len(sizes)] * n
+                index += list(range(n))
+                plen += [p] * n
+                target += lengths[lo:hi].tolist()
+                group_tokens.append(float(p * n + lengths[lo:hi].sum()))
+                sizes.append(n)
+        n_samples = len(target)
+        samples = EngineSamples(gid, index, plen, [0] * n_samples, target, [0.0] * n_samples, [0] * n_samples)
+        b_size = max((len(ws.batch) for ws in workload.steps), default=0)
+        book = GroupBook(sizes, max(b_size, 1), pipe.max_age)
+        rates = prof.learner_rates(self.run_algo)
+        learner = _StreamLearner(group_tokens, rates[0] + rates[1], prof.weight_sync_s)
+        split = None
+        if pipe.elastic:
+            split = BalancedSplit(prof, g, rates[0] + rates[1])
+            r = split.first()
+        if r is None:
+            raise RlhflessError(f"scheduler {config.name!r}: a stream with a fixed split needs its rollout GPUs")
+        engines = SimulatedStream(prof, samples, r // gpa)
+        stats = run_stream(
+            engines, learner, book, gpus=g, rollout_gpus=r, gpus_per_engine=gpa, split=split, switch_s=prof.cold_start_s
+        )
+        held = engines.held()
+        busy = [a.busy for a in engines.actors]
+        idle = 1.0 - (sum(busy) + engines.busy) / max(sum(hi - lo for lo, hi in held.values()), 1e-9)
+        imbalance = float(max(busy) / np.mean(busy)) if busy and np.mean(busy) > 0 else 1.0
+        steps = []
+        for k, chosen in enumerate(stats.batches):
+            lo, hi = (stats.updates[k - 1][1] if k else 0.0), stats.updates[k][1]
+            learners = stats.learners[k]
+            trained = stats.trained_tokens[k]
+            prepare_s, learn_s = trained * rates[0] / learners, trained * rates[1] / learners
+            sync = covered(stats.updates, lo, hi)
+            billed = (
+                sum(covered([span], lo, hi) for span in held.values()) * gpa
+                + sum((g - stats.split[j]) * covered([t], lo, hi) for j, t in enumerate(stats.train))
+                + learners * sync
+            )
+            total = stale = oldest = responses = 0
+            for c in chosen:
+                for sid in book.groups[c].samples:
+                    responses += 1
+                    for v, n in engines.tokens_by_version(sid):
+                        total += n
+                        if k - v > 0:
+                            stale += n
+                            oldest = max(oldest, k - v)
+            report = StepReport(
+                step=k,
+                scheduler=config.name,
+                time_s=hi - lo,
+                generation_s=covered(list(held.values()), lo, hi),
+                prepare_s=prepare_s,
+                learn_s=learn_s,
+                gpu_seconds=billed,
+                gpu_seconds_serverful=g * (hi - lo),
+                idle_fraction=min(max(idle, 0.0), 1.0),
+                imbalance=max(imbalance, 1.0),
+                num_actors=max(stats.split[k] // gpa, 1),
+                samples=responses,
+                response_tokens=total,
+                peak_gpus=g,
+                stale_token_fraction=stale / total if total else 0.0,
+                max_token_age_steps=oldest,
+                groups_trained=len(chosen),
+            )
+            plan = StepPlan(
+                step=k, scheduler=config.name, num_actors=report.num_actors, assignment=[], predicted_lengths=[]
+            )
+            steps.append(SimulatedStep(report, plan, None))
+            if on_step is not None:
+                on_step(report)
+        result = SimulationResult(config.name, steps, rollout_gpus=r)
+        result.stream = {
+            "batches": len(stats.batches),
+            "oversized_batches": stats.oversized,
+            "gated_s": stats.gated_s,
+            "splits": stats.split,
+            "resizes": engines.resizes,
+            "moved_samples": engines.moved,
+            "replans": split.choices if split is not None else [],
+        }
+        return result
 
     def hold(self, planner: StepPlanner, usage: StepUsage) -> StepUsage:
         """``usage`` of a finished step (its learning included), with each burst engine kept for the next step

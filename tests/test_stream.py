@@ -1,0 +1,242 @@
+"""The streaming pipeline (``rlhfless_sdk.rollout.stream``) on the simulator's engines: every group trained exactly
+once in batches of B, no token older than the bound, no token lost when the elastic split stops an engine, the
+split the argmin it claims; and the shipped preset end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlhfless_sdk.api.config import PipelineConfig
+from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.plugins import get_plugin_manager
+from rlhfless_sdk.api.profiles import load_profile
+from rlhfless_sdk.api.records import Cluster
+from rlhfless_sdk.planning.engine_model import EngineSamples, steady_rate
+from rlhfless_sdk.rollout.stream import BalancedSplit, GroupBook, StreamStats, run_stream
+from rlhfless_sdk.simulation.simulator import Simulator, _StreamLearner
+from rlhfless_sdk.simulation.stream import SimulatedStream
+from rlhfless_sdk.simulation.traces import synthetic_workload
+from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+
+PROFILE = load_profile("qwen2.5-7b-l40s")
+
+
+def small_profile(max_num_seqs: int, kv: int):
+    """The shipped profile with small engines, so that a few dozen samples fill them (and preempt)."""
+    return PROFILE.model_copy(update={"max_num_seqs": max_num_seqs, "kv_capacity_tokens": kv, "cold_start_s": 5.0})
+
+
+def stream_run(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, profile):
+    """``run_stream`` on simulated engines; returns (book, engines, stats, split policy)."""
+    n = sum(sizes)
+    gid = [g for g, k in enumerate(sizes) for _ in range(k)]
+    index = [i for k in sizes for i in range(k)]
+    plen = [20 + (g % 7) for g in gid]
+    samples = EngineSamples(gid, index, plen, [0] * n, list(lengths), [0.0] * n, [0] * n)
+    tokens = [0.0] * len(sizes)
+    for sid, g in enumerate(gid):
+        tokens[g] += plen[sid] + lengths[sid]
+    rates = profile.learner_rates("grpo")
+    learner = _StreamLearner(tokens, rates[0] + rates[1], profile.weight_sync_s)
+    split = BalancedSplit(profile, gpus, rates[0] + rates[1]) if elastic else None
+    r = split.first() if split else rollout
+    engines = SimulatedStream(profile, samples, r)
+    book = GroupBook(sizes, batch_groups, max_age)
+    stats = run_stream(
+        engines, learner, book, gpus=gpus, rollout_gpus=r, split=split, switch_s=profile.cold_start_s, check_s=0.5
+    )
+    return book, engines, stats, split
+
+
+@settings(deadline=None)
+@given(
+    data=st.data(),
+    groups=st.integers(1, 40),
+    n=st.integers(1, 4),
+    batch_groups=st.integers(1, 9),
+    max_age=st.integers(0, 3),
+    gpus=st.integers(2, 6),
+    elastic=st.booleans(),
+    slots=st.integers(2, 16),
+)
+def test_every_group_trains_once_in_batches_of_b_and_no_token_is_older_than_the_bound(
+    data, groups, n, batch_groups, max_age, gpus, elastic, slots
+):
+    lengths = data.draw(st.lists(st.integers(0, 400), min_size=groups * n, max_size=groups * n))
+    rollout = data.draw(st.integers(1, gpus - 1))
+    check_stream([n] * groups, lengths, batch_groups, max_age, gpus, rollout, elastic, slots)
+
+
+def check_stream(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, slots):
+    profile = small_profile(slots, kv=slots * 300)
+    book, engines, stats, _ = stream_run(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, profile)
+    trained = [g for batch in stats.batches for g in batch]
+    assert sorted(trained) == list(range(len(sizes)))  # every group exactly once
+    for k, batch in enumerate(stats.batches):
+        for g in batch:
+            assert book.groups[g].batch == k and book.groups[g].complete
+            for sid in book.groups[g].samples:
+                by_version = engines.tokens_by_version(sid)
+                assert sum(t for _, t in by_version) == lengths[sid]  # no token lost or duplicated, moves included
+                assert all(0 <= k - v <= max_age for v, t in by_version if t)
+    sizes_but_last = [len(b) for b in stats.batches[:-1]]
+    # a batch takes more than B only to keep the age bound, and says so
+    assert all(s == batch_groups for s in sizes_but_last) or stats.oversized
+    assert all(s >= batch_groups for s in sizes_but_last)
+    assert all(1 <= r <= gpus - 1 for r in stats.split)  # every split leaves an engine and a learner
+    assert all(lo <= hi for lo, hi in stats.train)
+    for (_, end), (start, _) in zip(stats.updates, stats.train[1:], strict=False):
+        assert start >= end - 1e-9  # one learner: a batch trains after the update before it
+    if not elastic:
+        assert stats.split == [rollout] * len(stats.batches)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "lengths", "batch_groups", "max_age", "gpus", "rollout", "elastic", "slots"),
+    [
+        # a batch took 6 groups to keep the age bound, so the stream needed one batch fewer than 18 / 4 rounds up to
+        (
+            [2] * 18,
+            [
+                0,
+                366,
+                198,
+                0,
+                0,
+                357,
+                0,
+                114,
+                193,
+                16,
+                359,
+                0,
+                84,
+                32,
+                0,
+                228,
+                0,
+                19,
+                166,
+                0,
+                0,
+                0,
+                0,
+                7,
+                347,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                154,
+                0,
+                51,
+                0,
+                11,
+            ],
+            4,
+            3,
+            4,
+            2,
+            False,
+            12,
+        ),
+        # samples that finished while an engine was stopped (or an update paused the engines) were reported
+        (
+            [1] * 25,
+            [0, 0, 0, 321, 164, 0, 163, 0, 55, 0, 244, 128, 0, 0, 82, 0, 0, 0, 12, 131, 371, 142, 0, 34, 0],
+            7,
+            3,
+            5,
+            1,
+            True,
+            5,
+        ),
+    ],
+)
+def test_streams_that_once_hung(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, slots):
+    check_stream(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, slots)
+
+
+@settings(deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 6000), min_size=2, max_size=200),
+    gpus=st.integers(2, 32),
+    current=st.integers(1, 31),
+)
+def test_the_balanced_split_is_the_argmin_it_claims(lengths, gpus, current):
+    current = min(current, gpus - 1)
+    rates = PROFILE.learner_rates("grpo")
+    policy = BalancedSplit(PROFILE, gpus, rates[0] + rates[1], min_gain=0.0)
+    response = np.asarray(lengths)
+    prompt = np.full(response.shape, 100)
+    stats = StreamStats(lengths=[(prompt, response)], batches=[[0]], trained_tokens=[float((prompt + response).sum())])
+    book = GroupBook([len(lengths), 1], 1, 1)
+    book.take(1, 0)  # the stream still has samples to dispatch: not the drain
+    chosen = policy.split(1, stats, book, current)
+    rate = steady_rate(PROFILE, prompt, response)
+    samples = len(lengths)
+    gen_tokens, trained = float(response.mean()) * samples, float((prompt + response).mean()) * samples
+    times = {r: policy.batch_s(r, gen_tokens, trained, rate) for r in policy.splits()}
+    assert times[chosen] == pytest.approx(min(times.values()))
+    assert policy.choices[-1]["chosen"] == chosen
+
+
+def test_the_book_holds_back_new_groups_and_waits_for_the_groups_a_batch_must_take():
+    book = GroupBook([2, 2, 2, 2], batch_groups=1, max_age=0)
+    assert book.take(8, version=0) == [0, 1]  # age 0: one batch of groups may start under version 0
+    assert book.may_start(0) == 0 and book.take(8, version=0) == []
+    book.finish(1, 1.0)
+    assert book.form(0) is None  # group 0 must train in batch 0 and is not complete
+    book.finish(0, 2.0)
+    assert book.form(0) == [0]
+    assert book.take(8, version=1) == [2, 3]
+    with pytest.raises(RlhflessError, match="finished twice"):
+        book.finish(0, 3.0)
+
+
+def test_config_names_the_stream_fields_of_each_mode():
+    assert PipelineConfig(mode="stream", max_age=2, elastic=True).pipelined
+    with pytest.raises(ValueError, match="max_age and elastic apply to mode: stream only"):
+        PipelineConfig(mode="async", elastic=True)
+    with pytest.raises(ValueError, match="queue_size and partial_rollout are async's"):
+        PipelineConfig(mode="stream", partial_rollout=True)
+
+
+def _lr_workload(steps: int = 4):
+    shape = SyntheticWorkload(64, 4, median_length=1500, sample_sigma=0.5, max_length=8192, runaway=0.03, seed=1)
+    return synthetic_workload(shape, steps, 2.0)
+
+
+def test_the_stream_preset_trains_every_prompt_once_with_age_at_most_two():
+    registry = get_plugin_manager().registry
+    config = registry.resolve("rlhfless-stream")
+    sim = Simulator(PROFILE, Cluster.of_gpus(4, 4), registry=registry)
+    workload = _lr_workload()
+    result = sim.run(config, workload)
+    reports = result.reports
+    assert len(reports) == len(workload.steps)
+    assert sum(r.groups_trained for r in reports) == sum(len(ws.batch) for ws in workload.steps)
+    assert sum(r.samples for r in reports) == sum(ws.batch.total_samples for ws in workload.steps)
+    assert sum(r.response_tokens for r in reports) == sum(int(ws.lengths.sum()) for ws in workload.steps)
+    assert max(r.max_token_age_steps for r in reports) <= 2
+    assert any(r.stale_token_fraction > 0 for r in reports)  # it does train older tokens (with their logprobs)
+    assert all(r.peak_gpus == 4 for r in reports)
+    totals = result.totals()
+    assert totals["bound_s"] <= totals["total_time_s"]  # never under the work bound
+    assert result.stream is not None and result.stream["replans"]
+    for step in reports:  # no step bills more than every GPU for its time
+        assert step.gpu_seconds <= step.gpu_seconds_serverful + 1e-6
+
+
+def test_a_fixed_stream_split_runs_at_the_split_it_is_given():
+    registry = get_plugin_manager().registry
+    config = registry.resolve("rlhfless-stream").derive(pipeline={"mode": "stream", "max_age": 1, "rollout_gpus": 2})
+    sim = Simulator(PROFILE, Cluster.of_gpus(4, 4), registry=registry)
+    result = sim.run(config, _lr_workload(3))
+    assert result.rollout_gpus == 2 and result.stream["splits"] == [2, 2, 2]
+    assert max(r.max_token_age_steps for r in result.reports) <= 1
