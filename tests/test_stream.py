@@ -4,8 +4,11 @@ split the argmin it claims; and the shipped preset end to end."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +17,7 @@ from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.plugins import get_plugin_manager
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
+from rlhfless_sdk.cli.main import main
 from rlhfless_sdk.planning.engine_model import EngineSamples, steady_rate
 from rlhfless_sdk.rollout.stream import BalancedSplit, GroupBook, StreamStats, run_stream
 from rlhfless_sdk.simulation.simulator import Simulator, _StreamLearner
@@ -240,3 +244,21 @@ def test_a_fixed_stream_split_runs_at_the_split_it_is_given():
     result = sim.run(config, _lr_workload(3))
     assert result.rollout_gpus == 2 and result.stream["splits"] == [2, 2, 2]
     assert max(r.max_token_age_steps for r in result.reports) <= 1
+
+
+def test_simulate_prints_and_returns_the_stream_split():
+    args = ["simulate", "--prompts", "32", "--samples", "4", "--steps", "3", "--gpus", "4", "--gpus-per-node", "4"]
+    args += ["--scheduler", "openrlhf-async", "--scheduler", "rlhfless-stream"]
+    table = CliRunner().invoke(main, args)
+    assert table.exit_code == 0, table.output
+    assert "(stream: rollout GPUs batch by batch " in table.output
+    out = CliRunner().invoke(main, [*args, "--json"])
+    assert out.exit_code == 0, out.output
+    rows = {r["name"]: r for r in json.loads(out.output)["schedulers"]}
+    stream = rows["rlhfless-stream"]["stream"]
+    assert len(stream["splits"]) == stream["batches"] == len(rows["rlhfless-stream"]["steps"])
+    assert all(1 <= r <= 3 for r in stream["splits"])
+    assert rows["openrlhf-async"]["stream"] is None
+    plan = CliRunner().invoke(main, ["plan", "--scheduler", "rlhfless-stream"])
+    assert plan.exit_code != 0
+    assert "'rlhfless-stream' is a stream pipeline" in " ".join(plan.output.split())

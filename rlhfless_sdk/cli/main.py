@@ -303,7 +303,8 @@ def rollout_split(config: Any, rollout_gpus: int | None, gpus: int, gpa: int) ->
     r = rollout_gpus if rollout_gpus is not None else config.pipeline.rollout_gpus
     if r is None:
         raise click.BadParameter(
-            f"scheduler {config.name!r} is an {config.pipeline.mode} pipeline (its engines on GPUs of their own, "
+            f"scheduler {config.name!r} is {'an' if config.pipeline.mode == 'async' else 'a'} {config.pipeline.mode} "
+            "pipeline (its engines on GPUs of their own, "
             "the rest learning): say how many of the --gpus generate, or run `rlhfless simulate`, which finds the "
             "fastest split",
             param_hint="'--rollout-gpus'",

@@ -123,9 +123,6 @@ class SimulatedStream:
             self.s.actor[sid] = dest.aid
             dest.waiting.appendleft(sid)
 
-    def engine_tokens(self) -> dict[int, int]:
-        return {a.aid: a.generated for a in self.actors}
-
     def lengths(self, samples: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         s = self.s
         return np.asarray([s.prompt_len[i] for i in samples]), np.asarray([s.target[i] for i in samples])
