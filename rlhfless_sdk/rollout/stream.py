@@ -220,9 +220,10 @@ class BalancedSplit:
     The engine model (``steady_rate``: an engine never short of work, at the batch and KV its samples allow) gives an
     engine's generation rate for samples like those of the batch about to train, whose lengths are now known; the
     profile gives the learner's GPU-seconds per trained token. The split is the argmin over every whole-engine split
-    of the slower side's time for such a batch (``batch_s``); it moves only when that gains more than ``min_gain``.
+    of the slower side's time for such a batch (``batch_s``); it moves only when that gains more than ``min_gain`` and,
+    over the batches left, more than a move costs (``switch_s``: an engine's start-up, a GPU's join of the learner).
     Once every prompt of the stream is dispatched (the drain), the engines shrink to what the samples still running
-    need (``max_num_seqs`` each) and the rest learn.
+    need (``max_num_seqs`` each) and the rest learn, when the learning left outlasts the join.
 
     The run starts with every GPU but one engine's generating (the learner has nothing to train before the first
     batch is complete: the pipeline's fill), so the first re-plan is the first batch's."""
@@ -231,6 +232,7 @@ class BalancedSplit:
     gpus: int
     learn_s_per_token: float
     min_gain: float = 0.03
+    switch_s: float = 0.0  # what a move costs: an engine's start-up, a GPU's join of the learner
     calibration: float = 1.0  # measured rate / the model's, over windows where no engine was held back
     moved_at: int = -1  # the last batch whose re-plan moved the split
     choices: list[dict] = field(default_factory=list)  # each re-plan: what it read and chose
@@ -285,11 +287,15 @@ class BalancedSplit:
         prompt, response = self.sample_lengths(stats)
         trained = float(np.mean(prompt + response)) * sum(len(book.groups[g].samples) for g in stats.batches[-1])
         choice: dict = {"batch": batch, "trained_tokens": float(trained)}
+        batches_left = 1 + -(-book.untrained // book.B)  # the batch about to train, and those after it
         if book.next_sample >= book.samples:  # the drain: the engines the running samples need, the rest learn
             left = book.samples - sum(g.done for g in book.groups)
             need = -(-left // self.profile.max_num_seqs) * self.gpus_per_engine
             best = min(max(need, self.gpus_per_engine), current)
-            choice.update(reason="drain", unfinished=int(left))
+            learn_s = batches_left * trained * self.learn_s_per_token / (self.gpus - current)
+            if learn_s <= self.switch_s:  # the joiners would arrive after the last batch is trained: stay
+                best = current
+            choice.update(reason="drain", unfinished=int(left), learn_s=float(learn_s))
         else:
             model = steady_rate(self.profile, prompt, response)
             self.calibrate(batch, stats, current, model)
@@ -300,7 +306,8 @@ class BalancedSplit:
             else:
                 best = min(self.splits(), key=lambda r: (self.batch_s(r, tokens, trained, rate), abs(r - current)))
                 now_s, best_s = self.batch_s(current, tokens, trained, rate), self.batch_s(best, tokens, trained, rate)
-                if not best_s < now_s * (1 - self.min_gain):
+                # a move pays when it gains, over the batches left, more than it costs (a start-up or a join)
+                if not (best_s < now_s * (1 - self.min_gain) and (now_s - best_s) * batches_left > self.switch_s):
                     best = current
                 elif best < current and batch == 0:  # leaving the fill: its in-flight groups still need finishing,
                     # so half the way (a whole move, or a third, measured slower on long reasoning)

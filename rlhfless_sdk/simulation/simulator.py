@@ -872,7 +872,7 @@ class Simulator:
         learner = _StreamLearner(group_tokens, rates[0] + rates[1], prof.weight_sync_s)
         split = None
         if pipe.elastic:
-            split = BalancedSplit(prof, g, rates[0] + rates[1])
+            split = BalancedSplit(prof, g, rates[0] + rates[1], switch_s=prof.cold_start_s)
             r = split.first()
         if r is None:
             raise RlhflessError(f"scheduler {config.name!r}: a stream with a fixed split needs its rollout GPUs")
