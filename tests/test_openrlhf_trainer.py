@@ -191,3 +191,95 @@ def test_the_carried_work_is_snapshotted_only_at_steps_that_save_a_checkpoint(le
     assert sorted(group.saved) == ["global_step2", "global_step4"]
     assert all(states["rlhfless_carry"] == CARRIED for states in group.saved.values())
     assert len(snapshots) == 2
+
+
+class Lock:
+    """OpenRLHF's ``VLLMLock`` actor as the async loops call it (``ray.get(lock.acquire.remote())``)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.acquire = SimpleNamespace(remote=self.lock.acquire)
+        self.release = SimpleNamespace(remote=self.lock.release)
+
+
+@pytest.fixture
+def async_learning(learning, monkeypatch):
+    from openrlhf.trainer import ppo_trainer_async
+
+    # the loops' Ray calls (ray.get on a lock's or an actor group's calls) hand their results through
+    monkeypatch.setattr(ppo_trainer_async, "ray", SimpleNamespace(get=lambda refs: refs))
+    return ppo_trainer_async
+
+
+def async_run(learning, args, gen, group: PolicyGroup, *, steps: int, queue_size: int = 1):
+    """OpenRLHF's async loops, ``GenerateSamplesActor.fit`` and ``TrainingActor.fit`` (RLHFless's subclasses),
+    each in its own thread over one rollout queue and its slots, as ``PPOTrainerAsync`` runs them in two actors; the
+    GPU work stood in for as in ``trainer``. Returns the generator actor."""
+    import queue
+    import threading
+
+    from rlhfless_openrlhf.trainer import CarryingQueue, RlhflessGenerateSamplesActorImpl, RlhflessTrainingActorImpl
+
+    rollout, slots, lock = queue.Queue(maxsize=queue_size), queue.Queue(maxsize=queue_size), Lock()
+    for _ in range(queue_size):
+        slots.put(0)
+    maker = RlhflessGenerateSamplesActorImpl.__new__(RlhflessGenerateSamplesActorImpl)
+    maker.args, maker.samples_generator, maker.generate_kwargs = args, gen, {}
+    maker.prompts_dataloader, maker.eval_dataloader, maker.max_steps = Loader(steps), None, steps
+    maker.vllm_lock, maker._partial_rollout, maker.rollout_slots = lock, False, slots
+    maker.rollout_queue = CarryingQueue(rollout, gen)
+    maker._last_eval_step, maker._eval_just_done = -1, False
+    made = iter(range(steps))
+    gen.generate_samples = lambda **kw: (["experience"], None, 1, next(made) == steps - 1)
+    learner = RlhflessTrainingActorImpl.__new__(RlhflessTrainingActorImpl)
+    learning.BasePPOTrainer.__init__(learner, SimpleNamespace(args=args), group, None, None, None, None, None)
+    learner.vllm_lock, learner._partial_rollout, learner.rollout_queue, learner.rollout_slots = (
+        lock,
+        False,
+        rollout,
+        slots,
+    )
+    learner.train_step = lambda rollout_samples, global_step: ({"policy_loss": 0.1}, global_step + 1)
+    thread = threading.Thread(target=maker.fit, kwargs={"episode": 0, "total_consumed_prompts": 0}, daemon=True)
+    thread.start()
+    learner.fit(global_step=0)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    return maker
+
+
+def test_async_checkpoints_hold_the_carried_work_and_a_resumed_generator_actor_gets_it_back(async_learning, tmp_path):
+    """``--train.async_enable`` with partial rollouts: the generator lives in its own actor, which never sees a
+    checkpoint written, so each batch it queues carries its snapshot inside the dataloader state; OpenRLHF's
+    TrainingActor writes it into every regular checkpoint (``--ckpt.save_steps 2`` of 4 steps), and a resumed run's
+    generator actor takes it back from the dataloader state OpenRLHF hands it (``load_state_dict``), the loader
+    getting its own state without it."""
+    args = openrlhf_args(tmp_path, save_steps=2)
+    gen = generator(args, "rlhfless-fast")
+    gen.restore_carry(copy.deepcopy(CARRIED))
+    group = PolicyGroup()
+    async_run(async_learning, args, gen, group, steps=4)
+    assert sorted(group.saved) == ["global_step2", "global_step4"]
+    for tag, states in group.saved.items():
+        loader = states["data_loader_state_dict"]
+        assert loader["rlhfless_carry"] == CARRIED and loader["consumed"] == "some", tag
+        assert json.loads(json.dumps(loader)) == loader  # plain data
+    from rlhfless_openrlhf.trainer import RlhflessGenerateSamplesActorImpl
+
+    resumed = generator(args, "rlhfless-fast")
+    actor = RlhflessGenerateSamplesActorImpl.__new__(RlhflessGenerateSamplesActorImpl)
+    seen: list[dict] = []
+    actor.samples_generator = resumed
+    actor.prompts_dataloader = SimpleNamespace(load_state_dict=seen.append)
+    actor.load_state_dict(copy.deepcopy(group.saved["global_step2"]["data_loader_state_dict"]))
+    assert seen == [{"consumed": "some"}]  # the dataloader's own state, without the carried work
+    assert resumed.carry_snapshot() == CARRIED
+    plain = RlhflessGenerateSamplesActorImpl.__new__(RlhflessGenerateSamplesActorImpl)
+    plain.samples_generator, plain.prompts_dataloader = (
+        generator(args, "rlhfless-fast"),
+        SimpleNamespace(load_state_dict=seen.append),
+    )
+    plain.load_state_dict({"consumed": "none"})  # a checkpoint of a run that carried nothing
+    assert seen[-1] == {"consumed": "none"} and plain.samples_generator.carry_snapshot() is None

@@ -170,11 +170,6 @@ REFUSED: tuple[tuple[str, Any, str], ...] = (
 #: batching) from one step to the next.
 CANNOT_CARRY: tuple[tuple[str, Any, str], ...] = (
     (
-        "--train.async_enable",
-        lambda a: bool(_flag(a, "train", "async_enable")),
-        "the generator runs ahead of training in its own actor; a carried sample's age would not be bounded",
-    ),
-    (
         "--algo.dynamic_filtering_enable",
         lambda a: bool(_flag(a, "algo", "dynamic_filtering_enable")),
         "a group dropped after completion breaks the B groups a step that partial rollouts and tail batching train",
@@ -201,6 +196,17 @@ def check_modes(args: Any, settings: dict[str, Any] | None = None, argv: Sequenc
                 )
     if (settings or {}).get("keeps_tokens"):
         correct_stale_tokens(args, settings, argv)
+        if _flag(args, "train", "async_enable"):
+            queue = int(_flag(args, "train", "async_queue_size") or 1)
+            log.info(
+                "rlhfless: --train.async_enable with scheduler %r: the generator runs up to %d batch(es) ahead of "
+                "training and carries cut samples into its next batch, so a trained token is at most %d weight "
+                "updates old (importance correction %s)",
+                settings["scheduler"]["name"],
+                queue,
+                queue + 1,
+                args.algo.advantage.is_correction_level,
+            )
 
 
 def correct_stale_tokens(args: Any, settings: dict[str, Any], argv: Sequence[str]) -> None:

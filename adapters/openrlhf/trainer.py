@@ -8,7 +8,9 @@ generator lives in another actor than the logger, so its metrics go to the JSON-
 
 What a straggler policy holds between steps (carried samples, deferred prompts) goes into every checkpoint
 OpenRLHF writes, the regular ones (``--ckpt.save_steps``) and the best ones (``--ckpt.best_metric_key``), inside
-the ``client_states`` OpenRLHF saves with the policy actor; it is snapshotted only at a step that writes one.
+the ``client_states`` OpenRLHF saves with the policy actor; it is snapshotted only at a step that writes one. In
+async mode the generator lives in its own actor, which never sees a checkpoint being written: it snapshots with
+every batch it queues (``CarryingQueue``), inside the dataloader state that OpenRLHF hands back to it on resume.
 
 A rollout engine that dies is survived for the step it dies in (its samples are regenerated elsewhere), but not
 after: OpenRLHF broadcasts weights to every engine over one NCCL group sized for all of them, which would hang. So
@@ -124,10 +126,48 @@ class RlhflessPPOTrainerImpl(PPOTrainer.__ray_actor_class__):  # type: ignore[na
         return states
 
 
+class CarryingQueue:
+    """OpenRLHF's rollout queue as the async generator actor puts batches into it, each batch's ``client_states``
+    given the generator's carried work, inside ``data_loader_state_dict``: the one part of them a resumed run hands
+    back to the generator actor (``load_state_dict``). Snapshotted when the batch is queued, with the dataloader's
+    state of the same instant, so a checkpoint written after training that batch resumes the generator as it was
+    then (a batch it generated after is regenerated: it never trained). Everything else is the queue's own."""
+
+    def __init__(self, queue: Any, generator: Any) -> None:
+        self.queue, self.generator = queue, generator
+
+    def put(self, payload: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(payload, tuple) and len(payload) == 4 and isinstance(payload[1], dict):
+            states = payload[1]
+            carry = self.generator.carry_snapshot()
+            if carry is not None:
+                states["data_loader_state_dict"] = {**(states.get("data_loader_state_dict") or {}), CARRY_KEY: carry}
+        return self.queue.put(payload, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queue, name)
+
+
+def take_carry(generator: Any, loader_state: dict | None) -> tuple[dict | None, int]:
+    """The dataloader's own state (without the carried work) and how many carried samples or deferred prompts
+    ``generator`` took back from it."""
+    if not loader_state or CARRY_KEY not in loader_state:
+        return loader_state, 0
+    state = dict(loader_state)
+    return state, generator.restore_carry(state.pop(CARRY_KEY))
+
+
 class RlhflessGenerateSamplesActorImpl(ppo_trainer_async.GenerateSamplesActor.__ray_actor_class__):  # type: ignore[misc]
     def __init__(self, pretrain: str, strategy: Any, vllm_engines: list, **kwargs: Any) -> None:
         super().__init__(pretrain, strategy, vllm_engines, **kwargs)
         self.samples_generator = swap_generator(strategy, self.samples_generator)
+        self.rollout_queue = CarryingQueue(self.rollout_queue, self.samples_generator)
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        state, restored = take_carry(self.samples_generator, state_dict)
+        super().load_state_dict(state)
+        if restored:
+            print(f"rlhfless: resumed with {restored} carried sample(s) or deferred prompt(s)", flush=True)
 
 
 class RlhflessTrainingActorImpl(ppo_trainer_async.TrainingActor.__ray_actor_class__):  # type: ignore[misc]
