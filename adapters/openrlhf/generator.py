@@ -232,6 +232,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.step = 0
         self.last_cuts: list[tuple[int, int, CutSample]] = []
         self.last_trained_groups: list[int] = []  # the groups of the last step's experiences
+        self._steps_finished = 0  # steps this generator reported (the first of an async run is not behind)
         self.last_report: StepReport | None = None
         self.last_metrics: dict[str, float] = {}
 
@@ -542,7 +543,21 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                     }
                     fh.write(json.dumps(row) + "\n")
 
+    def async_lag(self) -> int:
+        """Batches OpenRLHF's async mode (``--train.async_enable``) generates ahead of training: the weight updates
+        every token of a batch after the first is behind, on top of what the straggler policy carries (0: sync)."""
+        train = getattr(self.args, "train", None)
+        if not getattr(train, "async_enable", False):
+            return 0
+        return int(getattr(train, "async_queue_size", 1) or 1)
+
     def _finish_step(self, report: StepReport, outcome: StepOutcome, plan: StepPlan) -> None:
+        lag = self.async_lag()
+        if lag and self._steps_finished and report.response_tokens:  # OpenRLHF's own lag (an upper bound)
+            report = report.model_copy(
+                update={"max_token_age_steps": report.max_token_age_steps + lag, "stale_token_fraction": 1.0}
+            )
+        self._steps_finished += 1
         lengths = np.array([s.response_length for s in outcome.samples], dtype=np.float64)
         pred = np.array([s.predicted_length or 0.0 for s in outcome.samples], dtype=np.float64)
         self.last_report = report
