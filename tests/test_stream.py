@@ -18,7 +18,7 @@ from rlhfless_sdk.api.plugins import get_plugin_manager
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
 from rlhfless_sdk.cli.main import main
-from rlhfless_sdk.planning.engine_model import EngineSamples, steady_rate
+from rlhfless_sdk.planning.engine_model import EngineSamples, steady_rate, steady_step
 from rlhfless_sdk.rollout.stream import BalancedSplit, GroupBook, StreamStats, run_stream
 from rlhfless_sdk.simulation.simulator import Simulator, _StreamLearner
 from rlhfless_sdk.simulation.stream import SimulatedStream
@@ -262,3 +262,26 @@ def test_simulate_prints_and_returns_the_stream_split():
     plan = CliRunner().invoke(main, ["plan", "--scheduler", "rlhfless-stream"])
     assert plan.exit_code != 0
     assert "'rlhfless-stream' is a stream pipeline" in " ".join(plan.output.split())
+
+
+@given(
+    samples=st.integers(1, 5000),
+    cap=st.integers(1, 16384),
+    gpus=st.integers(2, 32),
+    switch_s=st.floats(0.0, 600.0),
+)
+def test_the_fill_is_taken_only_when_a_batch_at_the_cap_outlasts_a_move(samples, cap, gpus, switch_s):
+    rates = PROFILE.learner_rates("grpo")
+    policy = BalancedSplit(PROFILE, gpus, rates[0] + rates[1], switch_s=switch_s)
+    fill = max(gpus - 1, 1)
+    half = max(gpus // 2, 1)
+    first = policy.first(samples, 120.0, cap)
+    assert first in (fill, half)
+    if half < fill:
+        running, step = steady_step(PROFILE, np.array([120.0]), np.array([float(cap)]))
+        bound = max(samples * cap * step / (running * fill), cap * step)
+        assert policy.fill_bound_s == pytest.approx(bound)
+        assert (first == fill) == (bound > switch_s)
+        if first == fill:  # a longer cap or a bigger batch never gives the fill up
+            assert BalancedSplit(PROFILE, gpus, 1.0, switch_s=switch_s).first(samples + 1, 120.0, cap + 1) == fill
+    assert BalancedSplit(PROFILE, gpus, 1.0).first() == fill  # nothing known: the fill

@@ -266,16 +266,17 @@ class EngineModel:
             self.blocked = False
 
 
-def steady_rate(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.ndarray) -> float:
-    """Tokens a second one engine of ``profile`` generates when it is never short of work (a stream: no tail), for
-    samples like ``prompt[i]`` + ``response[i]``. A running sample is caught at a length-weighted point of its life,
-    so the KV it holds is ``p + E[L^2] / (2 E[L])`` on average; the engine runs as many as its KV and
-    ``max_num_seqs`` allow, each decode step costing what the engine model says for that batch and context."""
+def steady_step(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.ndarray) -> tuple[float, float]:
+    """(samples running, seconds a decode step takes) on one engine of ``profile`` never short of work (a stream:
+    no tail), for samples like ``prompt[i]`` + ``response[i]``. A running sample is caught at a length-weighted
+    point of its life, so the KV it holds is ``p + E[L^2] / (2 E[L])`` on average; the engine runs as many as its KV
+    and ``max_num_seqs`` allow, each decode step costing what the engine model says for that batch and context.
+    (0, 0) without a positive length."""
     p = np.asarray(prompt, dtype=np.float64)
     length = np.asarray(response, dtype=np.float64)
     mean = float(length.mean()) if length.size else 0.0
     if mean <= 0:
-        return 0.0
+        return 0.0, 0.0
     ctx = float(p.mean()) + float((length**2).mean()) / (2.0 * mean)
     running = max(min(float(profile.max_num_seqs), profile.kv_capacity_tokens / max(ctx, 1.0)), 1.0)
     c, s = profile.decode_per_ctx_token_s, profile.decode_per_seq_s
@@ -284,7 +285,13 @@ def steady_rate(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.n
         step = o + max(profile.decode_base_s - o + c * ctx * running, s * running)
     else:
         step = profile.decode_base_s + s * running + c * ctx * running
-    return running / step
+    return running, step
+
+
+def steady_rate(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.ndarray) -> float:
+    """Tokens a second one engine of ``profile`` generates when it is never short of work (``steady_step``)."""
+    running, step = steady_step(profile, prompt, response)
+    return running / step if step > 0 else 0.0
 
 
 @dataclass(frozen=True)

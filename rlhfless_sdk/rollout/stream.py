@@ -35,7 +35,7 @@ import numpy as np
 
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.records import TimePerTokenProfile
-from rlhfless_sdk.planning.engine_model import steady_rate
+from rlhfless_sdk.planning.engine_model import steady_rate, steady_step
 
 
 @dataclass
@@ -226,7 +226,8 @@ class BalancedSplit:
     need (``max_num_seqs`` each) and the rest learn, when the learning left outlasts the join.
 
     The run starts with every GPU but one engine's generating (the learner has nothing to train before the first
-    batch is complete: the pipeline's fill), so the first re-plan is the first batch's."""
+    batch is complete: the pipeline's fill) unless the fill cannot pay (``first``), so the first re-plan is the first
+    batch's."""
 
     profile: TimePerTokenProfile
     gpus: int
@@ -235,15 +236,32 @@ class BalancedSplit:
     switch_s: float = 0.0  # what a move costs: an engine's start-up, a GPU's join of the learner
     calibration: float = 1.0  # measured rate / the model's, over windows where no engine was held back
     moved_at: int = -1  # the last batch whose re-plan moved the split
+    fill_bound_s: float | None = None  # the first batch's time at the fill, every sample at the cap (``first``)
     choices: list[dict] = field(default_factory=list)  # each re-plan: what it read and chose
 
     @property
     def gpus_per_engine(self) -> int:
         return self.profile.gpus_per_actor
 
-    def first(self) -> int:
-        """The split the run starts with: every GPU but one engine's generates (the fill)."""
-        return max(self.gpus - self.gpus_per_engine, self.gpus_per_engine)
+    def first(self, samples: int = 0, prompt_tokens: float = 0.0, cap: int = 0) -> int:
+        """The split the run starts with: every GPU but one engine's generates (the fill), when the first batch
+        (``samples`` of them, prompts of ``prompt_tokens``, responses at most ``cap`` long) may take the fill
+        longer than a move costs. When even a batch of samples all at the cap would be done within ``switch_s``,
+        the fill cannot pay: it gains at most its batch time times (its engines / half's - 1) over starting at
+        half, and every GPU it lends must join the learner afterwards, ``switch_s`` late. Then the run starts with
+        half the GPUs generating (no lengths are known yet) and the first batch re-plans. Without ``cap``: the
+        fill."""
+        fill = max(self.gpus - self.gpus_per_engine, self.gpus_per_engine)
+        half = max(self.gpus // 2 // self.gpus_per_engine * self.gpus_per_engine, self.gpus_per_engine)
+        self.fill_bound_s = None
+        if cap <= 0 or samples <= 0 or half >= fill:
+            return fill
+        running, step = steady_step(self.profile, np.array([prompt_tokens]), np.array([float(cap)]))
+        engines = fill // self.gpus_per_engine
+        # every sample at the cap: the engines' throughput, or one sample's own decode, whichever is longer
+        bound = max(samples * cap * step / (running * engines), cap * step) if step > 0 else 0.0
+        self.fill_bound_s = float(bound)
+        return fill if bound > self.switch_s else half
 
     def splits(self) -> list[int]:
         return list(range(self.gpus_per_engine, self.gpus, self.gpus_per_engine))

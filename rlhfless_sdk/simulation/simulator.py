@@ -688,7 +688,7 @@ class Simulator:
         """The async pipeline at the split a user tuning it would keep: every split is run on the first
         ``split_probe_steps`` steps (all of them when None) and the fastest there runs the whole workload."""
         probe_steps = self.split_probe_steps
-        probe = workload if probe_steps is None else Workload(workload.name, workload.steps[:probe_steps])
+        probe = workload if probe_steps is None else replace(workload, steps=workload.steps[:probe_steps])
         tried: list[dict] = []
         best: tuple[float, int, SimulationResult] | None = None
         for r in self.splits():
@@ -873,7 +873,9 @@ class Simulator:
         split = None
         if pipe.elastic:
             split = BalancedSplit(prof, g, rates[0] + rates[1], switch_s=prof.cold_start_s)
-            r = split.first()
+            cap = workload.cap if self.max_tokens is None else min(workload.cap, self.max_tokens)
+            first = sizes[: book.B]
+            r = split.first(sum(first), float(np.mean(plen)) if plen else 0.0, cap)
         if r is None:
             raise RlhflessError(f"scheduler {config.name!r}: a stream with a fixed split needs its rollout GPUs")
         engines = SimulatedStream(prof, samples, r // gpa)
@@ -939,6 +941,9 @@ class Simulator:
             "resizes": engines.resizes,
             "moved_samples": engines.moved,
             "replans": split.choices if split is not None else [],
+            # the first split, and the first batch's time at the fill with every sample at the cap (what chose it)
+            "first_split": r,
+            "fill_bound_s": split.fill_bound_s if split is not None else None,
         }
         return result
 

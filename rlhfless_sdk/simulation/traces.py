@@ -55,6 +55,15 @@ class WorkloadStep:
 class Workload:
     name: str
     steps: list[WorkloadStep] = field(default_factory=list)
+    max_length: int | None = None  # the run's response cap, when the workload knows it (a synthetic one does)
+
+    @property
+    def cap(self) -> int:
+        """The response cap a run of this workload would set: ``max_length``, or else the longest response it holds
+        (a trace records lengths, not the cap it ran under)."""
+        if self.max_length is not None:
+            return self.max_length
+        return max((int(s.lengths.max(initial=0)) for s in self.steps), default=0)
 
     @property
     def algo(self) -> str:
@@ -331,7 +340,9 @@ def synthetic_workload(synthetic: SyntheticWorkload, steps: int, length_growth: 
     ``length_growth`` X the lengths grow geometrically over the run, the last step's X times the first's (as
     responses lengthen during reasoning RL), before the cap."""
     name = f"synthetic-{synthetic.num_prompts}x{synthetic.n_samples}"
-    out = Workload(name=name if length_growth == 1.0 else f"{name}-grow{length_growth:g}")
+    out = Workload(
+        name=name if length_growth == 1.0 else f"{name}-grow{length_growth:g}", max_length=synthetic.max_length
+    )
     for s in range(steps):
         scale = length_growth ** (s / (steps - 1)) if steps > 1 else 1.0
         batch, lengths = replace(synthetic, step=s, scale=synthetic.scale * scale).batch()
