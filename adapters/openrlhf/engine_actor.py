@@ -37,6 +37,19 @@ from vllm.inputs import TokensPrompt
 _SAMPLE_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("rlhfless_sample_key", default=None)
 
 
+def forced_params(params: Any, length: int) -> Any:
+    """``params`` made to stop a response at exactly ``length`` tokens (within its ``max_tokens``): EOS and stop
+    tokens ignored until then (vLLM's ``min_tokens``, ``ignore_eos``), as vLLM's own benchmarks force lengths."""
+    out = deepcopy(params)
+    length = max(int(length), 1)
+    if out.max_tokens is not None:
+        length = min(length, int(out.max_tokens))
+    out.max_tokens = length
+    out.min_tokens = length
+    out.ignore_eos = True
+    return out
+
+
 class _Untrained(Exception):
     """Raised out of OpenRLHF's executor (from ``generate``) for a sample that will not train as it is: carried
     into a later step or aborted. ``generate_group`` builds its response dict itself, skipping the executor's
@@ -80,6 +93,7 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         self._rl_partial: dict[str, asyncio.Future] = {}  # piece key -> what the cut kept (None: it had ended)
         self._rl_warmed: set[tuple[int, ...]] = set()
         self._rl_prefix: dict[str, tuple[list[int], list[float] | None]] = {}  # key -> tokens carried from before
+        self._rl_forced: dict[str, int] = {}  # key -> the response length a length replay stops it at
         self._rl_asleep = False
         self._rl_inflight = 0
         self._rl_busy = 0.0
@@ -197,6 +211,9 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         key = _SAMPLE_KEY.get()
         if key is None:
             return await super().generate(prompt_token_ids, sampling_params, multi_modal_data)
+        forced = self._rl_forced.pop(key, None)
+        if forced is not None:
+            sampling_params = forced_params(sampling_params, forced)
         prefix = self._rl_prefix.pop(key, None)
         if prefix is not None:
             return await self._continue_carried(key, list(prompt_token_ids), sampling_params, prefix)
@@ -245,10 +262,14 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         keys: list[str],
         images: Any = None,
         carried: dict[str, tuple[list[int], list[float] | None]] | None = None,
+        forced: dict[str, int] | None = None,
     ) -> list[dict[str, Any]]:
         """Like ``generate_responses``, one sample per key, results in key order. ``carried``: for a sample
-        carried from an earlier step, the response tokens it has and their logprobs; it continues from them."""
+        carried from an earlier step, the response tokens it has and their logprobs; it continues from them.
+        ``forced`` (length replay): the whole response length a sample stops at, EOS ignored (a carried sample
+        generates what its tokens leave of it; a cut piece's continuation, what the cut leaves)."""
         self._rl_prefix.update(carried or {})
+        self._rl_forced.update(forced or {})
 
         async def one(key: str) -> dict[str, Any]:
             _SAMPLE_KEY.set(key)  # each gather task runs in its own copy of the context

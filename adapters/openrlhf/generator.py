@@ -53,6 +53,7 @@ from rlhfless_sdk.rollout.drivers import (
     refusal,
 )
 from rlhfless_sdk.rollout.tail import TailRounds
+from rlhfless_sdk.simulation.replay import LengthReplay
 
 __all__ = ["RlhflessSamplesGenerator", "RolloutEngineLost", "log_lines", "merge_metrics", "prompt_uid"]
 
@@ -142,6 +143,7 @@ class _EnginesIO:
             params=gen._sampling_params(**self.kw),
             max_length=self.kw.get("max_len", 2048),
             prefix=prefix,
+            forced=self.forced(batch),
         )
         self.backend = backend = RayBackend(gen.pool, req, plan, self.t_start, gen.backend_settings)
         history = [self.history_key(u) for u in batch.uids]  # a prompt repeated in the batch shares its history
@@ -149,6 +151,26 @@ class _EnginesIO:
         outcome = controller.run(observe=observe, stop=stop)
         backend.collect_carried()  # the calls of samples cut at the end return what they have (or are dropped)
         return Ran(outcome, controller.done_prompts())
+
+    def forced(self, batch: PromptBatch) -> dict[int, int]:
+        """Length replay: each sample's length from the trace (by its group's uid, stable while it is carried or
+        deferred), or nothing without a replay."""
+        replay = self.gen.replay
+        if replay is None:
+            return {}
+        if self.gen.mode == BATCH_CUT:  # a carried sample is one prompt of its own: its group says which sample
+            meta = self.gen.group_meta
+            return {
+                sid: replay.lengths(meta[p.group][3], self.n)[p.sample_index]
+                for sid, p in enumerate(self.gen.book.step_pieces)
+            }
+        out, sid = {}, 0
+        for i, uid in enumerate(batch.uids):
+            n = int(batch.n_samples[i])
+            for length in replay.lengths(uid, n):
+                out[sid] = length
+                sid += 1
+        return out
 
     def tokens(self, ran: Ran, stop_s: float) -> tuple[list[int], list[bool]]:
         assert self.backend is not None
@@ -182,6 +204,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         profile: TimePerTokenProfile,
         report_path: str | Path | None = None,
         trace_path: str | Path | None = None,
+        replay: LengthReplay | None = None,
         check_interval_s: float = 0.5,
         carry_timeout_s: float = 120.0,
         gpus_per_node: int = 8,
@@ -204,6 +227,9 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.profile = profile
         self.report_path = None if report_path is None else Path(report_path)
         self.trace_path = None if trace_path is None else Path(trace_path)
+        # length replay: each sample stops at a length from a trace, EOS ignored (the scheduler is not told)
+        self.replay = replay
+        self._replay_off = 0  # trained samples of this step that did not stop at their replayed length
         # dedup prefill rides on vLLM's prefix cache; the user's setting holds for every scheduler alike
         self.prefix_caching = bool(getattr(self.args.vllm, "enable_prefix_caching", True))
         if not self.prefix_caching:
@@ -527,6 +553,13 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         epochs; a prompt repeated within a batch gets ``#k``), the step, the sample index, prompt and response
         lengths, and the prompt's token ids (so a replay deduplicates prefixes). A replay's step is the groups
         that trained in it, each sample at its full length (a carried sample's pieces summed)."""
+        groups = list(groups)
+        if self.replay is not None:  # a trained group is done with its lengths; its prompt may come back as new
+            for uid, _prompt, lengths in groups:
+                want = self.replay.given(uid, len(lengths))
+                if want is not None:
+                    self._replay_off += sum(int(a) != b for a, b in zip(lengths, want, strict=True))
+                self.replay.release(uid)
         if self.trace_path is None:
             return
         self.trace_path.parent.mkdir(parents=True, exist_ok=True)
@@ -558,6 +591,11 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                 update={"max_token_age_steps": report.max_token_age_steps + lag, "stale_token_fraction": 1.0}
             )
         self._steps_finished += 1
+        if self.replay is not None:
+            report = report.model_copy(
+                update={"lengths_replayed_from": self.replay.name, "replay_off_length": self._replay_off}
+            )
+            self._replay_off = 0
         lengths = np.array([s.response_length for s in outcome.samples], dtype=np.float64)
         pred = np.array([s.predicted_length or 0.0 for s in outcome.samples], dtype=np.float64)
         self.last_report = report

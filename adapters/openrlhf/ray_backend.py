@@ -125,6 +125,7 @@ class EngineRequest:
     params: SamplingParams
     max_length: int
     prefix: dict[int, tuple[list[int], list[float] | None]] = field(default_factory=dict)  # sample -> carried tokens
+    forced: dict[int, int] = field(default_factory=dict)  # sample -> the length it stops at (length replay)
 
 
 class _Call:
@@ -239,6 +240,7 @@ class RayBackend:
             keys=call.keys,
             images=r.images[i],
             carried={k: r.prefix[s] for s, k in zip(call.samples, call.keys, strict=True) if s in r.prefix} or None,
+            forced={k: r.forced[s] for s, k in zip(call.samples, call.keys, strict=True) if s in r.forced} or None,
         )
         self.pending[call.ref] = call
 

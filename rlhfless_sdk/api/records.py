@@ -503,6 +503,13 @@ class StepReport(Record):
     )
     planner_ms: NonNegativeFloat = 0.0
     fallbacks: list[str] = Field(default_factory=list)
+    lengths_replayed_from: str | None = Field(
+        default=None,
+        description="Length replay: the trace each sample's stopping point came from (EOS ignored); None: the model's.",
+    )
+    replay_off_length: NonNegativeInt | None = Field(
+        default=None, description="Length replay: trained samples that did not stop at their trace length (0 wanted)."
+    )
 
 
 ALL_RECORDS: tuple[type[Record], ...] = (
