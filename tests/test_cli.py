@@ -63,6 +63,7 @@ def test_the_adapter_adds_its_commands_through_the_hook(monkeypatch):
     assert {(r["name"], r["plugin"]) for r in rows if r["kind"] == "command"} == {
         ("demo", "rlhfless-openrlhf"),
         ("profile", "rlhfless-openrlhf"),
+        ("fidelity", "rlhfless-openrlhf"),
     }
     monkeypatch.setenv("RLHFLESS_DISABLE_PLUGIN_AUTOLOAD", "1")
     from rlhfless_sdk import reset_plugin_manager

@@ -88,3 +88,41 @@ def test_bad_replay_inputs_say_what_is_wrong(tmp_path):
         replay_from(tmp_path / "missing.jsonl", 64)
     with pytest.raises(RlhflessError, match="cap of at least 1"):
         LengthReplay(long_reasoning_workload(64), 0)
+
+
+def test_fidelity_compares_per_group_ratios_and_simulates_a_replayed_trace(tmp_path):
+    """The fidelity command's arithmetic and its simulator side, on a trace written as the demo writes it."""
+    import json
+
+    from rlhfless_openrlhf.fidelity import compare, simulate_replayed
+
+    measured = {"a": {"generation_s": 60.0, "groups": 30}, "b": {"generation_s": 40.0, "groups": 30}}
+    simulated = {"a": {"generation_s": 50.0, "groups": 30}, "b": {"generation_s": 25.0, "groups": 30}}
+    rows = compare(measured, simulated, ["a", "b"])
+    assert [r["measured_ratio"] for r in rows] == pytest.approx([1.0, 1.5])
+    assert [r["simulated_ratio"] for r in rows] == pytest.approx([1.0, 2.0])
+    assert rows[1]["ratio_error"] == pytest.approx(2.0 / 1.5 - 1)
+    trace = tmp_path / "trace.jsonl"
+    replay = LengthReplay(long_reasoning_workload(64, prompts=6, samples=2, steps=2), 64)
+    with trace.open("w") as fh:
+        for step in range(2):
+            for p in range(6):
+                for j, length in enumerate(replay.lengths(f"p{p}-{step}", 2)):
+                    row = {
+                        "uid": f"p{p}",
+                        "step": step,
+                        "sample_idx": j,
+                        "prompt_length": 20,
+                        "response_length": length,
+                    }
+                    fh.write(json.dumps(row) + "\n")
+    profile = tmp_path / "p.yaml"
+    import yaml
+
+    from rlhfless_sdk.api.profiles import load_profile
+
+    profile.write_text(yaml.safe_dump(load_profile("qwen2.5-3b-l40s").model_dump(mode="json")))
+    out = simulate_replayed(trace, profile, ("openrlhf", "rlhfless-fast"), 2)
+    assert set(out) == {"openrlhf", "rlhfless-fast"}
+    assert out["openrlhf"]["groups"] == 12 and len(out["openrlhf"]["steps_s"]) == 2
+    assert all(v["generation_s"] > 0 for v in out.values())

@@ -512,3 +512,24 @@ def test_length_growth_lengthens_the_last_step_by_the_factor():
     assert np.array_equal(flat.steps[0].lengths, grown.steps[0].lengths)
     ratio = np.median(grown.steps[-1].lengths) / np.median(flat.steps[-1].lengths)
     assert 2.9 < ratio < 3.1
+
+
+@pytest.mark.parametrize("samples", [1, 4])
+def test_prefix_caching_prefills_a_groups_prompt_once_an_engine(samples):
+    """With vLLM's prefix cache on, a sample whose group-mate already prefilled the prompt on its engine reads it
+    from the cache: a step of n > 1 samples a prompt gets cheaper by about (n - 1) / n of its prompt prefill; with one
+    sample a prompt nothing changes."""
+    from rlhfless_sdk.api.plugins import get_plugin_manager
+
+    registry = get_plugin_manager().registry
+    profile = load_profile("qwen2.5-7b-l40s").model_copy(update={"prefill_per_new_token_s": 1e-3})
+    workload = synthetic_workload(SyntheticWorkload(32, samples, seed=3), 2)
+    times = {}
+    for caching in (False, True):
+        sim = Simulator(profile, Cluster.of_gpus(2, 2), registry=registry, prefix_caching=caching)
+        result = sim.run(registry.scheduler("openrlhf"), workload)
+        times[caching] = sum(s.report.generation_s for s in result.steps)
+    if samples == 1:
+        assert times[True] == pytest.approx(times[False])
+    else:
+        assert times[True] < times[False]

@@ -231,7 +231,14 @@ def demo_cmd(
 @click.option("--samples", default=4, type=POSITIVE, show_default=True, help="Samples per prompt (GRPO n).")
 @click.option("--epochs", default=3, type=POSITIVE, show_default=True)
 @click.option("--max-new-tokens", default=256, type=POSITIVE, show_default=True, help="The cap the lengths fit.")
-@click.option("--engines", default=2, type=POSITIVE, show_default=True)
+@click.option(
+    "--engines",
+    default=1,
+    type=POSITIVE,
+    show_default=True,
+    help="vLLM engines. One by default: the profile is measured on one engine with a core to spare for its "
+    "serving processes; more engines than spare cores slow each other down, which the simulator does not model.",
+)
 @click.option(
     "--profile",
     "profile_file",

@@ -208,18 +208,25 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
 
     registry = get_plugin_manager().registry
     configs = [registry.resolve(name) for name in settings.schedulers]  # names or YAML files
-    say(f"starting {settings.engines} vLLM engines (CPU) on {model.name} ...")
-    t0 = time.time()
-    engines = create_engines(settings.engines, str(model), cpu=True, placer=registry.create("placer", "pack"))
-    ray.get([e.rl_stats.remote() for e in engines])
-    startup_s = time.time() - t0
-    say(f"engines ready in {startup_s:.0f} s")
     # The planner's cost model: a small model on one CPU core is dominated by per-step overhead.
     # (the engines are up before the first step: no start-up in any plan)
     if settings.profile is not None:
         profile = load_profile(str(settings.profile)).model_copy(update={"cold_start_s": 0.0})
     else:
         profile = load_profile("qwen2.5-3b-l40s").model_copy(update={"cold_start_s": 0.0, "name": "demo"})
+    say(f"starting {settings.engines} vLLM engines (CPU) on {model.name} ...")
+    t0 = time.time()
+    engines = create_engines(
+        settings.engines,
+        str(model),
+        cpu=True,
+        placer=registry.create("placer", "pack"),
+        # a measured profile's engines: as many sequences at once as it was measured with (the plans assume it)
+        max_num_seqs=profile.max_num_seqs if settings.profile is not None else None,
+    )
+    ray.get([e.rl_stats.remote() for e in engines])
+    startup_s = time.time() - t0
+    say(f"engines ready in {startup_s:.0f} s")
     from rlhfless_sdk.simulation.replay import replay_from
 
     def replay():  # each scheduler maps the same trace groups onto the same prompts, in its own order of need

@@ -165,16 +165,20 @@ def create_engines(
     enable_prefix_caching: bool = True,
     seed: int = 0,
     placer: Any | None = None,
+    max_num_seqs: int | None = None,
     **create_kwargs: Any,
 ) -> list[Any]:
     """``num_engines`` RLHFless rollout engines, created by OpenRLHF's ``create_vllm_engines`` and placed by
-    ``placer`` (an ``ActorPlacer``) when one is given."""
+    ``placer`` (an ``ActorPlacer``) when one is given; ``max_num_seqs``: vLLM's bound on the sequences an engine
+    runs at once (default: vLLM's), e.g. the one the planners' profile assumes."""
     from openrlhf.trainer.ray import vllm_engine
 
     overrides: dict[str, Any] = {}
     if cpu:
         overrides = dict(CPU_OVERRIDES)
         create_kwargs.setdefault("gpu_memory_utilization", 0.5)
+    if max_num_seqs is not None:
+        overrides["max_num_seqs"] = int(max_num_seqs)
     drop_in = _DropIn(RlhflessRolloutActor, overrides, cpu_binds(num_engines) if cpu else None)
     with _hooks(drop_in, placer, num_engines):
         return vllm_engine.create_vllm_engines(

@@ -28,7 +28,7 @@ class FidelitySettings:
     samples: int = 4
     epochs: int = 3
     max_new_tokens: int = 256
-    engines: int = 2
+    engines: int = 1
     profile: Path | None = None  # measured here when not given
     out: Path = Path("rlhfless-fidelity")
     demo_kw: dict[str, Any] = field(default_factory=dict)
@@ -64,7 +64,8 @@ def simulate_replayed(trace: Path, profile_path: Path, schedulers: tuple[str, ..
     workload = load_trace(trace)
     gpus = engines * prof.gpus_per_actor
     configs = comparable_configs(list(schedulers), registry, engines, False, gpus, prof.gpus_per_actor)
-    sim = Simulator(prof, make_cluster(gpus, gpus), registry=registry, memory="dedicated")
+    # the demo's engines run with vLLM's prefix cache on: a group's prompt is prefilled once an engine
+    sim = Simulator(prof, make_cluster(gpus, gpus), registry=registry, memory="dedicated", prefix_caching=True)
     out: dict[str, Any] = {}
     for config in configs:
         result = sim.run(config, workload)

@@ -378,6 +378,12 @@ def rollout_split(config: Any, rollout_gpus: int | None, gpus: int, gpa: int) ->
     show_default=True,
     help="Also simulate every candidate actor count: the time-cost frontier of each step.",
 )
+@click.option(
+    "--prefix-caching",
+    is_flag=True,
+    help="The engines run vLLM's prefix cache (OpenRLHF's --vllm.enable_prefix_caching; off by default, as in "
+    "OpenRLHF): a sample whose prompt its engine prefilled before (a group-mate's) reads it from the cache.",
+)
 def simulate_cmd(**kw) -> None:
     """Replay a workload step by step under each scheduler; time, GPU-seconds, speedup, cost reduction."""
     from rlhfless_sdk.cli.simulate import simulate_main

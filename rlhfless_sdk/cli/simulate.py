@@ -358,6 +358,7 @@ def simulate_main(
     frontier_plot: Path | None = None,
     frontier_gpus: str | None = None,
     frontier: bool = True,
+    prefix_caching: bool = False,
 ) -> None:
     names = list(schedulers) or (ABLATION if ablation else ["openrlhf", "rlhfless"])
     if ablation and schedulers:
@@ -404,6 +405,7 @@ def simulate_main(
             algo=run_algo,
             memory=memory,
             split_probe_steps=probe,
+            prefix_caching=prefix_caching,
         )
 
     sizes: list[int] = []

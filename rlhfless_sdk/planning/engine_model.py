@@ -53,6 +53,9 @@ class EngineSamples:
         self.finish_time = [0.0] * n
         self.cut_from = [0] * n  # the actor a migrated sample was cut from
         self.events: list[int] = []  # samples finished since the last poll, in order
+        # vLLM's prefix caching: a sample admitted where its prompt was prefilled before (a group-mate's) reads the
+        # prompt's KV from the cache instead of computing it (off by default, as in OpenRLHF)
+        self.prefix_cache = False
 
     @classmethod
     def of_batch(
@@ -100,6 +103,7 @@ class EngineModel:
     stack: list[int] = field(default_factory=list)  # running samples, newest last (preemption order)
     preemptions: int = 0
     blocked: bool = False  # after a preemption, admit nothing until a running sequence finishes
+    cached_prompts: set[int] = field(default_factory=set)  # prompts prefilled here this step (prefix caching)
 
     def __post_init__(self) -> None:
         self.t = self.start
@@ -129,8 +133,15 @@ class EngineModel:
                 cached_tok += need
                 s.kv_cached[sid] = False
             elif not s.prefilled[sid]:
-                new_tok += need - s.shared[sid]
-                cached_tok += s.shared[sid]
+                plen = s.prompt_len[sid]
+                if s.prefix_cache and s.prompt[sid] in self.cached_prompts:
+                    new_tok += need - plen
+                    cached_tok += plen
+                else:
+                    new_tok += need - s.shared[sid]
+                    cached_tok += s.shared[sid]
+                if s.prefix_cache:
+                    self.cached_prompts.add(s.prompt[sid])
             else:  # preempted or migrated by tokens: recompute prompt + generated
                 new_tok += need
             s.prefilled[sid] = True

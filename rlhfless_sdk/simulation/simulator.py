@@ -154,15 +154,17 @@ class SimulatedBackend:
         algo: str = "ppo",
         pauses: Sequence[tuple[float, float]] = (),
         burst_profile: TimePerTokenProfile | None = None,
+        prefix_caching: bool = False,
     ) -> None:
         """``burst_profile``: the engine model of burst engines (GPUs of their own: dedicated memory); default
-        ``profile``."""
+        ``profile``. ``prefix_caching``: vLLM's prefix cache is on (a group's prompt is prefilled once an engine)."""
         self.profile, self.cluster, self.ws, self.plan = profile, cluster, ws, plan
         self.warm, self.warm_prefill = warm, warm_prefill
         self.rates = profile.learner_rates(algo)
         self.pauses = deque(sorted(pauses))  # (at, seconds): every engine stops for a weight broadcast
         self.tokens_before_pauses: list[int] = []  # tokens generated when each pause began
         self.s = s = EngineSamples.of_batch(ws.batch, ws.lengths, plan.predicted_lengths, plan.assignment, plan.prefill)
+        s.prefix_cache = prefix_caching
         self.max_num_seqs = profile.max_num_seqs
         self.max_tokens = max_tokens or int(max(s.target, default=1)) or 1
         self.migrates = migrates
@@ -574,13 +576,17 @@ class Simulator:
         algo: str | None = None,
         memory: str = "dedicated",
         split_probe_steps: int | None = 3,
+        prefix_caching: bool = False,
     ) -> None:
         """``algo``: the learner's rates (``ppo`` or ``grpo``); default: what each workload implies. ``memory``:
         the KV capacity of a synchronous engine, which shares its GPUs with the learner (``colocated``, the
         profile's ``colocated_kv_capacity_tokens``) or has them to itself during generation (``dedicated``, the
         profile's ``kv_capacity_tokens``: the learner offloaded). Engines on GPUs of their own (an async
-        pipeline's, burst engines) always get the dedicated capacity."""
+        pipeline's, burst engines) always get the dedicated capacity. ``prefix_caching``: vLLM's prefix cache is
+        on, so a sample admitted to an engine that prefilled its prompt before (a group-mate's) reads it from the
+        cache (OpenRLHF's default is off; its demo and the fidelity check run with it on)."""
         self.memory = memory
+        self.prefix_caching = prefix_caching  # vLLM's prefix cache on the engines (OpenRLHF's default: off)
         self.split_probe_steps = split_probe_steps  # async with no split set: steps each split is tried on
         self.dedicated = profile
         profile = profile.with_memory(memory)
@@ -1064,6 +1070,7 @@ class Simulator:
             algo=self.run_algo,
             pauses=pauses,
             burst_profile=self.dedicated,
+            prefix_caching=self.prefix_caching,
         )
 
     def execute(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, *, observe: bool = False) -> StepOutcome:
