@@ -55,7 +55,7 @@ def simulate_replayed(trace: Path, profile_path: Path, schedulers: tuple[str, ..
     and trained groups, summed over the steps, and per step."""
     from rlhfless_sdk import get_plugin_manager
     from rlhfless_sdk.api.profiles import load_profile
-    from rlhfless_sdk.cli.simulate import comparable_configs, make_cluster
+    from rlhfless_sdk.api.records import Cluster
     from rlhfless_sdk.simulation.simulator import Simulator
     from rlhfless_sdk.simulation.traces import load_trace
 
@@ -63,9 +63,12 @@ def simulate_replayed(trace: Path, profile_path: Path, schedulers: tuple[str, ..
     prof = load_profile(str(profile_path)).model_copy(update={"cold_start_s": 0.0})  # the engines are up
     workload = load_trace(trace)
     gpus = engines * prof.gpus_per_actor
-    configs = comparable_configs(list(schedulers), registry, engines, False, gpus, prof.gpus_per_actor)
+    configs = []
+    for name in schedulers:  # on the demo's engines and no more, as the generator runs them (no burst engine)
+        c = registry.resolve(name)
+        configs.append(c.derive(burst=1.0, max_actors=max(min(c.max_actors or engines, engines), c.min_actors)))
     # the demo's engines run with vLLM's prefix cache on: a group's prompt is prefilled once an engine
-    sim = Simulator(prof, make_cluster(gpus, gpus), registry=registry, memory="dedicated", prefix_caching=True)
+    sim = Simulator(prof, Cluster.of_gpus(gpus, gpus), registry=registry, memory="dedicated", prefix_caching=True)
     out: dict[str, Any] = {}
     for config in configs:
         result = sim.run(config, workload)
