@@ -126,3 +126,18 @@ def test_fidelity_compares_per_group_ratios_and_simulates_a_replayed_trace(tmp_p
     assert set(out) == {"openrlhf", "rlhfless-fast"}
     assert out["openrlhf"]["groups"] == 12 and len(out["openrlhf"]["steps_s"]) == 2
     assert all(v["generation_s"] > 0 for v in out.values())
+
+
+def test_fidelity_pools_the_runs_seconds_and_groups():
+    from rlhfless_openrlhf.fidelity import compare, pooled
+
+    def run(a, b, sa, sb):
+        measured = {"a": {"generation_s": a, "groups": 10}, "b": {"generation_s": b, "groups": 10}}
+        simulated = {"a": {"generation_s": sa, "groups": 10}, "b": {"generation_s": sb, "groups": 10}}
+        return {"rows": compare(measured, simulated, ["a", "b"])}
+
+    rows = pooled([run(60.0, 50.0, 55.0, 50.0), run(60.0, 70.0, 55.0, 50.0)])
+    assert rows[1]["measured_ratio"] == pytest.approx(120.0 / 120.0)
+    assert rows[1]["simulated_ratio"] == pytest.approx(110.0 / 100.0)
+    assert rows[1]["ratio_error"] == pytest.approx(0.1)
+    assert rows[1]["measured_ratio_range"] == pytest.approx([60.0 / 70.0, 60.0 / 50.0])

@@ -114,6 +114,25 @@ def compare(measured: dict[str, dict], simulated: dict[str, dict], names: list[s
     return rows
 
 
+def pooled(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs taken together: each scheduler's seconds and trained groups summed over every run, measured and
+    simulated, then ``compare``'s ratios and errors on the sums (a measurement over all the runs)."""
+    names = [r["scheduler"] for r in runs[0]["rows"]]
+    measured = {n: {"generation_s": 0.0, "groups": 0} for n in names}
+    simulated = {n: {"generation_s": 0.0, "groups": 0} for n in names}
+    for run in runs:
+        for r in run["rows"]:
+            measured[r["scheduler"]]["generation_s"] += r["measured_s"]
+            measured[r["scheduler"]]["groups"] += r["measured_groups"]
+            simulated[r["scheduler"]]["generation_s"] += r["simulated_s"]
+            simulated[r["scheduler"]]["groups"] += r["simulated_groups"]
+    rows = compare(measured, simulated, names)
+    for r in rows:  # how far the runs' own measured ratios lie apart: the measurement's noise
+        ratios = [x["measured_ratio"] for run in runs for x in run["rows"] if x["scheduler"] == r["scheduler"]]
+        r["measured_ratio_range"] = [min(ratios), max(ratios)]
+    return rows
+
+
 def run_fidelity(settings: FidelitySettings, say=print, progress=None) -> dict[str, Any]:
     from rlhfless_openrlhf.demo import DemoSettings, run_demo
 
@@ -166,6 +185,7 @@ def run_fidelity(settings: FidelitySettings, say=print, progress=None) -> dict[s
         "epochs": settings.epochs,
         "max_new_tokens": settings.max_new_tokens,
         "runs": runs,
+        "all_runs": pooled(runs),
         "worst_ratio_error": max(
             (abs(r["ratio_error"]) for run in runs for r in run["rows"] if r["ratio_error"] is not None), default=0.0
         ),
