@@ -167,6 +167,28 @@ def test_two_rollout_steps_keep_groups(stack, scheduler):
         assert cached > 0 and report.prefill_tokens_saved == 0  # plan ran: nothing is credited to one
 
 
+def test_engine_calls_carry_the_tokenizer_by_reference_put_once(stack):
+    """OpenRLHF pickles its tokenizer into every engine call; the generator puts it in Ray's object store once and
+    the calls carry a reference the engine resolves (and keeps), with the same tokenizer behind it."""
+    from ray import cloudpickle
+
+    gen = make_generator(stack, "openrlhf", num_prompts=8)
+    kwargs = {"max_new_tokens": 16, "temperature": 1.0, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
+    shared = gen.backend_settings.tokenizer
+    for step in range(2):
+        experiences, *_ = gen.generate_samples(**kwargs)
+        assert_groups(experiences, PROMPTS[step * 4 : (step + 1) * 4], N_SAMPLES, 16)
+        assert gen.backend_settings.tokenizer is shared  # one put for the generator's life, not one a step
+    # a call carries the reference: well under a kilobyte, whatever the tokenizer (this tiny one pickles to ~10 KB,
+    # SmolLM2's to 1.6 MB)
+    assert len(cloudpickle.dumps(shared)) < 1_000 < len(cloudpickle.dumps(stack.tokenizer))
+    resolved = stack.ray.get(shared.ref)
+    ids = stack.tokenizer("Natalia sold clips to 48 of her friends")["input_ids"]
+    assert resolved.decode(ids) == stack.tokenizer.decode(ids)
+    gen.tokenizer = resolved  # a new tokenizer is put anew
+    assert gen.backend_settings.tokenizer is not shared
+
+
 def test_generator_inside_a_ray_actor_logs_rlhfless_metrics(stack):
     """The generator works inside its own Ray worker (as inside OpenRLHF's PPOTrainer actor), and its metrics
     merge into OpenRLHF's logs dict the way the trainer subclass merges them before logging."""

@@ -31,10 +31,14 @@ from typing import Any
 
 import ray
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
-from rlhfless_openrlhf.messages import CARRIED, Continuation, CutSample, EngineStats
+from rlhfless_openrlhf.messages import CARRIED, Continuation, CutSample, EngineStats, SharedTokenizer
 from vllm.inputs import TokensPrompt
 
 _SAMPLE_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("rlhfless_sample_key", default=None)
+
+
+async def _resolve(ref: Any) -> Any:
+    return await ref
 
 
 def forced_params(params: Any, length: int) -> Any:
@@ -104,6 +108,7 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         self._rl_cached_tokens = 0
         self._rl_dedup_saved = 0
         self._rl_generated = 0
+        self._rl_tokenizer: tuple[str, asyncio.Future] | None = None  # the shared tokenizer resolved, by its ref
 
     # -- accounting --------------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -270,6 +275,8 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         generates what its tokens leave of it; a cut piece's continuation, what the cut leaves)."""
         self._rl_prefix.update(carried or {})
         self._rl_forced.update(forced or {})
+        if isinstance(hf_tokenizer, SharedTokenizer):
+            hf_tokenizer = await self._shared_tokenizer(hf_tokenizer)
 
         async def one(key: str) -> dict[str, Any]:
             _SAMPLE_KEY.set(key)  # each gather task runs in its own copy of the context
@@ -289,6 +296,14 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
             return response
 
         return list(await asyncio.gather(*(one(k) for k in keys)))
+
+    async def _shared_tokenizer(self, shared: SharedTokenizer) -> Any:
+        """The tokenizer behind ``shared``, fetched from Ray's object store by the first call that needs it and kept
+        (calls of the same step arrive together: they wait on the one fetch)."""
+        key = shared.ref.hex()
+        if self._rl_tokenizer is None or self._rl_tokenizer[0] != key:
+            self._rl_tokenizer = (key, asyncio.ensure_future(_resolve(shared.ref)))
+        return await self._rl_tokenizer[1]
 
     # -- cut-and-migrate -------------------------------------------------------------------------------------
     async def cut(self, key: str) -> CutSample | None:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
 from rlhfless_openrlhf.capabilities import BACKEND, MODES
-from rlhfless_openrlhf.messages import CutSample
+from rlhfless_openrlhf.messages import CutSample, SharedTokenizer
 from rlhfless_openrlhf.ray_backend import (
     BackendSettings,
     EnginePool,
@@ -266,13 +266,23 @@ class RlhflessSamplesGenerator(SamplesGenerator):
     def backend_settings(self) -> BackendSettings:
         """What a step's backend needs, read when the step starts (OpenRLHF's args may change between steps)."""
         return BackendSettings(
-            tokenizer=self.tokenizer,
+            tokenizer=self.shared_tokenizer(),
             prefix_caching=self.prefix_caching,
             check_interval_s=self.check_interval_s,
             carry_timeout_s=self.carry_timeout_s,
             gpus_per_engine=engine_gpus(self.args),
             max_num_seqs=self.profile.max_num_seqs,
         )
+
+    def shared_tokenizer(self) -> SharedTokenizer:
+        """The tokenizer in Ray's object store, put there once per tokenizer (see ``SharedTokenizer``): the engine
+        calls carry a reference, not a pickled tokenizer each."""
+        import ray
+
+        held = getattr(self, "_shared_tokenizer", None)
+        if held is None or held[0] is not self.tokenizer:
+            held = self._shared_tokenizer = (self.tokenizer, SharedTokenizer(ray.put(self.tokenizer)))
+        return held[1]
 
     @property
     def dead(self) -> set[int]:

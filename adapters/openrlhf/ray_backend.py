@@ -100,7 +100,8 @@ class EnginePool:
 
 @dataclass(frozen=True)
 class BackendSettings:
-    """What a step's backend needs of the generator: the tokenizer its engines decode with, whether the dedup
+    """What a step's backend needs of the generator: the tokenizer its engines decode with (a ``SharedTokenizer``:
+    put in Ray's object store once, not pickled into every call), whether the dedup
     prefill is applied (vLLM's prefix cache on), how often it polls, how long a step's end waits for carried
     samples, the GPUs each engine holds and how many sequences it runs at once."""
 
