@@ -56,17 +56,15 @@ def simulate_replayed(trace: Path, profile_path: Path, schedulers: tuple[str, ..
     from rlhfless_sdk import get_plugin_manager
     from rlhfless_sdk.api.profiles import load_profile
     from rlhfless_sdk.api.records import Cluster
-    from rlhfless_sdk.simulation.simulator import Simulator
+    from rlhfless_sdk.simulation.simulator import Simulator, equal_peak
     from rlhfless_sdk.simulation.traces import load_trace
 
     registry = get_plugin_manager().registry
     prof = load_profile(str(profile_path)).model_copy(update={"cold_start_s": 0.0})  # the engines are up
     workload = load_trace(trace)
     gpus = engines * prof.gpus_per_actor
-    configs = []
-    for name in schedulers:  # on the demo's engines and no more, as the generator runs them (no burst engine)
-        c = registry.resolve(name)
-        configs.append(c.derive(burst=1.0, max_actors=max(min(c.max_actors or engines, engines), c.min_actors)))
+    # on the demo's engines and no more, as the generator runs them (no burst engine)
+    configs = [equal_peak(registry.resolve(name), engines) for name in schedulers]
     # the demo's engines run with vLLM's prefix cache on: a group's prompt is prefilled once an engine
     sim = Simulator(prof, Cluster.of_gpus(gpus, gpus), registry=registry, memory="dedicated", prefix_caching=True)
     out: dict[str, Any] = {}

@@ -14,7 +14,7 @@ from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import Cluster, dumps
 from rlhfless_sdk.cli.args import MAX_GPUS, check_samples, run_profile
-from rlhfless_sdk.simulation.simulator import SimulationResult, Simulator
+from rlhfless_sdk.simulation.simulator import SimulationResult, Simulator, equal_peak
 from rlhfless_sdk.simulation.traces import (
     MAX_TOKENS,
     Workload,
@@ -77,13 +77,6 @@ def compare(results: list[SimulationResult]) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def equal_peak(config: SchedulerConfig, fleet_actors: int) -> SchedulerConfig:
-    """``config`` on the fleet only: no burst engine, at most the fleet's decode actors (the default of
-    ``simulate``: every scheduler compared on the same peak GPUs)."""
-    most = min(config.max_actors or fleet_actors, fleet_actors)
-    return config.derive(burst=1.0, max_actors=max(most, config.min_actors))
 
 
 def comparable_configs(

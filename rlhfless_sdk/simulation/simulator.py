@@ -542,6 +542,13 @@ class SimulationResult:
         }
 
 
+def equal_peak(config: SchedulerConfig, fleet_actors: int) -> SchedulerConfig:
+    """``config`` on the fleet only: no burst engine, at most the fleet's decode actors (``simulate``'s default:
+    every scheduler compared on the same peak GPUs; the fidelity check's: on the real run's engines and no more)."""
+    most = min(config.max_actors or fleet_actors, fleet_actors)
+    return config.derive(burst=1.0, max_actors=max(most, config.min_actors))
+
+
 def carried_ages(driven: Driven, k: int, times: Sequence[Any]) -> tuple[int, int, int]:
     """(trained response tokens, stale ones, largest age) of batch ``k`` of an async pipeline whose batches are cut
     at B groups: a token generated in batch j is ``k - times[j].version`` weight updates old when batch k trains
