@@ -37,10 +37,6 @@ from vllm.inputs import TokensPrompt
 _SAMPLE_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("rlhfless_sample_key", default=None)
 
 
-async def _resolve(ref: Any) -> Any:
-    return await ref
-
-
 def forced_params(params: Any, length: int) -> Any:
     """``params`` made to stop a response at exactly ``length`` tokens (within its ``max_tokens``): EOS and stop
     tokens ignored until then (vLLM's ``min_tokens``, ``ignore_eos``), as vLLM's own benchmarks force lengths."""
@@ -302,7 +298,7 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         (calls of the same step arrive together: they wait on the one fetch)."""
         key = shared.ref.hex()
         if self._rl_tokenizer is None or self._rl_tokenizer[0] != key:
-            self._rl_tokenizer = (key, asyncio.ensure_future(_resolve(shared.ref)))
+            self._rl_tokenizer = (key, asyncio.ensure_future(shared.ref))
         return await self._rl_tokenizer[1]
 
     # -- cut-and-migrate -------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
 from rlhfless_openrlhf.capabilities import BACKEND, MODES
 from rlhfless_openrlhf.messages import CutSample, SharedTokenizer
@@ -261,6 +262,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self._steps_finished = 0  # steps this generator reported (the first of an async run is not behind)
         self.last_report: StepReport | None = None
         self.last_metrics: dict[str, float] = {}
+        self._shared_tokenizer: tuple[Any, SharedTokenizer] | None = None  # (tokenizer, its reference), put once
 
     @property
     def backend_settings(self) -> BackendSettings:
@@ -277,9 +279,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
     def shared_tokenizer(self) -> SharedTokenizer:
         """The tokenizer in Ray's object store, put there once per tokenizer (see ``SharedTokenizer``): the engine
         calls carry a reference, not a pickled tokenizer each."""
-        import ray
-
-        held = getattr(self, "_shared_tokenizer", None)
+        held = self._shared_tokenizer
         if held is None or held[0] is not self.tokenizer:
             held = self._shared_tokenizer = (self.tokenizer, SharedTokenizer(ray.put(self.tokenizer)))
         return held[1]
