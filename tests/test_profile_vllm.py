@@ -45,4 +45,7 @@ def test_profile_measures_and_predicts_a_held_out_batch(tmp_path):
     prof = load_profile(out)  # the same YAML format as the shipped profiles
     assert prof.name == "cpu-tiny" and prof.decode_base_s > 0 and prof.kv_capacity_tokens > 0
     assert "held-out batch" in prof.derivation
+    # timed as the adapter's rollouts sample by default: temperature 1, one logprob a token
+    assert result["sampling"] == {"temperature": 1.0, "logprobs": 1}
+    assert "temperature 1, 1 logprob(s) a token" in prof.derivation
     assert (tmp_path / "cache" / "tiny-llama" / "model.safetensors").exists()

