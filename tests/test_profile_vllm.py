@@ -48,4 +48,9 @@ def test_profile_measures_and_predicts_a_held_out_batch(tmp_path):
     # timed as the adapter's rollouts sample by default: temperature 1, one logprob a token
     assert result["sampling"] == {"temperature": 1.0, "logprobs": 1}
     assert "temperature 1, 1 logprob(s) a token" in prof.derivation
+    # the model's threads bound as the adapter binds one engine's: every core, not vLLM's auto (one held back)
+    from rlhfless_openrlhf.cpu import cpu_binds
+
+    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or cpu_binds(1)[0]
+    assert f"threads on cores {bind}" in prof.derivation
     assert (tmp_path / "cache" / "tiny-llama" / "model.safetensors").exists()

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+from rlhfless_openrlhf.cpu import cpu_binds
 from rlhfless_openrlhf.engine_actor import RlhflessRolloutActor
 
 from rlhfless_sdk.api.records import Actor, Cluster, Node
@@ -67,15 +68,6 @@ class _DropIn:
                 return inner.remote(**{**kwargs, **overrides})
 
         return _Remote()
-
-
-def cpu_binds(num_engines: int) -> list[str]:
-    """One core range per engine, e.g. ['0', '1'] for two engines on two cores."""
-    cores = os.cpu_count() or 1
-    per = max(cores // max(num_engines, 1), 1)
-    return [
-        f"{(i * per) % cores}-{(i * per) % cores + per - 1}" if per > 1 else str(i % cores) for i in range(num_engines)
-    ]
 
 
 def ray_cluster(free: bool = False) -> tuple[Cluster | None, dict[str, str]]:

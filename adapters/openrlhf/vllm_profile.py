@@ -118,8 +118,14 @@ def fit_overlapped(runs: list[Run], y: np.ndarray, start: np.ndarray, iters: int
 
 
 def start_engine(model: str | Path, *, max_num_seqs: int = 64, seed: int = 0) -> tuple[Any, float]:
-    """A vLLM engine as the CPU build needs it; returns (engine, start-up seconds)."""
+    """A vLLM engine as the CPU build needs it, its model threads bound as the adapter binds one engine's (every
+    core: vLLM's ``auto`` binding would keep one back, and a profile on half the threads prices compute, prefill
+    and each running sequence, against a fixed step cost, as the runs' engines do not); returns (engine, start-up
+    seconds). ``VLLM_CPU_OMP_THREADS_BIND`` set by the caller wins."""
+    from rlhfless_openrlhf.cpu import cpu_binds
+
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_binds(1)[0])
     from vllm import LLM
 
     t0 = time.perf_counter()
@@ -235,8 +241,8 @@ def measure(
     head_dim = getattr(hf, "head_dim", hf.hidden_size // hf.num_attention_heads)
     kv_bytes = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * 4  # float32 K and V
     lines = [
-        f"measured with rlhfless profile on {hardware} from vLLM engine timings ({sampling.describe()}), "
-        f"{time.strftime('%Y-%m-%d')}:"
+        f"measured with rlhfless profile on {hardware} from vLLM engine timings ({sampling.describe()}; model "
+        f"threads on cores {os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}), {time.strftime('%Y-%m-%d')}:"
     ]
     lines += [f"  prefill B={r.batch} P={r.prompt_len}: {r.seconds * 1000:.2f} ms" for r in prefill_runs]
     lines += [f"  B={r.batch} P={r.prompt_len} T={r.output_len}: {r.seconds * 1000:.2f} ms" for r in decode_runs]
