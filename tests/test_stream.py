@@ -285,3 +285,52 @@ def test_the_fill_is_taken_only_when_a_batch_at_the_cap_outlasts_a_move(samples,
         if first == fill:  # a longer cap or a bigger batch never gives the fill up
             assert BalancedSplit(PROFILE, gpus, 1.0, switch_s=switch_s).first(samples + 1, 120.0, cap + 1) == fill
     assert BalancedSplit(PROFILE, gpus, 1.0).first() == fill  # nothing known: the fill
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    seen=st.lists(st.integers(1, 8192), min_size=1, max_size=300),
+    running=st.lists(st.integers(1, 8000), min_size=1, max_size=120),
+    gpus=st.integers(3, 16),
+    current=st.integers(2, 15),
+    seed=st.integers(0, 5),
+)
+def test_the_drain_split_is_the_argmin_it_claims(seen, running, gpus, current, seed):
+    """At the drain (every sample dispatched) the split is the argmin of the finish times it reports, each the
+    slower of the learner's batch and the running samples on the engines kept (the engine model on one draw of
+    their remaining lengths), between the engines the running samples need and the current ones."""
+    from rlhfless_sdk.planning.engine_model import drain_s, remaining_draw
+
+    current = min(current, gpus - 1)
+    profile = small_profile(max_num_seqs=32, kv=200_000).model_copy(update={"cold_start_s": 0.0})
+    rates = profile.learner_rates("grpo")
+    policy = BalancedSplit(profile, gpus, rates[0] + rates[1], min_gain=0.0)
+    response = np.asarray(seen)
+    prompt = np.full(response.shape, 100)
+    so_far = np.asarray(running)
+    stats = StreamStats(
+        lengths=[(prompt, response)],
+        batches=[[0]],
+        trained_tokens=[float((prompt + response).sum())],
+        running=(np.full(so_far.shape, 100), so_far),
+    )
+    book = GroupBook([len(seen), len(running)], 1, 1)
+    book.take(book.samples, 0)  # every sample dispatched: the drain
+    for sid in range(len(seen)):  # the first group's samples have ended; the second's are running
+        book.finish(sid, 0.0)
+    chosen = policy.split(seed, stats, book, current)
+    choice = policy.choices[-1]
+    assert choice["reason"] == "drain" and choice["chosen"] == chosen
+    fewest = min(max(-(-len(running) // profile.max_num_seqs), 1), current)
+    assert fewest <= chosen <= current
+    estimates = choice.get("drain_estimates")
+    assert estimates is not None  # no join to wait for (start-up 0): the drain is priced
+    assert set(estimates) == {str(r) for r in range(fewest, current + 1)}
+    assert estimates[str(chosen)][0] == min(v[0] for v in estimates.values())
+    remaining = remaining_draw(response, so_far, seed=seed)
+    assert (remaining >= 1).all()
+    ended = so_far + remaining
+    longer = [response[response > s] for s in so_far]
+    assert all(e in set(lg.tolist()) if lg.size else r == 1 for e, r, lg in zip(ended, remaining, longer, strict=True))
+    gen = drain_s(profile, 100 + so_far, remaining, chosen, kept=chosen / current)
+    assert estimates[str(chosen)][1] == pytest.approx(round(gen, 1), abs=0.06)

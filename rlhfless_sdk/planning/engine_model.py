@@ -299,6 +299,50 @@ def steady_step(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.n
     return running, step
 
 
+def remaining_draw(seen: np.ndarray, so_far: np.ndarray, seed: int = 0) -> np.ndarray:
+    """One draw of each running sample's remaining tokens: its final length drawn from the lengths ``seen`` that
+    exceed what it has (``so_far``), so a long sample runs to the long lengths the run has seen (its runaways to
+    the cap) as often as the run says; 1 for a sample longer than every length seen. The same ``seed`` gives the
+    same draw, so candidates compare on equal terms."""
+    seen = np.sort(np.asarray(seen, dtype=np.float64))
+    so_far = np.asarray(so_far, dtype=np.float64)
+    if not so_far.size:
+        return np.zeros(0, dtype=np.int64)
+    if not seen.size:
+        return np.ones(so_far.shape, dtype=np.int64)
+    lo = np.searchsorted(seen, so_far, side="right")
+    u = np.random.default_rng(seed).random(so_far.shape)
+    pick = np.minimum(lo + np.floor(u * (seen.size - lo)).astype(np.int64), seen.size - 1)
+    final = np.where(lo < seen.size, seen[pick], so_far + 1.0)
+    return np.maximum(np.rint(final - so_far), 1).astype(np.int64)
+
+
+def drain_s(
+    profile: TimePerTokenProfile, context: np.ndarray, remaining: np.ndarray, engines: int, kept: float = 1.0
+) -> float:
+    """Seconds until the last of these running samples (``context``: prompt + tokens so far; ``remaining``: tokens
+    each has left) finishes on ``engines`` engines of ``profile``, dealt longest first across them. A share
+    ``kept`` of them keeps its KV where it is; the others (moved off engines that leave) recompute their context."""
+    context = np.asarray(context, dtype=np.int64)
+    remaining = np.asarray(remaining, dtype=np.int64)
+    if not remaining.size or engines <= 0:
+        return 0.0
+    order = np.argsort(-remaining, kind="stable")
+    actor = np.empty(remaining.size, dtype=np.int64)
+    actor[order] = np.arange(remaining.size) % engines
+    n = remaining.size
+    s = EngineSamples(range(n), [0] * n, context.tolist(), [0] * n, remaining.tolist(), [], actor.tolist())
+    stay = round(kept * n)
+    for i, sid in enumerate(order.tolist()):
+        s.kv_cached[sid] = (i * stay) // n != ((i + 1) * stay) // n  # ``stay`` of them, spread over the ranks
+    models = [EngineModel(a, profile, "", 0.0) for a in range(engines)]
+    for sid in order.tolist():
+        models[int(actor[sid])].waiting.append(sid)
+    for m in models:
+        m.run_until(s, math.inf)
+    return max((m.last_token for m in models if m.used), default=0.0)
+
+
 def steady_rate(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.ndarray) -> float:
     """Tokens a second one engine of ``profile`` generates when it is never short of work (``steady_step``)."""
     running, step = steady_step(profile, prompt, response)

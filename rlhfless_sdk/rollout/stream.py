@@ -35,7 +35,7 @@ import numpy as np
 
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.records import TimePerTokenProfile
-from rlhfless_sdk.planning.engine_model import steady_rate, steady_step
+from rlhfless_sdk.planning.engine_model import drain_s, remaining_draw, steady_rate, steady_step
 
 
 @dataclass
@@ -222,8 +222,9 @@ class BalancedSplit:
     profile gives the learner's GPU-seconds per trained token. The split is the argmin over every whole-engine split
     of the slower side's time for such a batch (``batch_s``); it moves only when that gains more than ``min_gain`` and,
     over the batches left, more than a move costs (``switch_s``: an engine's start-up, a GPU's join of the learner).
-    Once every prompt of the stream is dispatched (the drain), the engines shrink to what the samples still running
-    need (``max_num_seqs`` each) and the rest learn, when the learning left outlasts the join.
+    Once every prompt of the stream is dispatched (the drain), when the learning left outlasts the join, the engines
+    shrink to the count that finishes soonest (``_drain_split``), at least what the samples still running need
+    (``max_num_seqs`` each), and the rest learn.
 
     The run starts with every GPU but one engine's generating (the learner has nothing to train before the first
     batch is complete: the pipeline's fill) unless the fill cannot pay (``first``), so the first re-plan is the first
@@ -301,6 +302,37 @@ class BalancedSplit:
             self.moved_at = batch
         return best
 
+    def _drain_split(
+        self, batch: int, stats: StreamStats, trained: float, fewest: int, current: int, choice: dict
+    ) -> int:
+        """At the drain, the split that finishes soonest: the batch about to train on the learners (the GPUs that
+        join after ``switch_s``) against the running samples on the engines kept (``drain_s``: the engine model on
+        one draw of their remaining lengths from the lengths seen, the moved ones recomputing their context). Fewer
+        engines free GPUs for the learner but pack the longest samples, whose every decode step then costs more
+        context. From ``fewest`` (the engines the running samples need at ``max_num_seqs`` each) to ``current``;
+        ``fewest`` when nothing is known of the running samples."""
+        if stats.running is None or not len(stats.running[1]) or not stats.lengths:
+            return fewest
+        prompt, so_far = (np.asarray(x, dtype=np.float64) for x in stats.running)
+        seen = np.concatenate([r for _, r in stats.lengths])
+        remaining = remaining_draw(seen, so_far, seed=batch)
+        context = np.rint(prompt + so_far).astype(np.int64)
+        work = trained * self.learn_s_per_token
+        estimates = {}
+        for r in range(fewest, current + 1, self.gpus_per_engine):
+            learners, joining = self.gpus - r, current - r
+            staying = learners - joining
+            if joining and work > staying * self.switch_s:  # the joiners help once they are in
+                learn = self.switch_s + (work - staying * self.switch_s) / learners
+            else:
+                learn = work / staying
+            engines = r // self.gpus_per_engine
+            gen = drain_s(self.profile, context, remaining, engines, kept=r / current)
+            estimates[r] = (max(gen, learn), gen, learn)
+        best = min(estimates, key=lambda r: (estimates[r][0], r))
+        choice.update(drain_estimates={str(r): [round(x, 1) for x in v] for r, v in estimates.items()})
+        return best
+
     def _split(self, batch: int, stats: StreamStats, book: GroupBook, current: int) -> int:
         prompt, response = self.sample_lengths(stats)
         trained = float(np.mean(prompt + response)) * sum(len(book.groups[g].samples) for g in stats.batches[-1])
@@ -313,6 +345,8 @@ class BalancedSplit:
             learn_s = batches_left * trained * self.learn_s_per_token / (self.gpus - current)
             if learn_s <= self.switch_s:  # the joiners would arrive after the last batch is trained: stay
                 best = current
+            else:
+                best = self._drain_split(batch, stats, trained, best, current, choice)
             choice.update(reason="drain", unfinished=int(left), learn_s=float(learn_s))
         else:
             model = steady_rate(self.profile, prompt, response)
