@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -299,6 +299,19 @@ def steady_step(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.n
     return running, step
 
 
+def run_engines(
+    profile: TimePerTokenProfile, s: EngineSamples, engines: int, order: Iterable[int]
+) -> list[EngineModel]:
+    """``engines`` engines of ``profile`` run to the end on the samples of ``s``, each queued on its engine
+    (``s.actor``) in ``order``."""
+    models = [EngineModel(a, profile, "", 0.0) for a in range(engines)]
+    for sid in order:
+        models[s.actor[sid]].waiting.append(sid)
+    for m in models:
+        m.run_until(s, math.inf)
+    return models
+
+
 def remaining_draw(seen: np.ndarray, so_far: np.ndarray, seed: int = 0) -> np.ndarray:
     """One draw of each running sample's remaining tokens: its final length drawn from the lengths ``seen`` that
     exceed what it has (``so_far``), so a long sample runs to the long lengths the run has seen (its runaways to
@@ -335,12 +348,7 @@ def drain_s(
     stay = round(kept * n)
     for i, sid in enumerate(order.tolist()):
         s.kv_cached[sid] = (i * stay) // n != ((i + 1) * stay) // n  # ``stay`` of them, spread over the ranks
-    models = [EngineModel(a, profile, "", 0.0) for a in range(engines)]
-    for sid in order.tolist():
-        models[int(actor[sid])].waiting.append(sid)
-    for m in models:
-        m.run_until(s, math.inf)
-    return max((m.last_token for m in models if m.used), default=0.0)
+    return max((m.last_token for m in run_engines(profile, s, engines, order.tolist()) if m.used), default=0.0)
 
 
 def steady_rate(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.ndarray) -> float:
@@ -472,12 +480,7 @@ class EngineCostModel:
     ) -> tuple[float, float, list[int], float]:
         """(slowest engine's last token, billed engine-seconds, engines used, mean busy) for one draw."""
         s = EngineSamples.of_batch(batch, lengths, [], actor.tolist(), prefill)
-        engines = [EngineModel(a, self.profile, "", 0.0) for a in range(num_actors)]
-        for sid, a in enumerate(actor.tolist()):
-            engines[a].waiting.append(sid)
-        for e in engines:
-            e.run_until(s, math.inf)
-        used = [e for e in engines if e.used]
+        used = [e for e in run_engines(self.profile, s, num_actors, range(len(s.target))) if e.used]
         last = max((e.last_token for e in used), default=0.0)
         busy = float(np.mean([e.busy for e in used])) if used else 0.0
         return last, sum(e.last_token - e.first for e in used), [e.aid for e in used], busy

@@ -213,6 +213,14 @@ class SplitPolicy(Protocol):
     def split(self, batch: int, stats: StreamStats, book: GroupBook, current: int) -> int: ...
 
 
+def joined_train_s(work: float, gpus: int, joining: int = 0, after_s: float = 0.0) -> float:
+    """Seconds ``work`` GPU-seconds of training take on ``gpus`` GPUs, ``joining`` more taking part from ``after_s``
+    seconds on (they help only when the work outlasts their join)."""
+    if joining and work > gpus * after_s:
+        return after_s + (work - gpus * after_s) / (gpus + joining)
+    return work / gpus
+
+
 @dataclass
 class BalancedSplit:
     """Re-plans the split when a batch starts training, so that generating a batch takes as long as training it.
@@ -320,12 +328,8 @@ class BalancedSplit:
         work = trained * self.learn_s_per_token
         estimates = {}
         for r in range(fewest, current + 1, self.gpus_per_engine):
-            learners, joining = self.gpus - r, current - r
-            staying = learners - joining
-            if joining and work > staying * self.switch_s:  # the joiners help once they are in
-                learn = self.switch_s + (work - staying * self.switch_s) / learners
-            else:
-                learn = work / staying
+            joining = current - r
+            learn = joined_train_s(work, self.gpus - current, joining, self.switch_s)
             engines = r // self.gpus_per_engine
             gen = drain_s(self.profile, context, remaining, engines, kept=r / current)
             estimates[r] = (max(gen, learn), gen, learn)

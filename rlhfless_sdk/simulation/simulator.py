@@ -69,7 +69,7 @@ from rlhfless_sdk.rollout.drivers import (
     session_for,
     straggler_mode,
 )
-from rlhfless_sdk.rollout.stream import BalancedSplit, GroupBook, run_stream
+from rlhfless_sdk.rollout.stream import BalancedSplit, GroupBook, joined_train_s, run_stream
 from rlhfless_sdk.simulation.bound import WorkBound, work_bound
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
 from rlhfless_sdk.simulation.stream import SimulatedStream
@@ -465,10 +465,7 @@ class _StreamLearner:
         return float(sum(self.group_tokens[g] for g in groups))
 
     def train_s(self, tokens: float, gpus: int, joining: int = 0, after_s: float = 0.0) -> float:
-        work = tokens * self.s_per_token
-        if joining and work > gpus * after_s:  # the joiners help once they are in
-            return after_s + (work - gpus * after_s) / (gpus + joining)
-        return work / gpus
+        return joined_train_s(tokens * self.s_per_token, gpus, joining, after_s)
 
 
 @dataclass
