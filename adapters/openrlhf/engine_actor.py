@@ -11,6 +11,11 @@ It adds, without changing how OpenRLHF calls it:
   for any sample and the group stays together and in order. A sample cut at a step's end and carried (partial
   rollouts) or aborted (tail batching) does not train as it is: its response is built here, without OpenRLHF's
   executor, so no reward is computed for it;
+- ``resume_generation`` counts weight updates: OpenRLHF's partial-rollout broadcast pauses every engine between
+  decode iterations, loads the weights and resumes them, so each resume is one update (``rl_stats``'s
+  ``weights_version``); each keyed sample running across one records how many tokens it had then, and its response
+  carries ``rlhfless_versions`` (the version under which each run of its tokens was generated: exact token ages
+  for the streaming pipeline);
 - ``warm_prefixes``: prefill shared prefixes once (prefix caching on) before the batch;
 - ``rl_begin_step`` / ``rl_stats``: fresh per-step accounting (per-sample progress, busy time, first/last token
   times, response tokens, vLLM's own cached-token counts and the share of them inside a warmed prefix) and
@@ -105,6 +110,8 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         self._rl_dedup_saved = 0
         self._rl_generated = 0
         self._rl_tokenizer: tuple[str, asyncio.Future] | None = None  # the shared tokenizer resolved, by its ref
+        self._rl_version = 0  # weight updates this engine has resumed from (OpenRLHF's partial-rollout broadcast)
+        self._rl_marks: dict[str, list[tuple[int, int]]] = {}  # key -> (version, its tokens then) at start, updates
 
     # -- accounting --------------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -143,6 +150,8 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         if key is not None:
             self._rl_request[key] = request_id
             self._rl_progress[key] = 0
+            if first_piece:  # a sample's own call (a migrated piece's continuation is the cutter's to stitch)
+                self._rl_marks.setdefault(key, [(self._rl_version, 0)])
         self._start()
         final = None
         try:
@@ -289,6 +298,7 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
             except _Untrained as untrained:  # carried or aborted at the step's end: no reward call
                 response = untrained.response(prompt, label, images, sampling_params)
             response["rlhfless_key"] = key
+            response["rlhfless_versions"] = self._rl_marks.pop(key, [(self._rl_version, 0)])
             return response
 
         return list(await asyncio.gather(*(one(k) for k in keys)))
@@ -362,6 +372,15 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         await super().wake_up(tags)
         self._rl_asleep = await self.llm.is_sleeping()
 
+    async def resume_generation(self) -> None:  # type: ignore[override]
+        """OpenRLHF's resume after a partial-rollout weight broadcast: one more weights version; every keyed sample
+        running here goes on under it from the tokens it has (recorded, for its tokens' ages)."""
+        self._rl_version += 1
+        for key, tokens in self._rl_progress.items():
+            if key in self._rl_marks:
+                self._rl_marks[key].append((self._rl_version, tokens))
+        await super().resume_generation()
+
     async def rl_begin_step(self) -> bool:
         """Fresh stats for a step; True when the engine is awake (OpenRLHF wakes every engine before a step)."""
         self.rl_reset_stats()
@@ -380,6 +399,7 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
             cached_tokens=self._rl_cached_tokens,
             generated_tokens=self._rl_generated,
             dedup_saved_tokens=self._rl_dedup_saved,
+            weights_version=self._rl_version,
         )
 
     def rl_reset_stats(self) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import ray
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
-from rlhfless_openrlhf.capabilities import BACKEND, MODES
+from rlhfless_openrlhf.capabilities import BACKEND, MODES, STREAM_NEEDS
 from rlhfless_openrlhf.messages import CutSample, SharedTokenizer
 from rlhfless_openrlhf.ray_backend import (
     BackendSettings,
@@ -31,6 +31,7 @@ from rlhfless_openrlhf.ray_backend import (
     RolloutEngineLost,
     engine_gpus,
 )
+from rlhfless_openrlhf.stream import EngineStream, StreamPrompt, stall_error, token_ages
 from vllm import SamplingParams
 
 from rlhfless_sdk.api.batch import PromptBatch
@@ -44,6 +45,7 @@ from rlhfless_sdk.rollout.carry import CarryBook
 from rlhfless_sdk.rollout.controller import StepController, StepOutcome
 from rlhfless_sdk.rollout.drivers import (
     BATCH_CUT,
+    STREAM,
     TAIL_ROUNDS,
     BatchCutSession,
     Driven,
@@ -53,6 +55,7 @@ from rlhfless_sdk.rollout.drivers import (
     driver_mode,
     refusal,
 )
+from rlhfless_sdk.rollout.stream import GroupBook
 from rlhfless_sdk.rollout.tail import TailRounds
 from rlhfless_sdk.simulation.replay import LengthReplay
 
@@ -263,6 +266,12 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.last_report: StepReport | None = None
         self.last_metrics: dict[str, float] = {}
         self._shared_tokenizer: tuple[Any, SharedTokenizer] | None = None  # (tokenizer, its reference), put once
+        # the streaming pipeline (OpenRLHF's async loop): the epoch's stream, the engines' weights version when the
+        # run's first stream began, and the batches it formed (batch k trains with version base + k)
+        self.stream: EngineStream | None = None
+        self._stream_base: int | None = None
+        self._stream_batches = 0
+        self._stream_mark: tuple[float, dict[int, float]] | None = None  # (time, engine busy s) at the last batch
 
     @property
     def backend_settings(self) -> BackendSettings:
@@ -310,7 +319,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         (each one a scheduled round of its own in the step report) until the batch is full or the data ends."""
         if dataloader_iter is not None and dataloader_iter is getattr(self, "_eval_dataloader_iter", None):
             return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
-        if self.mode in (BATCH_CUT, TAIL_ROUNDS):
+        if self.mode in (BATCH_CUT, TAIL_ROUNDS, STREAM):
             if dynamic_filtering:  # refused at launch too: a dropped group would break "B groups a step"
                 raise RuntimeError(
                     f"rlhfless: the {self.mode} step driver of scheduler {self.planner.config.name} cannot run with "
@@ -318,6 +327,8 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                 )
             if self.mode == BATCH_CUT:
                 return self._generate_batch_cut(dataloader_iter, num_prompts, **generate_kwargs)
+            if self.mode == STREAM:
+                return self._generate_stream(dataloader_iter, num_prompts, **generate_kwargs)
             return self._generate_tail_round(dataloader_iter, num_prompts, **generate_kwargs)
         n = int(generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
         accepted: list = []
@@ -375,10 +386,13 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         """What a straggler policy holds between steps, as plain data for OpenRLHF's checkpoint (``client_states``).
         Partial rollouts: the carry book's state (``CarryBook.state``: open groups, carried samples), each open
         group's prompt, the carried samples' tokens and logprobs, the samples already ended in open groups. Tail
-        batching: the prompts drawn from the dataloader and not trained yet (``TailRounds.waiting``), in order.
-        None when nothing is held."""
+        batching: the prompts drawn from the dataloader and not trained yet (``TailRounds.waiting``), in order. The
+        stream: the prompts of its groups not trained yet (their tokens are not kept: a resumed run re-runs them
+        from scratch under the restored weights). None when nothing is held."""
         book = self.book
         waiting = ([] if self.tail is None else self.tail.waiting()) + self._tail_pending
+        if self.stream is not None:  # the stream's groups in flight: re-run from scratch on a resume
+            waiting += self.stream.untrained_prompts()
         if not book.groups and not waiting:
             return None
         snapshot: dict[str, Any] = {"version": 1, "step": self.step}
@@ -405,7 +419,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         restored = 0
         version_ok = snapshot.get("version") == 1
         deferred = snapshot.get("deferred", [])
-        if deferred and (self.mode != TAIL_ROUNDS or not version_ok):
+        if deferred and (self.mode not in (TAIL_ROUNDS, STREAM) or not version_ok):
             log.warning(
                 "rlhfless: the checkpoint holds %d deferred prompt(s) that scheduler %s does not re-run; they are "
                 "dropped (their prompts were consumed: they will not train this epoch)",
@@ -520,6 +534,180 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         exhausted = rounds.done()  # may draw the next prompt, to see whether the dataloader is dry
         return experiences, self._tail_drawn - drawn, exhausted
 
+    # -- the streaming pipeline (OpenRLHF's async loop) ------------------------------------------------------
+    def _check_stream_loop(self) -> None:
+        """The stream runs only where a weight broadcast pauses its running samples (see ``STREAM_NEEDS``)."""
+        train, vllm = getattr(self.args, "train", None), getattr(self.args, "vllm", None)
+        if not (getattr(train, "async_enable", False) and getattr(train, "partial_rollout_enable", False)):
+            raise RlhflessError(f"rlhfless: scheduler {self.planner.config.name!r} {STREAM_NEEDS}")
+        if getattr(vllm, "enable_sleep", False):
+            raise RlhflessError(
+                f"rlhfless: scheduler {self.planner.config.name!r} streams: --vllm.enable_sleep would free the KV "
+                "cache of its running samples between batches; run it without"
+            )
+
+    def _stream_for(self, dataloader_iter: Any, b: int, n: int) -> EngineStream:
+        """The epoch's stream: the one running, or a new one over ``dataloader_iter`` (a new epoch, or a resumed run,
+        whose restored prompts come first)."""
+        st = self.stream
+        if st is not None and st.source is dataloader_iter:
+            return st
+        left = list(self._tail_pending) + ([] if st is None else st.untrained_prompts())
+        self._tail_pending = []
+        prompts = iter(left)
+        fresh = self._prompt_stream(dataloader_iter)
+        taken: set[str] = set()
+
+        def draw() -> StreamPrompt | None:
+            pid = next(prompts, None)
+            if pid is None:
+                pid = next(fresh, None)
+            if pid is None:
+                return None
+            prompt, label, image = self.tail_prompts[pid]
+            base, k = prompt_uid(prompt), 0
+            while (uid := base if k == 0 else f"{base}#{k}") in taken:
+                k += 1
+            taken.add(uid)
+            return StreamPrompt(pid, prompt, label, image, uid, self._tokenize(prompt))
+
+        pipeline = self.planner.config.pipeline
+        if self._stream_base is None:
+            stats = self.pool.stats(self.pool.live())
+            self._stream_base = min((s.weights_version for s in stats.values()), default=0)
+            self._stream_mark = (time.time(), {e: s.busy_s for e, s in stats.items()})
+        book = GroupBook([], b, int(pipeline.max_age), closed=False)
+        self.stream = st = EngineStream(
+            self.pool,
+            book,
+            draw,
+            n=n,
+            slots=self.profile.max_num_seqs,
+            base=self._stream_base,
+            source=dataloader_iter,
+            uids=taken,
+        )
+        return st
+
+    def _generate_stream(self, dataloader_iter, b: int, **kw: Any) -> tuple[list, int, bool]:
+        """One batch of the streaming pipeline (the SDK's ``GroupBook`` on ``EngineStream``): the engines keep
+        every free slot busy with the stream's next sample, new groups as the age bound allows, and the call returns
+        as soon as the book forms batch k: the groups too old to wait for the next batch, then the earliest-started
+        complete ones, B groups, each whole and in order. The other samples go on running on the engines through
+        OpenRLHF's training of this batch and its weight broadcast (which pauses them between decode iterations):
+        a sample's tokens then come from more than one weights version, each with the logprob of the weights that
+        produced it, and the importance correction weighs them. Every token's age is measured from the engines'
+        update counts and never exceeds the pipeline's ``max_age``. Returns (experiences, prompts taken from the
+        dataloader, exhausted: the dataloader is dry and every group trained)."""
+        self._check_stream_loop()
+        n = int(kw.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
+        st = self._stream_for(dataloader_iter, b, n)
+        book, k = st.book, self._stream_batches
+        drawn = self._tail_drawn
+        params, max_len, tokenizer = self._sampling_params(**kw), kw.get("max_len", 2048), self.shared_tokenizer()
+        replay = self.replay
+
+        def submit(engine: int, prompt: StreamPrompt, j: int) -> Any:
+            key = f"{prompt.uid}/{j}"
+            forced = None if replay is None else {key: replay.lengths(prompt.uid, n)[j]}
+            handle = self.pool.handles[engine]
+            return handle.generate_group.remote(
+                prompt.prompt, prompt.label, params, max_len, tokenizer, [key], prompt.image, None, forced
+            )
+
+        t0 = time.time()
+        quiet_since = time.time()
+        while True:
+            version = st.version()
+            if st.dispatch(version, submit):
+                quiet_since = time.time()
+            chosen = book.form(k)
+            if chosen is not None:
+                break
+            if book.closed and not book.untrained:
+                self.stream = None
+                return [], self._tail_drawn - drawn, True
+            if not st.running() and time.time() - quiet_since > self.carry_timeout_s:
+                raise stall_error(time.time() - quiet_since, version, book, k)
+            if st.wait(self.check_interval_s):
+                quiet_since = time.time()
+        trained_version = st.base + k
+        experiences, ages, groups = [], [], []
+        for gid in chosen:
+            prompt = st.prompts.pop(gid)
+            responses = [st.responses.pop(sid) for sid in book.groups[gid].samples]
+            for response in responses:
+                ages.extend(token_ages(response, trained_version))
+                experiences.append(self._process_response_into_experience(response, **kw))
+            lengths = [int(r["action_ranges"][-1][1]) - int(r["action_ranges"][0][0]) for r in responses]
+            groups.append((prompt.uid, prompt.token_ids, lengths))
+            st.uids.discard(prompt.uid)
+            del self.tail_prompts[prompt.prompt_id]
+        self._trace_groups(groups)
+        self._stream_batches += 1
+        self._finish_stream_batch(st, chosen, groups, ages, t0)
+        exhausted = book.closed and not book.untrained
+        if exhausted:
+            self.stream = None
+        return experiences, self._tail_drawn - drawn, exhausted
+
+    def _finish_stream_batch(
+        self, st: EngineStream, chosen: list[int], groups: list, ages: list[tuple[int, int]], t0: float
+    ) -> None:
+        """A stream batch's report and metrics: wall time since the last batch, the engines' busy share of it, the
+        token ages measured (the largest, and the share of tokens older than the weights that train them)."""
+        now = time.time()
+        live = self.pool.live()
+        stats = self.pool.stats(live)
+        busy = {e: s.busy_s for e, s in stats.items()}
+        since, before = self._stream_mark if self._stream_mark is not None else (t0, {})
+        self._stream_mark = (now, busy)
+        window = max(now - since, 1e-9)
+        used = [max(busy[e] - before.get(e, 0.0), 0.0) for e in busy]
+        gpus = engine_gpus(self.args)
+        tokens = sum(t for _, t in ages)
+        stale = sum(t for a, t in ages if a > 0)
+        mean = sum(used) / len(used) if used else 0.0
+        lengths = [x for _, _, ls in groups for x in ls]
+        report = StepReport(
+            step=self.step,
+            scheduler=self.planner.config.name,
+            time_s=window,
+            generation_s=window,
+            gpu_seconds=window * len(live) * gpus,
+            gpu_seconds_serverful=window * len(live) * gpus,
+            idle_fraction=min(max(1.0 - sum(used) / (window * max(len(used), 1)), 0.0), 1.0),
+            imbalance=max(max(used) / mean, 1.0) if mean > 0 else 1.0,
+            num_actors=max(len(live), 1),
+            samples=len(lengths),
+            response_tokens=int(sum(lengths)),
+            actor_busy_s=used,
+            peak_gpus=len(live) * gpus,
+            stale_token_fraction=stale / tokens if tokens else 0.0,
+            max_token_age_steps=max((a for a, t in ages if t > 0), default=0),
+            groups_trained=len(chosen),
+            carried_samples=st.running(),
+        )
+        if self.replay is not None:
+            report = report.model_copy(
+                update={"lengths_replayed_from": self.replay.name, "replay_off_length": self._replay_off}
+            )
+            self._replay_off = 0
+        self._steps_finished += 1
+        self._record(
+            report,
+            {
+                "rlhfless/actual_length_mean": float(np.mean(lengths)) if lengths else 0.0,
+                "rlhfless/active_engines": float(len(live)),
+                "rlhfless/idle_fraction": report.idle_fraction,
+                "rlhfless/gpu_seconds": report.gpu_seconds,
+                "rlhfless/max_token_age": float(report.max_token_age_steps),
+                "rlhfless/stale_token_fraction": report.stale_token_fraction,
+                "rlhfless/in_flight_samples": float(report.carried_samples),
+                "rlhfless/samples_regenerated": float(st.redone),
+            },
+        )
+
     def _tokenize(self, prompt: str) -> list[int]:
         return self.tokenizer(text=prompt, add_special_tokens=False)["input_ids"]
 
@@ -608,24 +796,32 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             self._replay_off = 0
         lengths = np.array([s.response_length for s in outcome.samples], dtype=np.float64)
         pred = np.array([s.predicted_length or 0.0 for s in outcome.samples], dtype=np.float64)
-        self.last_report = report
-        self.last_metrics = {
-            "rlhfless/predicted_length_mean": float(pred.mean()) if pred.size else 0.0,
-            "rlhfless/actual_length_mean": float(lengths.mean()) if lengths.size else 0.0,
-            "rlhfless/prediction_mae": report.prediction_mae or 0.0,
-            "rlhfless/active_engines": float(plan.num_actors),
-            "rlhfless/engines_idle": float(len(self.pool.live()) - plan.num_actors),
-            "rlhfless/idle_fraction": report.idle_fraction,
-            "rlhfless/gpu_seconds": report.gpu_seconds,
-            "rlhfless/migrations": float(report.migrations),
-            "rlhfless/dedup_prefill_tokens_saved": float(report.prefill_tokens_saved),
-            "rlhfless/planner_ms": plan.planner_ms,
-            **{
-                f"rlhfless/engine{e}_busy_s": u.busy_s
-                for e, u in enumerate(outcome.usage.engines)
-                if e not in self.dead
+        self._record(
+            report,
+            {
+                "rlhfless/predicted_length_mean": float(pred.mean()) if pred.size else 0.0,
+                "rlhfless/actual_length_mean": float(lengths.mean()) if lengths.size else 0.0,
+                "rlhfless/prediction_mae": report.prediction_mae or 0.0,
+                "rlhfless/active_engines": float(plan.num_actors),
+                "rlhfless/engines_idle": float(len(self.pool.live()) - plan.num_actors),
+                "rlhfless/idle_fraction": report.idle_fraction,
+                "rlhfless/gpu_seconds": report.gpu_seconds,
+                "rlhfless/migrations": float(report.migrations),
+                "rlhfless/dedup_prefill_tokens_saved": float(report.prefill_tokens_saved),
+                "rlhfless/planner_ms": plan.planner_ms,
+                **{
+                    f"rlhfless/engine{e}_busy_s": u.busy_s
+                    for e, u in enumerate(outcome.usage.engines)
+                    if e not in self.dead
+                },
             },
-        }
+        )
+
+    def _record(self, report: StepReport, metrics: dict[str, float]) -> None:
+        """A step's (or stream batch's) report and metrics kept for OpenRLHF's logs, the report appended to the
+        JSON-lines file; the next step begins."""
+        self.last_report = report
+        self.last_metrics = metrics
         if self.report_path is not None:
             self.report_path.parent.mkdir(parents=True, exist_ok=True)
             with self.report_path.open("a", encoding="utf-8") as fh:

@@ -21,6 +21,7 @@ class EngineStats:
     cached_tokens: int  # vLLM's num_cached_tokens of the step's samples: prompt tokens from the prefix cache
     generated_tokens: int  # response tokens of the step's finished (or cut) pieces on this engine
     dedup_saved_tokens: int = 0  # of the cached tokens, those within a prefix the dedup plan warmed here
+    weights_version: int = 0  # weight updates resumed from so far (never reset: a run's count)
 
 
 @dataclass

@@ -194,19 +194,70 @@ def check_modes(args: Any, settings: dict[str, Any] | None = None, argv: Sequenc
                     f"error: {flag} cannot carry samples or defer prompts across steps, which the straggler policy "
                     f"{straggler!r} does ({why}); use --scheduler rlhfless instead"
                 )
+    streams = ((settings or {}).get("scheduler") or {}).get("pipeline", {}).get("mode") == "stream"
+    if streams:
+        check_stream(args, settings)
     if (settings or {}).get("keeps_tokens"):
         correct_stale_tokens(args, settings, argv)
-        if _flag(args, "train", "async_enable"):
-            queue = int(_flag(args, "train", "async_queue_size") or 1)
-            log.info(
-                "rlhfless: --train.async_enable with scheduler %r: the generator runs up to %d batch(es) ahead of "
-                "training and carries cut samples into its next batch, so a trained token is at most %d weight "
-                "updates old (importance correction %s)",
-                settings["scheduler"]["name"],
-                queue,
-                queue + 1,
-                args.algo.advantage.is_correction_level,
-            )
+    if (settings or {}).get("keeps_tokens") and _flag(args, "train", "async_enable") and not streams:
+        queue = int(_flag(args, "train", "async_queue_size") or 1)
+        log.info(
+            "rlhfless: --train.async_enable with scheduler %r: the generator runs up to %d batch(es) ahead of "
+            "training and carries cut samples into its next batch, so a trained token is at most %d weight "
+            "updates old (importance correction %s)",
+            settings["scheduler"]["name"],
+            queue,
+            queue + 1,
+            args.algo.advantage.is_correction_level,
+        )
+
+
+def check_stream(args: Any, settings: dict[str, Any]) -> None:
+    """The streaming pipeline runs in OpenRLHF's async loop (``--train.async_enable``), its engines generating on
+    while the learner trains; each weight broadcast must pause them between decode iterations and resume them,
+    which is OpenRLHF's partial-rollout broadcast (``--train.partial_rollout_enable``, turned on here with a line
+    saying so). Refused in one line: no async loop, sleeping engines (their running samples' KV would be freed) and
+    dynamic filtering (a dropped group breaks the B groups a batch trains)."""
+    name = settings["scheduler"]["name"]
+    pipeline = settings["scheduler"]["pipeline"]
+    if not _flag(args, "train", "async_enable"):
+        raise SystemExit(
+            f"error: scheduler {name!r} streams (pipeline: stream): its engines generate on while the learner "
+            "trains, which needs OpenRLHF's async loop: pass --train.async_enable (or use --scheduler rlhfless-fast)"
+        )
+    for flag, group, key, why in (
+        ("--vllm.enable_sleep", "vllm", "enable_sleep", "a sleeping engine would free its running samples' KV cache"),
+        (
+            "--algo.dynamic_filtering_enable",
+            "algo",
+            "dynamic_filtering_enable",
+            "a group dropped after completion breaks the B groups a batch trains",
+        ),
+    ):
+        if _flag(args, group, key):
+            raise SystemExit(f"error: {flag} cannot run with scheduler {name!r}, which streams ({why})")
+    if not _flag(args, "train", "partial_rollout_enable"):
+        args.train.partial_rollout_enable = True
+        log.info(
+            "rlhfless: scheduler %r streams: --train.partial_rollout_enable on (each weight broadcast pauses the "
+            "engines between decode iterations and running samples go on under the new weights)",
+            name,
+        )
+    queue = int(_flag(args, "train", "async_queue_size") or 1)
+    if pipeline.get("elastic"):
+        log.info(
+            "rlhfless: scheduler %r: OpenRLHF's learner holds the GPUs it was launched with, so the elastic split is "
+            "not applied; the stream runs on the %s engine(s) launched",
+            name,
+            _flag(args, "vllm", "num_engines"),
+        )
+    log.info(
+        "rlhfless: scheduler %r streams in OpenRLHF's async loop (queue %d): batches of B complete groups, no "
+        "token more than %d weight updates old",
+        name,
+        queue,
+        int(pipeline.get("max_age", 1)),
+    )
 
 
 def correct_stale_tokens(args: Any, settings: dict[str, Any], argv: Sequence[str]) -> None:
@@ -217,22 +268,27 @@ def correct_stale_tokens(args: Any, settings: dict[str, Any], argv: Sequence[str
     advantage = args.algo.advantage
     level = getattr(advantage, "is_correction_level", "off")
     name = settings["scheduler"]["name"]
-    straggler = settings["scheduler"]["straggler"]["name"]
+    pipeline = settings["scheduler"].get("pipeline", {})
+    if pipeline.get("mode") == "stream":
+        stale = f"its streaming pipeline trains tokens up to {int(pipeline.get('max_age', 1))} weight updates stale"
+    else:
+        straggler = settings["scheduler"]["straggler"]["name"]
+        stale = f"its straggler policy {straggler!r} trains carried tokens one weight update stale"
     if passed(IS_CORRECTION, argv, IS_CORRECTION_ABBREV):
         if level == "off":
             raise SystemExit(
-                f"error: {IS_CORRECTION} off cannot run with scheduler {name!r}: its straggler policy {straggler!r} "
-                "trains carried tokens one weight update stale, which needs the importance-sampling correction; "
-                f"pass {IS_CORRECTION} token (or seq), or use --scheduler rlhfless-onpolicy (no stale token)"
+                f"error: {IS_CORRECTION} off cannot run with scheduler {name!r}: {stale}, which needs the "
+                f"importance-sampling correction; pass {IS_CORRECTION} token (or seq), or use --scheduler "
+                "rlhfless-onpolicy (no stale token)"
             )
         return
     if level == "off":
         advantage.is_correction_level = "token"
         log.info(
-            "rlhfless: scheduler %r trains carried tokens one weight update stale (straggler policy %r): "
-            "importance-sampling correction on, %s token (pass the flag to choose another level)",
+            "rlhfless: scheduler %r: %s: importance-sampling correction on, %s token (pass the flag to choose "
+            "another level)",
             name,
-            straggler,
+            stale,
             IS_CORRECTION,
         )
 

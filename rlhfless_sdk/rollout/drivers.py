@@ -89,8 +89,9 @@ def refusal(config: SchedulerConfig, mode: str, modes: Collection[str], backend:
 
 
 def keeps_tokens(mode: str) -> bool:
-    """Whether a mode trains tokens generated under older weights (carried across a weight update)."""
-    return mode in (TOKEN_BUDGET, BATCH_CUT)
+    """Whether a mode trains tokens generated under older weights (carried across a weight update, or generated
+    on through one: the stream)."""
+    return mode in (TOKEN_BUDGET, BATCH_CUT, STREAM)
 
 
 # -- what a backend gives a driver ------------------------------------------------------------------------------

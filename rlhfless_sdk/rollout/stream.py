@@ -78,25 +78,42 @@ class StreamStats:
 class GroupBook:
     """The groups of a stream: which started under which weights, which are complete, which batch trains each."""
 
-    def __init__(self, sizes: Sequence[int], batch_groups: int, max_age: int) -> None:
+    def __init__(self, sizes: Sequence[int], batch_groups: int, max_age: int, *, closed: bool = True) -> None:
+        """``sizes``: each group's samples, in stream order. ``closed=False``: an open stream (a dataloader), whose
+        groups are ``add``-ed as they are drawn and which ends at ``close``; until then no batch takes fewer than B
+        groups, and the admission rule is not capped by the groups known so far."""
         if batch_groups <= 0:
             raise RlhflessError(f"a streaming batch needs at least one group; got {batch_groups}")
         if max_age < 0:
             raise RlhflessError(f"max_age must be at least 0; got {max_age}")
         self.B, self.max_age = batch_groups, max_age
+        self.closed = True
         self.groups: list[StreamGroup] = []
         self.group_of: dict[int, int] = {}
-        sid = 0
-        for gid, n in enumerate(sizes):
-            ids = list(range(sid, sid + n))
-            sid += n
-            self.groups.append(StreamGroup(gid, ids))
-            for i in ids:
-                self.group_of[i] = gid
+        self._next_id = 0
+        for n in sizes:
+            self.add(n)
+        self.closed = closed
         self.started = 0  # groups with a dispatched sample
         self.next_sample = 0  # the next sample of the stream to dispatch (groups' samples in a row)
         self.trained = 0  # groups a batch has taken
         self.done_samples = 0
+
+    def add(self, n: int) -> int:
+        """A new group of ``n`` samples at the end of the stream (an open one); returns its id."""
+        if n <= 0:
+            raise RlhflessError(f"a group needs at least one sample; got {n}")
+        gid = len(self.groups)
+        ids = list(range(self._next_id, self._next_id + n))
+        self._next_id += n
+        self.groups.append(StreamGroup(gid, ids))
+        for i in ids:
+            self.group_of[i] = gid
+        return gid
+
+    def close(self) -> None:
+        """No group will be added: the last batch may take fewer than B."""
+        self.closed = True
 
     @property
     def samples(self) -> int:
@@ -109,7 +126,8 @@ class GroupBook:
 
     def may_start(self, version: int) -> int:
         """Groups that may still start under weights ``version`` (the admission rule)."""
-        return max(0, min((version + self.max_age + 1) * self.B, len(self.groups)) - self.started)
+        limit = (version + self.max_age + 1) * self.B
+        return max(0, (min(limit, len(self.groups)) if self.closed else limit) - self.started)
 
     def take(self, want: int, version: int) -> list[int]:
         """Up to ``want`` next samples of the stream: the rest of a started group, then new groups as the admission
@@ -145,7 +163,7 @@ class GroupBook:
         must = [g for g in untrained if 0 <= g.version <= k - self.max_age]
         if any(not g.complete for g in must):
             return None
-        size = min(self.B, len(untrained))
+        size = min(self.B, len(untrained)) if self.closed else self.B
         rest = [g for g in untrained if g.complete and not 0 <= g.version <= k - self.max_age]
         chosen = must + rest[: max(size - len(must), 0)]
         if len(chosen) < size:

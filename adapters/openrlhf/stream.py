@@ -1,0 +1,182 @@
+"""The streaming pipeline on OpenRLHF's engines, inside its async loop (``--train.async_enable`` with
+``--train.partial_rollout_enable``).
+
+The SDK's ``GroupBook`` (``rlhfless_sdk.rollout.stream``) decides what the simulator's stream decides: which sample
+an engine with a free slot gets next (a started group's samples first, a new group only as the admission rule
+allows), which groups a batch trains (those that would be too old for the next batch, then the earliest-started
+complete ones, B in all) and so the bound on token age. ``EngineStream`` is the real backend: samples go one per
+Ray call to the least-loaded live engine and run there across calls of the generator, so the engines never wait
+for a batch boundary; a call returns as soon as the book can form its batch. OpenRLHF's learner trains each batch
+and its partial-rollout broadcast pauses the engines between decode iterations, loads the weights and resumes
+them: the running samples go on under the new weights. Each engine counts those updates (``weights_version``) and
+each sample's response says under which version each run of its tokens was generated, so a batch's token ages are
+measured, not assumed.
+
+OpenRLHF's learner holds the GPUs it was launched with, so the split between generation and learning is the one
+launched; the elastic split is the simulator's (``rlhfless simulate``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from rlhfless_openrlhf.ray_backend import _DEAD, EnginePool
+
+from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.rollout.stream import GroupBook
+
+
+@dataclass
+class StreamPrompt:
+    """A group's prompt as the engines receive it: its id in the generator's prompt store, text, label, image, uid
+    (length-history key) and token ids."""
+
+    prompt_id: int
+    prompt: str
+    label: Any
+    image: Any
+    uid: str
+    token_ids: list[int]
+
+
+#: Submits sample ``j`` of a group to an engine: (engine, the group's prompt, j) -> a Ray reference to a
+#: one-element list of OpenRLHF's response dict.
+Submit = Callable[[int, StreamPrompt, int], Any]
+
+
+class EngineStream:
+    """One epoch's stream on the pool's engines: the book, the prompts of its groups, the samples in flight (Ray
+    references that outlive a generator call) and the finished samples' responses until their group trains."""
+
+    def __init__(
+        self,
+        pool: EnginePool,
+        book: GroupBook,
+        draw: Callable[[], StreamPrompt | None],
+        *,
+        n: int,
+        slots: int,
+        base: int,
+        source: Any = None,
+        uids: set[str] | None = None,
+    ) -> None:
+        """``draw``: the next prompt of the epoch, None once the dataloader is dry; ``n``: samples a group;
+        ``slots``: samples an engine runs at once (more wait in the generator, so late ones go to the engine that
+        frees first); ``base``: the engines' weights version when the run's stream began (batch k trains with
+        version ``base + k``); ``source``: the dataloader iterator it draws from (a new one is a new epoch);
+        ``uids``: the uids of its groups not trained yet (``draw`` makes a repeated prompt's distinct)."""
+        self.pool, self.book, self.draw = pool, book, draw
+        self.n, self.slots, self.base, self.source = n, max(int(slots), 1), base, source
+        self.prompts: dict[int, StreamPrompt] = {}  # group -> its prompt, until it trains
+        self.pending: dict[Any, tuple[int, int]] = {}  # Ray reference -> (sample, engine)
+        self.load: dict[int, int] = defaultdict(int)  # engine -> its samples in flight
+        self.retry: deque[int] = deque()  # samples whose engine died: regenerated from scratch first
+        self.responses: dict[int, dict[str, Any]] = {}  # finished sample -> response, until its group trains
+        self.redone = 0  # samples regenerated after their engine died
+        self.uids = set() if uids is None else uids
+
+    def version(self) -> int:
+        """The live engines' weights version, relative to ``base`` (the least updated one: an update resumes the
+        engines one after the other)."""
+        stats = self.pool.stats(self.pool.live())
+        if not stats:
+            raise RuntimeError("every rollout engine has died; cannot generate")
+        return min(s.weights_version for s in stats.values()) - self.base
+
+    def _next(self, version: int) -> int | None:
+        """The stream's next sample under weights ``version``: a started group's next, else a new group's first
+        as the admission rule allows (its prompt drawn from the dataloader now); None: none may start."""
+        book = self.book
+        if book.next_sample >= book.samples and not book.closed and book.may_start(version) > 0:
+            prompt = self.draw()
+            if prompt is None:
+                book.close()
+            else:
+                self.prompts[book.add(self.n)] = prompt
+        got = book.take(1, version)
+        return got[0] if got else None
+
+    def dispatch(self, version: int, submit: Submit) -> int:
+        """Give every free slot of the live engines a sample (least-loaded engine first); returns how many."""
+        live = self.pool.live()
+        if not live:
+            raise RuntimeError("every rollout engine has died; cannot generate")
+        sent = 0
+        while True:
+            free = [e for e in live if self.load[e] < self.slots]
+            if not free:
+                return sent
+            engine = min(free, key=lambda e: (self.load[e], e))
+            sid = self.retry.popleft() if self.retry else self._next(version)
+            if sid is None:
+                return sent
+            gid = self.book.group_of[sid]
+            ref = submit(engine, self.prompts[gid], sid - self.book.groups[gid].samples[0])
+            self.pending[ref] = (sid, engine)
+            self.load[engine] += 1
+            sent += 1
+
+    def wait(self, timeout_s: float) -> list[int]:
+        """Wait up to ``timeout_s`` for a sample to finish; returns every finished one (the book told). A sample
+        whose engine died goes back to be regenerated from scratch on another (nothing lost, nothing twice)."""
+        refs = list(self.pending)
+        if not refs:
+            time.sleep(timeout_s)
+            return []
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout_s)
+        if ready:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        done = []
+        for ref in ready:
+            sid, engine = self.pending.pop(ref)
+            self.load[engine] -= 1
+            try:
+                (response,) = ray.get(ref)
+            except _DEAD as exc:
+                self.pool.mark_dead(engine, exc)
+                self.retry.append(sid)
+                self.redone += 1
+                continue
+            self.responses[sid] = response
+            self.book.finish(sid, time.time())
+            done.append(sid)
+        return done
+
+    def running(self) -> int:
+        """Samples in flight on the engines (or waiting to be regenerated)."""
+        return len(self.pending) + len(self.retry)
+
+    def untrained_prompts(self) -> list[int]:
+        """The prompt ids of every group drawn and not trained yet, in stream order (what a checkpoint keeps)."""
+        return [self.prompts[g].prompt_id for g in sorted(self.prompts)]
+
+
+def token_ages(response: dict[str, Any], trained_version: int) -> list[tuple[int, int]]:
+    """(age in weight updates, tokens) of a finished response trained with weights ``trained_version``, from the
+    versions its engine recorded (``rlhfless_versions``: the version at its start and at each update it ran
+    across, with the tokens it had then)."""
+    ranges = response["action_ranges"]
+    length = int(ranges[-1][1]) - int(ranges[0][0])
+    marks = response.get("rlhfless_versions") or [(trained_version, 0)]
+    out = []
+    for i, (version, upto) in enumerate(marks):
+        nxt = int(marks[i + 1][1]) if i + 1 < len(marks) else length
+        tokens = min(nxt, length) - min(int(upto), length)
+        if tokens > 0:
+            out.append((int(trained_version) - int(version), tokens))
+    return out
+
+
+def stall_error(waited_s: float, version: int, book: GroupBook, batch: int) -> RlhflessError:
+    """Why a stream gave up waiting: nothing ran and the batch could not form for ``waited_s`` seconds."""
+    return RlhflessError(
+        f"rlhfless: the stream cannot form batch {batch}: no sample is running and no weight update came for "
+        f"{waited_s:.0f} s (engines at version {version}; {book.started} groups started, {book.trained} trained, "
+        f"{book.B} a batch, at most {book.max_age} updates old). New groups wait for the learner's next update: is "
+        "OpenRLHF's async loop (--train.async_enable --train.partial_rollout_enable) broadcasting the weights?"
+    )
