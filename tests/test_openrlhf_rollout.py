@@ -1493,7 +1493,7 @@ def test_partial_rollouts_lose_nothing_when_an_engine_dies_in_step_two(stack):
 
 
 def test_the_stream_loses_nothing_when_an_engine_dies(stack):
-    """The stream on two fresh engines, one killed while it runs samples of the second batch: every group still
+    """The stream on two fresh engines, one killed while it runs samples of the first batch: every group still
     trains exactly once with all n samples, in order, B a batch; the dead engine's samples start over on the other
     (counted), and the broadcast stand-in between batches (pause, resume) reaches the live engine only."""
     from rlhfless_openrlhf.engine_factory import create_engines
@@ -1506,17 +1506,17 @@ def test_the_stream_loses_nothing_when_an_engine_dies(stack):
     gen = make_generator(view, "rlhfless-stream", prompts=prompts, args={"batch_size": b})
     gen.args.train = SimpleNamespace(async_enable=True, async_queue_size=1, partial_rollout_enable=True)
     source = iter([([i], [p], ["0"], [None]) for i, p in enumerate(prompts)])
-    kwargs = {"n_samples_per_prompt": N_SAMPLES, "max_len": max_len}
+    kwargs = {"n_samples_per_prompt": N_SAMPLES, "max_len": max_len, "min_new_tokens": 120}
     batches = []
     try:
         for k in range(2 * len(prompts)):  # a bound, never reached
-            if k == 1:
+            if k == 0:  # once its samples have a few tokens (none can end before 120)
                 mid_step(stack.ray, victim, 16, lambda: stack.ray.kill(victim))
             experiences, _consumed, exhausted = gen._generate_vllm(source, b, False, **kwargs)
             batches.append(experiences)
-            live = [engines[e] for e in gen.pool.live()]
-            stack.ray.get([e.pause_generation.remote() for e in live])
-            stack.ray.get([e.resume_generation.remote() for e in live])
+            for method in ("pause_generation", "resume_generation"):  # the broadcast stand-in, live engines only
+                for e in gen.pool.live():
+                    gen.pool.call(e, method)
             if exhausted:
                 break
     finally:
