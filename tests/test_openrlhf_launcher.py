@@ -385,6 +385,13 @@ def test_the_demo_and_fidelity_refuse_the_stream_naming_the_async_loop():
     assert why is not None and "--train.async_enable --train.partial_rollout_enable" in why
 
 
+def test_scoring_in_the_tail_is_refused_on_openrlhf_naming_the_preset_to_use():
+    """OpenRLHF scores on its whole reference and reward groups at once: the launcher refuses the simulator-only
+    on-policy preset in one line, naming the one that runs there."""
+    with pytest.raises(SystemExit, match=r"rlhfless-onpolicy-overlap.*tail_prepare.*on OpenRLHF: rlhfless-onpolicy"):
+        resolve({"--scheduler": "rlhfless-onpolicy-overlap"})
+
+
 @pytest.mark.parametrize("argv", [[IS_FLAG, "seq"], [f"{IS_FLAG}=seq"], ["--algo.advantage.is_correction_lev", "seq"]])
 def test_a_correction_level_the_user_chose_is_kept(monkeypatch, argv):
     _hooked(monkeypatch, "rlhfless-fast", ["--rollout.n_samples_per_prompt", "8", *argv])

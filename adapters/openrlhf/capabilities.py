@@ -49,6 +49,12 @@ def adapter_refusal(
 ) -> str | None:
     """Why the adapter cannot run ``config`` (None: it can), naming the policy or pipeline that needs more.
     ``async_loop=False``: steps run one after the other (the demo, the fidelity check), where a stream cannot."""
+    if config.pipeline.tail_prepare:
+        return (
+            f"scheduler {config.name!r} scores complete groups in the generation tail on the GPUs whose engines are "
+            "done (pipeline: tail_prepare), but OpenRLHF scores on its whole reference and reward groups at once, "
+            "sharded over every GPU; `rlhfless simulate` runs it (on OpenRLHF: rlhfless-onpolicy)"
+        )
     mode = mode_of(config, registry, profile)
     if mode == STREAM and not async_loop:
         return f"scheduler {config.name!r} {STREAM_NEEDS}; `rlhfless simulate` runs it too"

@@ -58,7 +58,9 @@ class PipelineConfig(Record):
     policies. ``stream`` (``rlhfless_sdk.rollout.stream``): ``rollout_gpus`` GPUs generate without batch
     boundaries, the learner trains each B complete groups as soon as they exist, weight updates pause the engines
     and running samples go on under the new weights; no token is more than ``max_age`` updates old; ``elastic``
-    re-plans the split between batches. A framework adapter's docs name the framework flags each setting models.
+    re-plans the split between batches. ``tail_prepare`` (sync): a GPU whose engine has decoded its last token of the
+    step scores complete groups while the others finish (``rlhfless_sdk.simulation.tail_prepare``; simulator only).
+    A framework adapter's docs name the framework flags each setting models.
     """
 
     mode: Literal["sync", "async", "stream"] = "sync"
@@ -73,6 +75,10 @@ class PipelineConfig(Record):
     elastic: bool = Field(
         default=False, description="stream: re-plan the rollout/learner split between batches from what it measures."
     )
+    tail_prepare: bool = Field(
+        default=False,
+        description="sync: GPUs whose engines are done score complete groups during the generation tail (simulator).",
+    )
 
     @property
     def pipelined(self) -> bool:
@@ -85,6 +91,8 @@ class PipelineConfig(Record):
             raise ValueError("queue_size, partial_rollout and rollout_gpus apply to mode: async or stream only")
         if self.mode != "stream" and (self.max_age != 1 or self.elastic):
             raise ValueError("max_age and elastic apply to mode: stream only")
+        if self.mode != "sync" and self.tail_prepare:
+            raise ValueError("tail_prepare applies to mode: sync only (a pipeline scores on its learner's GPUs)")
         if self.mode == "stream" and (self.partial_rollout or self.queue_size != 1):
             raise ValueError(
                 "mode: stream always generates through weight updates and bounds age by max_age; "

@@ -132,6 +132,7 @@ class StepUsage:
     extra: dict[str, Any] = field(default_factory=dict)  # backend-specific figures (preemptions, ...)
     learner_gpus: int | None = None  # GPUs that score and learn (default: all ``gpus``; fewer when disaggregated)
     step_s: float | None = None  # the step's wall time when learning overlaps generation (default: their sum)
+    tail_scoring_gpu_s: float = 0.0  # GPUs held to score complete groups during generation (``tail_prepare``)
 
 
 def billing(u: StepUsage) -> dict[str, Any]:
@@ -147,6 +148,7 @@ def billing(u: StepUsage) -> dict[str, Any]:
     # engine kept warm between steps is billed for as long as it is held, idle and learning time included.
     billed = [held_s(e, time_s) * gpa for e in u.engines]
     serverless = sum(billed) + u.prefill_s + learners * (u.prepare_s + u.learn_s) + g * u.sync_s
+    serverless += u.tail_scoring_gpu_s
     burst_gpu_s = sum(b for b, e in zip(billed, u.engines, strict=True) if e.burst)
     burst_held = sum(1 for e in u.engines if e.burst and held(e))
     busy = np.array([e.busy_s for e in used]) if used else np.zeros(1)

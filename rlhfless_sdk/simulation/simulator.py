@@ -73,6 +73,7 @@ from rlhfless_sdk.rollout.stream import BalancedSplit, GroupBook, joined_train_s
 from rlhfless_sdk.simulation.bound import WorkBound, work_bound
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
 from rlhfless_sdk.simulation.stream import SimulatedStream
+from rlhfless_sdk.simulation.tail_prepare import score_in_tail, scoring_switch_s
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
 
 
@@ -981,6 +982,28 @@ class Simulator:
         self.warm_prefill = self.warm_prefill or usage.prefill_s > 0
         return replace(usage, engines=engines)
 
+    def _score_in_tail(self, planner: StepPlanner, usage: StepUsage, driven: Driven) -> StepUsage:
+        """``usage`` of a synchronous step with ``tail_prepare``: the fleet's GPUs whose engines are done score the
+        complete groups that train while the others generate (``score_in_tail``); the scoring left is spread over
+        every GPU after generation, and the GPUs that switched are billed from their switch to its end. Burst
+        engines' GPUs are not the learner's: they never score. Without ``tail_prepare``: ``usage`` as it is."""
+        if not planner.config.pipeline.tail_prepare or driven.ran.finish_s is None:
+            return usage
+        g, gpa = usage.gpus, usage.gpus_per_engine
+        free = [e.last_s if e.first_s is not None else 0.0 for e in usage.engines if not e.burst for _ in range(gpa)]
+        free = (free + [0.0] * g)[:g]
+        rate = self.profile.learner_rates(self.run_algo)[0]
+        batch, samples, finish = driven.batch, driven.outcome.samples, driven.ran.finish_s
+        starts = np.concatenate([[0], np.cumsum(batch.n_samples)])
+        ready = []
+        for row in driven.trained_rows:
+            sids = range(int(starts[row]), int(starts[row + 1]))
+            tokens = sum(samples[i].prompt_length + samples[i].response_length for i in sids)
+            ready.append((max(float(finish[i]) for i in sids), tokens * rate))
+        scored = score_in_tail(free, ready, usage.generation_s, scoring_switch_s(self.profile))
+        extra = {**usage.extra, "tail_scored_gpu_s": scored.done_gpu_s, "tail_scorers": scored.scorers}
+        return replace(usage, prepare_s=scored.left_gpu_s / g, tail_scoring_gpu_s=scored.held_gpu_s, extra=extra)
+
     def _learning(self, tokens: float, gpus: int) -> tuple[float, float]:
         """(scoring, learning) seconds of ``tokens`` (prompt + response) on ``gpus`` GPUs, for the run's algorithm."""
         prepare, learn = self.profile.learner_rates(self.run_algo)
@@ -1023,7 +1046,8 @@ class Simulator:
         rep, u = driven.outcome.report, driven.outcome.usage
         prepare_s, learn_s = self._learning(float(driven.trained_tokens), self.cluster.total_gpus)
         usage = stopped_at(u, driven.stop_s)
-        usage = self.hold(planner, replace(usage, prepare_s=prepare_s, learn_s=learn_s))
+        usage = self._score_in_tail(planner, replace(usage, prepare_s=prepare_s, learn_s=learn_s), driven)
+        usage = self.hold(planner, usage)
         report = rep.model_copy(update={**billing(usage), **driven.fields})
         sim = SimulatedStep.of(report, driven.plan, driven.outcome, usage=usage)
         if on_step is not None:
@@ -1045,7 +1069,7 @@ class Simulator:
         driven = PlainStep(planner, ws.step).run(io, io.adopt(ws.batch, ws.lengths))
         plan, outcome = driven.plan, driven.outcome
         front = self.frontier(planner, ws, plan, outcome.report) if frontier else None
-        usage = self.hold(planner, outcome.usage)
+        usage = self.hold(planner, self._score_in_tail(planner, outcome.usage, driven))
         report = outcome.report.model_copy(update=billing(usage))
         return SimulatedStep.of(report, plan, outcome, front, usage)
 

@@ -1,0 +1,91 @@
+"""Scoring in the generation tail (``pipeline: {mode: sync, tail_prepare: true}``; simulator only).
+
+A synchronous step generates on every GPU, then scores (reference and reward forwards; PPO's critic too) and learns
+on every GPU. Near its end only a few engines still decode; the others have finished every sample they will get.
+Such a GPU may score groups that are already complete while the tail decodes: the sample's weights and the
+scoring models' weights are the same in the tail and after it, so every token stays on-policy. The learning itself
+(the optimizer step) still waits for the whole batch.
+
+The model, per step:
+
+- a GPU is free once its engine has decoded its last token of the step (a GPU no engine used: from the start);
+- it starts scoring ``switch_s`` later (``scoring_switch_s``: its engine's weights out to host memory and the
+  scoring weights in over the host link, plus a fixed start). A GPU that would start after generation ends does
+  not switch: it scores with the others, as without this option;
+- a group can be scored once its last sample has finished; scoring work (GPU-seconds) is spread over the free GPUs
+  as a fluid, as many at once as are free, and no GPU that still decodes takes any (no contention with decode);
+- what is not scored when generation ends is scored on every GPU after it, as without this option.
+
+The step then takes generation + the scoring left / GPUs + learning + the weight sync; a GPU that switched is
+billed from its switch to the end of generation (its switch, its scoring and its waits for complete groups).
+
+Real frameworks score on their whole actor group at once (OpenRLHF's reference and reward groups, ZeRO-sharded over
+every GPU), so this needs a scorer that can run on part of the GPUs; the OpenRLHF adapter does not do it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rlhfless_sdk.api.records import TimePerTokenProfile
+
+#: seconds an engine GPU takes to become a scorer on top of moving the weights (the engine's sleep, the scorer's
+#: start): a round figure, not measured
+SWITCH_FIXED_S = 5.0
+
+
+def scoring_switch_s(profile: TimePerTokenProfile) -> float:
+    """An engine GPU's switch to scoring: its engine's weights out to host memory and the scoring model's in, over
+    the host link (``intra_node_gbps``), plus ``SWITCH_FIXED_S``. The weights' bytes are what a weight sync moves
+    (``weight_sync_s`` at ``inter_node_gbps``)."""
+    weights_gb = profile.weight_sync_s * profile.inter_node_gbps / profile.gpus_per_actor
+    return 2.0 * weights_gb / profile.intra_node_gbps + SWITCH_FIXED_S
+
+
+@dataclass(frozen=True)
+class TailScoring:
+    """What scoring in the tail did in one step."""
+
+    done_gpu_s: float  # scoring GPU-seconds done before generation ended
+    held_gpu_s: float  # GPU-seconds the scorers were held, from their switch to the end of generation (billed)
+    left_gpu_s: float  # scoring GPU-seconds left for every GPU after generation
+    scorers: int  # GPUs that switched
+
+
+def score_in_tail(
+    free_s: Sequence[float],
+    ready: Sequence[tuple[float, float]],
+    end_s: float,
+    switch_s: float,
+) -> TailScoring:
+    """Scoring in the tail of a step whose generation ends at ``end_s``. ``free_s``: when each GPU's engine decoded
+    its last token (0: it had none); ``ready``: (when a group was complete, its scoring GPU-seconds), for every group
+    that trains. Returns what was done by ``end_s`` and what is left."""
+    total = float(sum(w for _, w in ready))
+    joins = sorted(f + switch_s for f in free_s if f + switch_s < end_s)
+    arrivals = sorted((c, w) for c, w in ready if c < end_s)
+    events = sorted({*joins, *(c for c, _ in arrivals), end_s})
+    backlog, done, scorers = 0.0, 0.0, 0
+    ji = ai = 0
+    t = 0.0
+    for nxt in events:
+        if nxt > t and scorers and backlog > 0:  # the free GPUs score what is complete
+            work = min(backlog, scorers * (nxt - t))
+            backlog -= work
+            done += work
+        t = nxt
+        if t >= end_s:
+            break
+        while ji < len(joins) and joins[ji] <= t:
+            scorers += 1
+            ji += 1
+        while ai < len(arrivals) and arrivals[ai][0] <= t:
+            backlog += arrivals[ai][1]
+            ai += 1
+    return TailScoring(
+        done_gpu_s=done,
+        held_gpu_s=float(sum(end_s - f for f in free_s if f + switch_s < end_s)),
+        left_gpu_s=max(total - done, 0.0),
+        scorers=len(joins),
+    )

@@ -1,0 +1,94 @@
+"""Scoring in the generation tail (``pipeline: {mode: sync, tail_prepare: true}``, simulator only): the fluid model
+against an independent formula, its billing, and the on-policy preset that uses it."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlhfless_sdk.api.config import PipelineConfig
+from rlhfless_sdk.api.plugins import get_plugin_manager
+from rlhfless_sdk.api.profiles import load_profile
+from rlhfless_sdk.api.records import Cluster
+from rlhfless_sdk.simulation.simulator import Simulator
+from rlhfless_sdk.simulation.tail_prepare import score_in_tail, scoring_switch_s
+from rlhfless_sdk.simulation.traces import synthetic_workload
+from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+
+times = st.floats(0.0, 100.0, allow_nan=False)
+
+
+def processed(free, ready, end, switch):
+    """Work a pool of GPUs joining at ``free + switch`` does on work arriving at ``ready`` by ``end``, from the
+    fluid queue's formula: what arrived before ``end`` less the largest backlog, sup over s of the work arrived
+    from s on less the capacity from s on."""
+    joins = [f + switch for f in free if f + switch < end]
+    arrivals = [(c, w) for c, w in ready if c < end]
+
+    def capacity(a, b):  # GPU-seconds the pool offers in [a, b]
+        return sum(max(0.0, b - max(j, a)) for j in joins if j < b)
+
+    total = sum(w for _, w in arrivals)
+    backlog = 0.0
+    for s in [0.0, *(c for c, _ in arrivals)]:
+        backlog = max(backlog, sum(w for c, w in arrivals if c >= s) - capacity(s, end))
+    return total - backlog
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    free=st.lists(times, min_size=1, max_size=12),
+    ready=st.lists(st.tuples(times, st.floats(0.0, 50.0, allow_nan=False)), min_size=0, max_size=20),
+    end=st.floats(1.0, 120.0, allow_nan=False),
+    switch=st.floats(0.0, 30.0, allow_nan=False),
+)
+def test_scoring_in_the_tail_does_what_the_fluid_queue_allows_and_leaves_the_rest(free, ready, end, switch):
+    got = score_in_tail(free, ready, end, switch)
+    total = sum(w for _, w in ready)
+    assert got.done_gpu_s == pytest.approx(processed(free, ready, end, switch), rel=1e-6, abs=1e-6)
+    assert got.left_gpu_s == pytest.approx(total - got.done_gpu_s, abs=1e-6)
+    assert 0.0 <= got.done_gpu_s <= total + 1e-9
+    # a GPU that switched is billed from its engine's last token to the end of generation: at least its scoring
+    assert got.held_gpu_s + 1e-9 >= got.done_gpu_s + got.scorers * switch
+    assert got.scorers == sum(f + switch < end for f in free)
+
+
+def test_a_switch_that_never_pays_scores_nothing_in_the_tail():
+    got = score_in_tail([10.0, 20.0], [(5.0, 100.0)], end_s=30.0, switch_s=25.0)
+    assert got.done_gpu_s == 0.0 and got.left_gpu_s == 100.0 and got.scorers == 0 and got.held_gpu_s == 0.0
+
+
+def test_the_switch_is_the_weights_out_and_in_over_the_host_link():
+    profile = load_profile("qwen2.5-7b-l40s")  # 15.22 GB of weights, 25 GB/s host link, 5 s fixed
+    assert scoring_switch_s(profile) == pytest.approx(2 * 15.25 / 25 + 5.0, rel=1e-2)
+
+
+def test_tail_prepare_is_a_sync_option():
+    assert PipelineConfig(tail_prepare=True).tail_prepare
+    with pytest.raises(ValueError, match="tail_prepare applies to mode: sync only"):
+        PipelineConfig(mode="stream", max_age=2, tail_prepare=True)
+
+
+@pytest.mark.parametrize("memory", ["dedicated", "colocated"])
+def test_scoring_in_the_tail_shortens_a_step_without_stale_tokens_and_bills_its_gpus(memory):
+    """The same steps with and without ``tail_prepare``: generation and learning unchanged, the scoring left after
+    generation shorter, the scorers billed, no stale token."""
+    registry = get_plugin_manager().registry
+    profile = load_profile("qwen2.5-7b-l40s")
+    shape = SyntheticWorkload(num_prompts=64, median_length=1500, sample_sigma=0.5, max_length=8192, runaway=0.03)
+    work = synthetic_workload(shape, steps=2)
+    base = registry.scheduler("rlhfless-onpolicy")
+    runs = {}
+    for tail in (False, True):
+        config = base.derive(
+            name=f"tail-{str(tail).lower()}", pipeline={"mode": "sync", "tail_prepare": tail}, burst=1.0
+        )
+        sim = Simulator(profile, Cluster.of_gpus(8, 8), registry=registry, memory=memory)
+        runs[tail] = sim.run(config, work)
+    for a, b in zip(runs[False].steps, runs[True].steps, strict=True):
+        ra, rb = a.report, b.report
+        assert rb.generation_s == pytest.approx(ra.generation_s) and rb.learn_s == pytest.approx(ra.learn_s)
+        assert rb.prepare_s <= ra.prepare_s + 1e-9 and rb.time_s <= ra.time_s + 1e-9
+        assert rb.stale_token_fraction == 0.0 and rb.max_token_age_steps == 0
+    assert sum(s.report.prepare_s for s in runs[True].steps) < sum(s.report.prepare_s for s in runs[False].steps)
