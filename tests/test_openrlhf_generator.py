@@ -5,6 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("openrlhf", reason="the adapter's tests need openrlhf 0.11.2 (installed by the test command)")
 
@@ -60,3 +62,34 @@ def test_the_carry_timeout_setting_reaches_the_generator_in_openrlhfs_actor(open
         args = rollout_args(2)
         args.rlhfless = resolve({"--scheduler": "rlhfless-fast", **flags})
         assert swap_generator(SimpleNamespace(args=args), old).carry_timeout_s == seconds
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    prompts=st.integers(0, 40),
+    batch=st.integers(1, 9),
+    draws=st.lists(st.integers(0, 12), min_size=1, max_size=30),
+)
+def test_prompts_drawn_in_any_amounts_come_out_once_each_in_order(prompts, batch, draws):
+    """``take_prompts``: a step that draws other than whole dataloader batches (partial rollouts draw (1 +
+    over_provision) x B less what they carry) keeps the rest of a batch for the next draw, where OpenRLHF's own
+    ``_collect_prompt_batch`` drops it; exhausted only once the dataloader ran dry and nothing is held."""
+    from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
+
+    names = [f"p{i}" for i in range(prompts)]
+    loader = iter(
+        [
+            (list(range(i, i + batch)), names[i : i + batch], ["0"] * len(names[i : i + batch]), None)
+            for i in range(0, prompts, batch)
+        ]
+    )
+    gen = SimpleNamespace(_held=[])
+    got, ended = [], False
+    for k in [*draws, prompts + 1]:  # a last draw asks for more than is left
+        out, exhausted = RlhflessSamplesGenerator.take_prompts(gen, loader, k)
+        assert len(out) <= k and not ended
+        got += [p for p, _label, _image in out]
+        ended = exhausted
+        if ended:
+            break
+    assert got == names and ended

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import ray
-from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
+from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from rlhfless_openrlhf.capabilities import BACKEND, MODES, STREAM_NEEDS
 from rlhfless_openrlhf.messages import CutSample, SharedTokenizer
 from rlhfless_openrlhf.ray_backend import (
@@ -101,8 +101,7 @@ class _EnginesIO:
     def draw(self, k: int) -> list[Hashable]:
         if k <= 0:
             return []
-        prompts, labels, images, self.exhausted = _collect_prompt_batch(self.dataloader_iter, k)
-        self.drawn = list(zip(prompts, labels, images or [None] * len(prompts), strict=True))
+        self.drawn, self.exhausted = self.gen.take_prompts(self.dataloader_iter, k)
         self.source = self.drawn
         return list(range(len(self.drawn)))
 
@@ -266,6 +265,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.last_report: StepReport | None = None
         self.last_metrics: dict[str, float] = {}
         self._shared_tokenizer: tuple[Any, SharedTokenizer] | None = None  # (tokenizer, its reference), put once
+        self._held: list[tuple[str, Any, Any]] = []  # drawn from a dataloader batch, not yet taken (``take_prompts``)
         # the streaming pipeline (OpenRLHF's async loop): the epoch's stream, the engines' weights version when the
         # run's first stream began, and the batches it formed (batch k trains with version base + k)
         self.stream: EngineStream | None = None
@@ -334,7 +334,8 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         accepted: list = []
         consumed, want, exhausted = 0, num_prompts, False
         while want > 0 and not exhausted:
-            prompts, labels, images, exhausted = _collect_prompt_batch(dataloader_iter, want)
+            drawn, exhausted = self.take_prompts(dataloader_iter, want)
+            prompts, labels, images = (list(x) for x in zip(*drawn, strict=True)) if drawn else ([], [], [])
             if not prompts:
                 exhausted = True
                 break
@@ -388,14 +389,17 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         group's prompt, the carried samples' tokens and logprobs, the samples already ended in open groups. Tail
         batching: the prompts drawn from the dataloader and not trained yet (``TailRounds.waiting``), in order. The
         stream: the prompts of its groups not trained yet (their tokens are not kept: a resumed run re-runs them
-        from scratch under the restored weights). None when nothing is held."""
+        from scratch under the restored weights). Any scheduler: the rest of a dataloader batch drawn in part
+        (``take_prompts``). None when nothing is held."""
         book = self.book
         waiting = ([] if self.tail is None else self.tail.waiting()) + self._tail_pending
         if self.stream is not None:  # the stream's groups in flight: re-run from scratch on a resume
             waiting += self.stream.untrained_prompts()
-        if not book.groups and not waiting:
+        if not book.groups and not waiting and not self._held:
             return None
         snapshot: dict[str, Any] = {"version": 1, "step": self.step}
+        if self._held:  # the rest of a dataloader batch a partial-rollout step drew part of
+            snapshot["held"] = [[prompt, label] for prompt, label, _image in self._held]
         if book.groups:
             snapshot.update(
                 {
@@ -416,8 +420,10 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         logged count."""
         if not snapshot:
             return 0
-        restored = 0
         version_ok = snapshot.get("version") == 1
+        held = snapshot.get("held", []) if version_ok else []
+        self._held = [(prompt, label, None) for prompt, label in held] + self._held
+        restored = len(held)
         deferred = snapshot.get("deferred", [])
         if deferred and (self.mode not in (TAIL_ROUNDS, STREAM) or not version_ok):
             log.warning(
@@ -500,9 +506,13 @@ class RlhflessSamplesGenerator(SamplesGenerator):
 
     # -- tail batching (a straggler policy that over-provisions and re-runs its slowest groups) -----------------
     def _prompt_stream(self, dataloader_iter):
-        """Every prompt of OpenRLHF's dataloader, one at a time (none of a batch dropped), as an id."""
-        for _, prompts, labels, images in dataloader_iter:
-            for prompt, label, image in zip(prompts, labels, images, strict=True):
+        """Every prompt of OpenRLHF's dataloader, one at a time (none of a batch dropped), as an id; first any held
+        from a batch drawn in part (``take_prompts``)."""
+        while True:
+            drawn, _exhausted = self.take_prompts(dataloader_iter, 1)
+            if not drawn:
+                return
+            for prompt, label, image in drawn:
                 k = self._tail_drawn
                 self._tail_drawn += 1
                 self.tail_prompts[k] = (prompt, label, image)
@@ -707,6 +717,25 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                 "rlhfless/samples_regenerated": float(st.redone),
             },
         )
+
+    def take_prompts(self, dataloader_iter: Any, k: int) -> tuple[list[tuple[str, Any, Any]], bool]:
+        """Up to ``k`` (prompt, label, image) from OpenRLHF's dataloader, the rest of a dataloader batch held for
+        the next call (OpenRLHF's own ``_collect_prompt_batch`` drops it: a step that draws other than whole
+        dataloader batches, as partial rollouts do, would lose prompts); exhausted: the dataloader ran dry and
+        nothing is held."""
+        out, self._held = self._held[:k], self._held[k:]
+        exhausted = False
+        while len(out) < k:
+            try:
+                _, prompts, labels, images = next(dataloader_iter)
+            except StopIteration:
+                exhausted = True
+                break
+            batch = list(zip(prompts, labels, images or [None] * len(prompts), strict=True))
+            need = k - len(out)
+            out += batch[:need]
+            self._held = batch[need:] + self._held
+        return out, exhausted and not self._held
 
     def _tokenize(self, prompt: str) -> list[int]:
         return self.tokenizer(text=prompt, add_special_tokens=False)["input_ids"]

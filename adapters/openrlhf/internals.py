@@ -39,7 +39,6 @@ ROLLOUT: tuple[Expect, ...] = (
         "SamplesGenerator._process_response_into_experience",
         ("response",),
     ),
-    Expect("openrlhf.trainer.ppo_utils.samples_generator", "_collect_prompt_batch", ("dataloader_iter", "num_prompts")),
     Expect(
         "openrlhf.trainer.ray.vllm_engine",
         "RolloutRayActor.generate",
