@@ -64,6 +64,7 @@ def test_the_adapter_adds_its_commands_through_the_hook(monkeypatch):
         ("demo", "rlhfless-openrlhf"),
         ("profile", "rlhfless-openrlhf"),
         ("fidelity", "rlhfless-openrlhf"),
+        ("pipeline-demo", "rlhfless-openrlhf"),
     }
     monkeypatch.setenv("RLHFLESS_DISABLE_PLUGIN_AUTOLOAD", "1")
     from rlhfless_sdk import reset_plugin_manager

