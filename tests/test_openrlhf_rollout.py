@@ -67,7 +67,9 @@ def stack(tmp_path_factory):
     model = str(tiny_model(cache))
     ray.init(
         num_cpus=8,
-        num_gpus=5,  # two engines for most tests, one with a reward function, two more to kill one of
+        # two engines for most tests, one with a reward function, two more to kill one of, two more for the stream's
+        # (an engine killed keeps its placement group's reservation: each pair needs GPUs of its own)
+        num_gpus=7,
         include_dashboard=False,
         runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}},
     )
