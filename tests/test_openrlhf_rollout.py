@@ -1421,8 +1421,8 @@ def test_the_stream_runs_in_openrlhfs_async_loop_generating_through_each_weight_
     assert not failed, failed
     trained = [e.prompts[0] for st in batches for e in st["experiences"]]
     assert sorted(trained) == sorted(p for p in prompts for _ in range(N_SAMPLES))  # every sample once
-    sizes = [len(st["experiences"]) // N_SAMPLES for st in batches]
-    assert sizes == [b] * (len(prompts) // b) + ([len(prompts) % b] if len(prompts) % b else []), sizes
+    sizes = [len(st["experiences"]) // N_SAMPLES for st in batches]  # B, more only where the age bound needs it
+    assert sum(sizes) == len(prompts) and all(k >= b for k in sizes[:-1]), sizes
     for st in batches:
         ex = st["experiences"]
         for g in range(0, len(ex), N_SAMPLES):  # groups whole, samples in order
@@ -1531,4 +1531,5 @@ def test_the_stream_loses_nothing_when_an_engine_dies(stack):
     for ex in batches:
         for g in range(0, len(ex), N_SAMPLES):
             assert len({e.prompts[0] for e in ex[g : g + N_SAMPLES]}) == 1
-    assert [len(ex) // N_SAMPLES for ex in batches if ex] == [2, 2, 1]
+    sizes = [len(ex) // N_SAMPLES for ex in batches if ex]
+    assert sum(sizes) == len(prompts) and all(k >= b for k in sizes[:-1]), sizes

@@ -301,12 +301,29 @@ class RlhflessSamplesGenerator(SamplesGenerator):
     # -- the step ------------------------------------------------------------------------------------------
     def generate_samples(self, **generate_kwargs):  # type: ignore[override]
         """OpenRLHF's entry point, unchanged, except that a step in which a rollout engine died is not handed to
-        training (see ``dead_engine_error``)."""
-        out = super().generate_samples(**generate_kwargs)
+        training (see ``dead_engine_error``), and that a stream's batch is handed to training whole: OpenRLHF's
+        sample buffer would split a batch that took more than B groups (to keep its age bound) across two training
+        steps, the second one a weight update later than the ages were measured for."""
+        if self.mode == STREAM:
+            out = self._stream_batch(**generate_kwargs)
+        else:
+            out = super().generate_samples(**generate_kwargs)
         error = self.dead_engine_error()
         if error is not None:
             raise RolloutEngineLost(error)
         return out
+
+    def _stream_batch(self, **kw: Any) -> tuple[list, float | None, int, bool]:
+        """OpenRLHF's ``generate_samples`` for the stream: (experiences, filter pass rate, prompts consumed,
+        exhausted), one stream batch as it is, B groups (more only when the age bound needs it)."""
+        if getattr(self, "_dataloader_iter", None) is None:
+            self._dataloader_iter = iter(self.prompts_dataloader)
+        experiences, consumed, exhausted = self._generate_vllm(
+            self._dataloader_iter, int(self.args.rollout.batch_size), False, **kw
+        )
+        if exhausted:
+            self._dataloader_iter = None
+        return experiences, None, consumed, exhausted
 
     def dead_engine_error(self) -> str | None:
         """Why the run cannot go on after a rollout engine died, or None if none did."""
