@@ -113,9 +113,10 @@ def test_the_pipeline_demo_runs_openrlhfs_async_loop_for_every_row(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     rows = {r["row"]: r for r in report["runs"][0]["rows"]}
-    assert list(rows) == ["openrlhf", "openrlhf-partial", "rlhfless-fast", "rlhfless-stream"]
+    assert list(rows) == ["openrlhf", "openrlhf-q2", "openrlhf-partial", "rlhfless-fast", "rlhfless-stream"]
     assert all(r["groups"] == 6 for r in rows.values()), {n: r["groups"] for n, r in rows.items()}
     assert rows["openrlhf"]["max_token_age"] == 1  # OpenRLHF's one-batch lag
+    assert rows["openrlhf-q2"]["max_token_age"] == 2 and rows["openrlhf-q2"]["queue_size"] == 2
     assert 1 <= rows["rlhfless-stream"]["max_token_age"] <= 2
     assert all(b["synced_s"] >= b["learned_s"] >= b["got_s"] for r in rows.values() for b in r["batches"])
     assert report["learn_s_per_token"] > 0 and "speedup" in proc.stdout

