@@ -1265,7 +1265,8 @@ def test_partial_rollouts_run_in_openrlhfs_async_loop_with_a_broadcast_between_b
     from types import SimpleNamespace
 
     from openrlhf.trainer import ppo_trainer_async
-    from rlhfless_openrlhf.trainer import CARRY_KEY, CarryingQueue, RlhflessGenerateSamplesActorImpl
+    from rlhfless_openrlhf.pipeline_demo import fit_in_thread, generate_actor
+    from rlhfless_openrlhf.trainer import CARRY_KEY
 
     ray, engines = stack.ray, stack.engines
     b, max_len = 2, 220
@@ -1276,30 +1277,21 @@ def test_partial_rollouts_run_in_openrlhfs_async_loop_with_a_broadcast_between_b
     lock = threading.Lock()
     rollout, slots = queue.Queue(maxsize=1), queue.Queue(maxsize=1)
     slots.put(0)
-    maker = RlhflessGenerateSamplesActorImpl.__new__(RlhflessGenerateSamplesActorImpl)
-    maker.args = SimpleNamespace(train=SimpleNamespace(num_episodes=1), eval=SimpleNamespace(steps=float("inf")))
-    maker.samples_generator, maker.eval_dataloader = gen, None
-    maker.generate_kwargs = {"n_samples_per_prompt": N_SAMPLES, "max_len": max_len}
-    maker.prompts_dataloader = _AsyncLoader(len(gen.prompts_dataloader))
-    maker.vllm_lock = SimpleNamespace(
-        acquire=SimpleNamespace(remote=lock.acquire), release=SimpleNamespace(remote=lock.release)
+    actor = generate_actor(
+        gen,
+        {"n_samples_per_prompt": N_SAMPLES, "max_len": max_len},
+        lock=SimpleNamespace(
+            acquire=SimpleNamespace(remote=lock.acquire), release=SimpleNamespace(remote=lock.release)
+        ),
+        rollout=rollout,
+        slots=slots,
+        partial=False,
+        loader=_AsyncLoader(len(gen.prompts_dataloader)),
     )
-    maker._partial_rollout, maker.rollout_slots, maker.rollout_queue = False, slots, CarryingQueue(rollout, gen)
-    maker._last_eval_step, maker._eval_just_done = -1, False
     real_ray = ppo_trainer_async.ray
     ppo_trainer_async.ray = SimpleNamespace(get=lambda refs: refs)  # the loop's lock calls return their results
-    failed: list[BaseException] = []
-
-    def generate() -> None:
-        try:
-            maker.fit(episode=0, total_consumed_prompts=0)
-        except BaseException as exc:  # reported below: a thread's error is not the test's otherwise
-            failed.append(exc)
-            rollout.put("done")
-
-    thread = threading.Thread(target=generate, daemon=True)
     try:
-        thread.start()
+        thread, failed = fit_in_thread(actor, rollout)
         batches, carried = [], []
         while True:
             payload = rollout.get(timeout=600)
@@ -1373,10 +1365,10 @@ def test_the_stream_runs_in_openrlhfs_async_loop_generating_through_each_weight_
     token is older than the pipeline's bound of 2 updates; each queued batch's client states hold the prompts of
     the groups still in flight, which a fresh generator takes back to re-run."""
     import queue
-    import threading
     from types import SimpleNamespace
 
-    from rlhfless_openrlhf.trainer import CARRY_KEY, CarryingQueue, RlhflessGenerateSamplesActorImpl
+    from rlhfless_openrlhf.pipeline_demo import fit_in_thread, generate_actor
+    from rlhfless_openrlhf.trainer import CARRY_KEY
 
     ray, engines = stack.ray, stack.engines
     b, max_len = 2, 220
@@ -1385,25 +1377,16 @@ def test_the_stream_runs_in_openrlhfs_async_loop_generating_through_each_weight_
     gen.args.train = SimpleNamespace(async_enable=True, async_queue_size=1, partial_rollout_enable=True)
     rollout, slots = queue.Queue(maxsize=1), queue.Queue(maxsize=1)
     slots.put(0)
-    maker = RlhflessGenerateSamplesActorImpl.__new__(RlhflessGenerateSamplesActorImpl)
-    maker.args = SimpleNamespace(train=SimpleNamespace(num_episodes=1), eval=SimpleNamespace(steps=float("inf")))
-    maker.samples_generator, maker.eval_dataloader = gen, None
-    maker.generate_kwargs = {"n_samples_per_prompt": N_SAMPLES, "max_len": max_len}
-    maker.prompts_dataloader = _AsyncLoader(len(gen.prompts_dataloader))
-    maker.vllm_lock = None  # partial-rollout mode: generation never takes OpenRLHF's lock
-    maker._partial_rollout, maker.rollout_slots, maker.rollout_queue = True, slots, CarryingQueue(rollout, gen)
-    maker._last_eval_step, maker._eval_just_done = -1, False
-    failed: list[BaseException] = []
-
-    def generate() -> None:
-        try:
-            maker.fit(episode=0, total_consumed_prompts=0)
-        except BaseException as exc:  # reported below: a thread's error is not the test's otherwise
-            failed.append(exc)
-            rollout.put("done")
-
-    thread = threading.Thread(target=generate, daemon=True)
-    thread.start()
+    actor = generate_actor(
+        gen,
+        {"n_samples_per_prompt": N_SAMPLES, "max_len": max_len},
+        lock=None,  # partial-rollout mode: generation never takes OpenRLHF's lock
+        rollout=rollout,
+        slots=slots,
+        partial=True,
+        loader=_AsyncLoader(len(gen.prompts_dataloader)),
+    )
+    thread, failed = fit_in_thread(actor, rollout)
     batches = []
     while True:
         payload = rollout.get(timeout=600)

@@ -7,9 +7,12 @@ The SDK never imports this package: the CLI finds these commands through the ``r
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -87,6 +90,18 @@ def _stdout_to_stderr(active: bool):
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
+
+
+def _run_under_bar(bar: Any, run: Callable[..., dict], as_json: bool = False) -> dict:
+    """``run(say=...)`` (a demo, the fidelity check) with its progress bar, its lines on stderr (all of stdout too
+    under ``--json``, which vLLM's processes would otherwise pollute); Ctrl-C exits 130 once engines and Ray are
+    down."""
+    try:
+        with bar, _stdout_to_stderr(as_json):
+            return run(say=lambda m: click.echo(m, err=True))
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: engines and Ray are shut down", err=True)
+        sys.exit(130)
 
 
 def _check_schedulers(schedulers: tuple[str, ...]) -> None:
@@ -207,12 +222,7 @@ def demo_cmd(
     )
 
     bar, progress = _step_bar(epochs * len(schedulers), "rollout steps")
-    try:
-        with bar:
-            result = run_demo(settings, say=lambda m: click.echo(m, err=True), progress=progress)
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted: engines and Ray are shut down", err=True)
-        sys.exit(130)
+    result = _run_under_bar(bar, functools.partial(run_demo, settings, progress=progress))
     click.echo(
         f"\n{result['model']}: {result['prompts']} prompts x {result['samples_per_prompt']} samples, "
         f"{result['engines']} engines, up to {result['max_new_tokens']} new tokens"
@@ -328,12 +338,7 @@ def fidelity_cmd(
         out=out,
     )
     bar, progress = _step_bar(runs * epochs * len(schedulers), "replayed steps")
-    try:
-        with bar, _stdout_to_stderr(as_json):
-            report = run_fidelity(settings, say=lambda m: click.echo(m, err=True), progress=progress)
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted: engines and Ray are shut down", err=True)
-        sys.exit(130)
+    report = _run_under_bar(bar, functools.partial(run_fidelity, settings, progress=progress), as_json)
     if as_json:
         click.echo(dumps(report, indent=2))
         return
@@ -449,12 +454,7 @@ def pipeline_demo_cmd(
         bar.label = f"{r['row']} took {r['time_s']:.1f} s"
         bar.update(1)
 
-    try:
-        with bar, _stdout_to_stderr(as_json):
-            report = run_pipeline_demo(settings, say=lambda m: click.echo(m, err=True), progress=progress)
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted: engines and Ray are shut down", err=True)
-        sys.exit(130)
+    report = _run_under_bar(bar, functools.partial(run_pipeline_demo, settings, progress=progress), as_json)
     if as_json:
         click.echo(dumps(report, indent=2))
         return

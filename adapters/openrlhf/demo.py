@@ -16,6 +16,8 @@ import random
 import shutil
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,8 +157,6 @@ class DemoSettings:
 
 def run_demo(settings: DemoSettings, say=print, progress=None) -> dict[str, Any]:
     """Run the comparison; returns the JSON report (also written to ``out/report.json``)."""
-    import ray
-
     cache = settings.cache or default_cache()
     out = settings.out
     out.mkdir(parents=True, exist_ok=True)
@@ -169,6 +169,13 @@ def run_demo(settings: DemoSettings, say=print, progress=None) -> dict[str, Any]
         if settings.prompts_file
         else gsm8k_style_questions(settings.num_prompts, settings.seed)
     )
+    prompts, labels = chat_prompts(tokenizer, questions)
+    with local_ray(settings.engines, say) as ray:
+        return _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out)
+
+
+def chat_prompts(tokenizer: Any, questions: list[dict[str, str]]) -> tuple[list[str], list[str]]:
+    """The questions as the model's chat prompts (asking for the number at the end), and their answers."""
     prompts = [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": q["question"] + " Answer with the number at the end."}],
@@ -177,19 +184,26 @@ def run_demo(settings: DemoSettings, say=print, progress=None) -> dict[str, Any]
         )
         for q in questions
     ]
-    labels = [q["answer"] for q in questions]
+    return prompts, [q["answer"] for q in questions]
+
+
+@contextmanager
+def local_ray(engines: int, say=print) -> Iterator[Any]:
+    """A local Ray with one logical GPU per engine, vLLM's CPU settings for its workers and Ctrl-C raising
+    KeyboardInterrupt; shut down (engines included) on the way out, however it is left."""
+    import ray
 
     previous = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises KeyboardInterrupt here
     ray.init(
-        num_cpus=max(8, settings.engines + 2),
-        num_gpus=settings.engines,
+        num_cpus=max(8, engines + 2),
+        num_gpus=engines,
         include_dashboard=False,
         log_to_driver=False,
         runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}},
     )
     try:
-        return _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out)
+        yield ray
     finally:
         say("shutting down the engines and Ray ...")
         ray.shutdown()

@@ -31,7 +31,7 @@ from rlhfless_openrlhf.ray_backend import (
     RolloutEngineLost,
     engine_gpus,
 )
-from rlhfless_openrlhf.stream import EngineStream, StreamPrompt, stall_error, token_ages
+from rlhfless_openrlhf.stream import EngineStream, StreamPrompt, response_runs, stall_error
 from vllm import SamplingParams
 
 from rlhfless_sdk.api.batch import PromptBatch
@@ -55,7 +55,7 @@ from rlhfless_sdk.rollout.drivers import (
     driver_mode,
     refusal,
 )
-from rlhfless_sdk.rollout.stream import GroupBook
+from rlhfless_sdk.rollout.stream import GroupBook, batch_ages
 from rlhfless_sdk.rollout.tail import TailRounds
 from rlhfless_sdk.simulation.replay import LengthReplay
 
@@ -76,6 +76,16 @@ def log_lines() -> None:
 def prompt_uid(prompt: str) -> str:
     """A stable id for a prompt's text: its length history follows it across epochs."""
     return hashlib.sha1(prompt.encode("utf-8")).hexdigest()[:16]
+
+
+def fresh_uid(prompt: str, taken: set[str]) -> str:
+    """The prompt's uid (``prompt_uid``), with ``#k`` appended while it is in ``taken`` (the same prompt twice in a
+    batch, or in a group still open); added to ``taken``. The length history's key drops the ``#k``."""
+    base, k = prompt_uid(prompt), 0
+    while (uid := base if k == 0 else f"{base}#{k}") in taken:
+        k += 1
+    taken.add(uid)
+    return uid
 
 
 class _EnginesIO:
@@ -592,11 +602,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             if pid is None:
                 return None
             prompt, label, image = self.tail_prompts[pid]
-            base, k = prompt_uid(prompt), 0
-            while (uid := base if k == 0 else f"{base}#{k}") in taken:
-                k += 1
-            taken.add(uid)
-            return StreamPrompt(pid, prompt, label, image, uid, self._tokenize(prompt))
+            return StreamPrompt(pid, prompt, label, image, fresh_uid(prompt, taken), self._tokenize(prompt))
 
         pipeline = self.planner.config.pipeline
         if self._stream_base is None:
@@ -658,13 +664,12 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                 raise stall_error(time.time() - quiet_since, version, book, k)
             if st.wait(self.check_interval_s):
                 quiet_since = time.time()
-        trained_version = st.base + k
-        experiences, ages, groups = [], [], []
+        experiences, runs, groups = [], [], []
         for gid in chosen:
             prompt = st.prompts.pop(gid)
             responses = [st.responses.pop(sid) for sid in book.groups[gid].samples]
             for response in responses:
-                ages.extend(token_ages(response, trained_version))
+                runs.append(response_runs(response))
                 experiences.append(self._process_response_into_experience(response, **kw))
             lengths = [int(r["action_ranges"][-1][1]) - int(r["action_ranges"][0][0]) for r in responses]
             groups.append((prompt.uid, prompt.token_ids, lengths))
@@ -672,17 +677,18 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             del self.tail_prompts[prompt.prompt_id]
         self._trace_groups(groups)
         self._stream_batches += 1
-        self._finish_stream_batch(st, chosen, groups, ages, t0)
+        self._finish_stream_batch(st, chosen, groups, batch_ages(runs, st.base + k), t0)
         exhausted = book.closed and not book.untrained
         if exhausted:
             self.stream = None
         return experiences, self._tail_drawn - drawn, exhausted
 
     def _finish_stream_batch(
-        self, st: EngineStream, chosen: list[int], groups: list, ages: list[tuple[int, int]], t0: float
+        self, st: EngineStream, chosen: list[int], groups: list, ages: tuple[int, int, int], t0: float
     ) -> None:
         """A stream batch's report and metrics: wall time since the last batch, the engines' busy share of it, the
-        token ages measured (the largest, and the share of tokens older than the weights that train them)."""
+        token ages measured (``batch_ages``: tokens, those older than the weights that train them, the largest
+        age)."""
         now = time.time()
         live = self.pool.live()
         stats = self.pool.stats(live)
@@ -692,8 +698,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         window = max(now - since, 1e-9)
         used = [max(busy[e] - before.get(e, 0.0), 0.0) for e in busy]
         gpus = engine_gpus(self.args)
-        tokens = sum(t for _, t in ages)
-        stale = sum(t for a, t in ages if a > 0)
+        tokens, stale, oldest = ages
         mean = sum(used) / len(used) if used else 0.0
         lengths = [x for _, _, ls in groups for x in ls]
         report = StepReport(
@@ -711,7 +716,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             actor_busy_s=used,
             peak_gpus=len(live) * gpus,
             stale_token_fraction=stale / tokens if tokens else 0.0,
-            max_token_age_steps=max((a for a, t in ages if t > 0), default=0),
+            max_token_age_steps=oldest,
             groups_trained=len(chosen),
             carried_samples=st.running(),
         )
@@ -765,11 +770,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         taken = set(taken or ())
         uids = []
         for p in prompts:
-            base, k = prompt_uid(p), 0
-            while (uid := base if k == 0 else f"{base}#{k}") in taken:
-                k += 1
-            taken.add(uid)
-            uids.append(uid)
+            uids.append(fresh_uid(p, taken))
         lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
         batch = PromptBatch(
             uids=uids,

@@ -26,7 +26,6 @@ overlapping the two matters most. The time of a row runs from its start to the e
 from __future__ import annotations
 
 import json
-import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -60,8 +59,7 @@ class PipelineSettings:
 
 def run_pipeline_demo(settings: PipelineSettings, say=print, progress=None) -> dict[str, Any]:
     """Run every row ``runs`` times (the order rotated each run); returns the report (also ``out/report.json``)."""
-    import ray
-    from rlhfless_openrlhf.demo import default_cache, gsm8k_style_questions, smollm2_model
+    from rlhfless_openrlhf.demo import chat_prompts, default_cache, gsm8k_style_questions, local_ray, smollm2_model
     from transformers import AutoTokenizer
 
     unknown = [r for r in settings.rows if r not in ROWS]
@@ -72,30 +70,9 @@ def run_pipeline_demo(settings: PipelineSettings, say=print, progress=None) -> d
     model = smollm2_model(settings.cache or default_cache(), say)
     tokenizer = AutoTokenizer.from_pretrained(model)
     questions = gsm8k_style_questions(settings.batches * settings.batch_prompts, 0)
-    prompts = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q["question"] + " Answer with the number at the end."}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for q in questions
-    ]
-    labels = [q["answer"] for q in questions]
-    previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    ray.init(
-        num_cpus=max(8, settings.engines + 2),
-        num_gpus=settings.engines,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}},
-    )
-    try:
+    prompts, labels = chat_prompts(tokenizer, questions)
+    with local_ray(settings.engines, say) as ray:
         return _run(settings, say, progress, ray, model, tokenizer, prompts, labels)
-    finally:
-        say("shutting down the engines and Ray ...")
-        ray.shutdown()
-        signal.signal(signal.SIGINT, previous)
 
 
 class _Loader(list):
@@ -228,6 +205,46 @@ def pooled(runs: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]
     return out
 
 
+def generate_actor(
+    gen: Any, generate_kwargs: dict[str, Any], *, lock: Any, rollout: Any, slots: Any, partial: bool, loader: Any = None
+) -> Any:
+    """OpenRLHF's ``GenerateSamplesActor`` (RLHFless's subclass) in this process, over ``gen``: the state its own
+    ``fit`` reads, set without the actor's constructor (which builds a tokenizer and a dataloader from a training
+    strategy). ``lock``: OpenRLHF's ``VLLMLock`` (or what answers its ``acquire``/``release``); ``rollout`` and
+    ``slots``: its queues, the rollout queue carrying the generator's checkpoint state as RLHFless's actor does;
+    ``loader``: the dataloader ``fit`` reads its length and state from (default: ``gen``'s)."""
+    from types import SimpleNamespace
+
+    from rlhfless_openrlhf.trainer import CarryingQueue, RlhflessGenerateSamplesActorImpl
+
+    actor = RlhflessGenerateSamplesActorImpl.__new__(RlhflessGenerateSamplesActorImpl)
+    actor.args = SimpleNamespace(train=SimpleNamespace(num_episodes=1), eval=SimpleNamespace(steps=float("inf")))
+    actor.samples_generator, actor.eval_dataloader = gen, None
+    actor.generate_kwargs = generate_kwargs
+    actor.prompts_dataloader = gen.prompts_dataloader if loader is None else loader
+    actor.vllm_lock = lock
+    actor._partial_rollout, actor.rollout_slots, actor.rollout_queue = partial, slots, CarryingQueue(rollout, gen)
+    actor._last_eval_step, actor._eval_just_done = -1, False
+    return actor
+
+
+def fit_in_thread(actor: Any, rollout: Any) -> tuple[threading.Thread, list[BaseException]]:
+    """``actor.fit`` for one episode in a thread of this process; an error it raises is kept in the list returned
+    (for the caller's thread to raise) and ends the rollout queue with ``"done"``."""
+    failed: list[BaseException] = []
+
+    def generate() -> None:
+        try:
+            actor.fit(episode=0, total_consumed_prompts=0)
+        except BaseException as exc:  # the caller's to raise: a thread's error is nobody's otherwise
+            failed.append(exc)
+            rollout.put("done")
+
+    thread = threading.Thread(target=generate, daemon=True)
+    thread.start()
+    return thread, failed
+
+
 def run_async_loop(
     ray, gen, engines: list, kw: dict[str, Any], *, partial: bool, learn_s_per_token: float, queue: int = 1
 ) -> dict[str, Any]:
@@ -241,33 +258,15 @@ def run_async_loop(
     flash_attn_placeholder.install()  # OpenRLHF's async module imports its learning side, which names flash-attn
     from openrlhf.trainer.ppo_trainer_async import VLLMLock
     from ray.util.queue import Queue
-    from rlhfless_openrlhf.trainer import CarryingQueue, RlhflessGenerateSamplesActorImpl
 
     gen.args.train = SimpleNamespace(async_enable=True, async_queue_size=queue, partial_rollout_enable=partial)
     lock = VLLMLock.remote()
     rollout, slots = Queue(maxsize=queue), Queue(maxsize=queue)  # as PPOTrainerAsync builds them
     for _ in range(queue):
         slots.put(0)
-    maker = RlhflessGenerateSamplesActorImpl.__new__(RlhflessGenerateSamplesActorImpl)
-    maker.args = SimpleNamespace(train=SimpleNamespace(num_episodes=1), eval=SimpleNamespace(steps=float("inf")))
-    maker.samples_generator, maker.eval_dataloader = gen, None
-    maker.generate_kwargs = kw
-    maker.prompts_dataloader = gen.prompts_dataloader
-    maker.vllm_lock = lock
-    maker._partial_rollout, maker.rollout_slots, maker.rollout_queue = partial, slots, CarryingQueue(rollout, gen)
-    maker._last_eval_step, maker._eval_just_done = -1, False
-    failed: list[BaseException] = []
-
-    def generate() -> None:
-        try:
-            maker.fit(episode=0, total_consumed_prompts=0)
-        except BaseException as exc:  # re-raised below, in the caller's thread
-            failed.append(exc)
-            rollout.put("done")
-
-    thread = threading.Thread(target=generate, daemon=True)
+    actor = generate_actor(gen, kw, lock=lock, rollout=rollout, slots=slots, partial=partial)
     t0 = time.time()
-    thread.start()
+    thread, failed = fit_in_thread(actor, rollout)
     batches: list[dict[str, Any]] = []
     end = t0
     while True:

@@ -28,7 +28,7 @@ import ray
 from rlhfless_openrlhf.ray_backend import _DEAD, EnginePool
 
 from rlhfless_sdk.api.errors import RlhflessError
-from rlhfless_sdk.rollout.stream import GroupBook
+from rlhfless_sdk.rollout.stream import GroupBook, version_runs
 
 
 @dataclass
@@ -156,20 +156,11 @@ class EngineStream:
         return [self.prompts[g].prompt_id for g in sorted(self.prompts)]
 
 
-def token_ages(response: dict[str, Any], trained_version: int) -> list[tuple[int, int]]:
-    """(age in weight updates, tokens) of a finished response trained with weights ``trained_version``, from the
-    versions its engine recorded (``rlhfless_versions``: the version at its start and at each update it ran
-    across, with the tokens it had then)."""
+def response_runs(response: dict[str, Any]) -> list[tuple[int, int]]:
+    """(version, tokens) runs of a finished response, from the versions its engine recorded (``rlhfless_versions``)
+    and its response length."""
     ranges = response["action_ranges"]
-    length = int(ranges[-1][1]) - int(ranges[0][0])
-    marks = response.get("rlhfless_versions") or [(trained_version, 0)]
-    out = []
-    for i, (version, upto) in enumerate(marks):
-        nxt = int(marks[i + 1][1]) if i + 1 < len(marks) else length
-        tokens = min(nxt, length) - min(int(upto), length)
-        if tokens > 0:
-            out.append((int(trained_version) - int(version), tokens))
-    return out
+    return version_runs(response["rlhfless_versions"], int(ranges[-1][1]) - int(ranges[0][0]))
 
 
 def stall_error(waited_s: float, version: int, book: GroupBook, batch: int) -> RlhflessError:

@@ -27,7 +27,7 @@ may change between batches (``SplitPolicy``: an elastic split).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -229,6 +229,32 @@ class SplitPolicy(Protocol):
     """An elastic split: the rollout GPUs for the next batches, re-planned as the run goes."""
 
     def split(self, batch: int, stats: StreamStats, book: GroupBook, current: int) -> int: ...
+
+
+def version_runs(marks: Sequence[tuple[int, int]], total: int) -> list[tuple[int, int]]:
+    """(version, tokens generated under it) of a finished sample of ``total`` response tokens, from its marks: the
+    version under which it started (with 0 tokens) and, at each weight update it ran across, the new version and
+    the tokens it had then. A backend's marks may lag its tokens by a decode step; runs never exceed ``total``."""
+    out = []
+    for i, (version, upto) in enumerate(marks):
+        nxt = marks[i + 1][1] if i + 1 < len(marks) else total
+        tokens = min(int(nxt), total) - min(int(upto), total)
+        if tokens > 0:
+            out.append((int(version), tokens))
+    return out
+
+
+def batch_ages(runs: Iterable[Sequence[tuple[int, int]]], trained_version: int) -> tuple[int, int, int]:
+    """(tokens, stale tokens, largest age in weight updates) of a batch trained with weights ``trained_version``,
+    from each sample's ``version_runs``."""
+    total = stale = oldest = 0
+    for sample in runs:
+        for version, tokens in sample:
+            total += tokens
+            if trained_version - version > 0:
+                stale += tokens
+                oldest = max(oldest, trained_version - version)
+    return total, stale, oldest
 
 
 def joined_train_s(work: float, gpus: int, joining: int = 0, after_s: float = 0.0) -> float:

@@ -69,7 +69,7 @@ from rlhfless_sdk.rollout.drivers import (
     session_for,
     straggler_mode,
 )
-from rlhfless_sdk.rollout.stream import BalancedSplit, GroupBook, joined_train_s, run_stream
+from rlhfless_sdk.rollout.stream import BalancedSplit, GroupBook, batch_ages, joined_train_s, run_stream
 from rlhfless_sdk.simulation.bound import WorkBound, work_bound
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
 from rlhfless_sdk.simulation.stream import SimulatedStream
@@ -909,15 +909,9 @@ class Simulator:
                 + sum((g - stats.split[j]) * covered([t], lo, hi) for j, t in enumerate(stats.train))
                 + learners * sync
             )
-            total = stale = oldest = responses = 0
-            for c in chosen:
-                for sid in book.groups[c].samples:
-                    responses += 1
-                    for v, n in engines.tokens_by_version(sid):
-                        total += n
-                        if k - v > 0:
-                            stale += n
-                            oldest = max(oldest, k - v)
+            sids = [sid for c in chosen for sid in book.groups[c].samples]
+            responses = len(sids)
+            total, stale, oldest = batch_ages((engines.tokens_by_version(sid) for sid in sids), k)
             report = StepReport(
                 step=k,
                 scheduler=config.name,

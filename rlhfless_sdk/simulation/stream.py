@@ -16,6 +16,7 @@ import numpy as np
 
 from rlhfless_sdk.api.records import TimePerTokenProfile
 from rlhfless_sdk.planning.engine_model import DONE, QUEUED, EngineModel, EngineSamples
+from rlhfless_sdk.rollout.stream import version_runs
 
 #: queued samples an engine keeps beyond its running batch (a short queue, so the stream balances engines)
 QUEUE = 8
@@ -149,14 +150,7 @@ class SimulatedStream:
     def tokens_by_version(self, sid: int) -> list[tuple[int, int]]:
         """(version, tokens generated under it) of a finished sample (its first part counted from the weights when
         it was dispatched: an upper bound on its age)."""
-        marks = self.version_at.get(sid, [(self.version, 0)])
-        total = self.s.target[sid]
-        out = []
-        for i, (v, upto) in enumerate(marks):
-            nxt = marks[i + 1][1] if i + 1 < len(marks) else total
-            if nxt > upto:
-                out.append((v, nxt - upto))
-        return out
+        return version_runs(self.version_at.get(sid, [(self.version, 0)]), int(self.s.target[sid]))
 
     def finished(self) -> bool:
         return all(st == DONE for st in self.s.state)
