@@ -79,6 +79,11 @@ class PipelineConfig(Record):
         default=False,
         description="sync: GPUs whose engines are done score complete groups during the generation tail (simulator).",
     )
+    split_schedule: list[NonNegativeInt] | None = Field(
+        default=None,
+        description="stream, elastic: rollout GPUs pinned for each batch in turn (0: the planner's choice; the "
+        "batches after the list: the planner's); for measuring a split pattern against the planner (simulator).",
+    )
 
     @property
     def pipelined(self) -> bool:
@@ -91,6 +96,8 @@ class PipelineConfig(Record):
             raise ValueError("queue_size, partial_rollout and rollout_gpus apply to mode: async or stream only")
         if self.mode != "stream" and (self.max_age != 1 or self.elastic):
             raise ValueError("max_age and elastic apply to mode: stream only")
+        if self.split_schedule is not None and not (self.mode == "stream" and self.elastic):
+            raise ValueError("split_schedule pins an elastic split: it applies to mode: stream with elastic: true")
         if self.mode != "sync" and self.tail_prepare:
             raise ValueError("tail_prepare applies to mode: sync only (a pipeline scores on its learner's GPUs)")
         if self.mode == "stream" and (self.partial_rollout or self.queue_size != 1):

@@ -278,6 +278,13 @@ class BalancedSplit:
     shrink to the count that finishes soonest (``_drain_split``), at least what the samples still running need
     (``max_num_seqs`` each), and the rest learn.
 
+    Whole engines balance coarsely: on long reasoning the balance lies between 7 and 8 of 16 GPUs, and at 7 the
+    learner waits for some batches' last groups. So when the planner keeps the split and the learner waited for the
+    batch about to train more than ``min_gain`` of the last batch's training, one more engine is lent for that batch
+    (the next re-plan takes it back unless the learner waited again): the split alternates, a fractional balance.
+    Only where a batch trains for more than four moves' ``switch_s``, so that the lent engine's start-up and the
+    GPU's return to the learner are a small share of it (``lend``; measured in docs/results.md).
+
     The run starts with every GPU but one engine's generating (the learner has nothing to train before the first
     batch is complete: the pipeline's fill) unless the fill cannot pay (``first``), so the first re-plan is the first
     batch's."""
@@ -286,6 +293,7 @@ class BalancedSplit:
     gpus: int
     learn_s_per_token: float
     min_gain: float = 0.03
+    lend: bool = True  # lend one more engine for a batch the learner waited for (see the class docstring)
     switch_s: float = 0.0  # what a move costs: an engine's start-up, a GPU's join of the learner
     calibration: float = 1.0  # measured rate / the model's, over windows where no engine was held back
     moved_at: int = -1  # the last batch whose re-plan moved the split
@@ -413,9 +421,35 @@ class BalancedSplit:
                     # so half the way (a whole move, or a third, measured slower on long reasoning)
                     best = current - (current - best) // (2 * self.gpus_per_engine) * self.gpus_per_engine
                 choice.update(current_s=float(now_s), best_s=float(best_s))
-            choice.update(reason="balance", rate=float(rate), calibration=self.calibration)
+            waited = stats.marks[-1][0] - stats.updates[-1][1] if stats.updates else 0.0
+            last = stats.train[-1][1] - stats.train[-1][0] if stats.train else 0.0
+            if (
+                self.lend
+                and best == current
+                and last > 4 * self.switch_s
+                and waited > self.min_gain * last
+                and current + self.gpus_per_engine <= self.gpus - self.gpus_per_engine
+            ):
+                best = current + self.gpus_per_engine
+            choice.update(reason="balance", rate=float(rate), calibration=self.calibration, waited=float(waited))
         choice.update(current=int(current), chosen=int(best))
         self.choices.append(choice)
+        return best
+
+
+@dataclass
+class PinnedSplit:
+    """``base``'s split, but the rollout GPUs of batch k pinned to ``schedule[k]`` where it is given and not 0 (to
+    measure a split pattern, e.g. alternating whole engines for a fractional balance, against the planner's). The
+    base still re-plans at every batch (its calibration and re-plan record stay whole); its choice is overridden."""
+
+    base: SplitPolicy
+    schedule: Sequence[int]
+
+    def split(self, batch: int, stats: StreamStats, book: GroupBook, current: int) -> int:
+        best = self.base.split(batch, stats, book, current)
+        if batch < len(self.schedule) and self.schedule[batch] > 0:
+            return int(self.schedule[batch])
         return best
 
 

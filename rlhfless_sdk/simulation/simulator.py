@@ -69,7 +69,14 @@ from rlhfless_sdk.rollout.drivers import (
     session_for,
     straggler_mode,
 )
-from rlhfless_sdk.rollout.stream import BalancedSplit, GroupBook, batch_ages, joined_train_s, run_stream
+from rlhfless_sdk.rollout.stream import (
+    BalancedSplit,
+    GroupBook,
+    PinnedSplit,
+    batch_ages,
+    joined_train_s,
+    run_stream,
+)
 from rlhfless_sdk.simulation.bound import WorkBound, work_bound
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
 from rlhfless_sdk.simulation.stream import SimulatedStream
@@ -881,17 +888,33 @@ class Simulator:
         book = GroupBook(sizes, max(b_size, 1), pipe.max_age)
         rates = prof.learner_rates(self.run_algo)
         learner = _StreamLearner(group_tokens, rates[0] + rates[1], prof.weight_sync_s)
-        split = None
+        split: BalancedSplit | None = None
+        policy: BalancedSplit | PinnedSplit | None = None
         if pipe.elastic:
-            split = BalancedSplit(prof, g, rates[0] + rates[1], switch_s=prof.cold_start_s)
+            split = policy = BalancedSplit(prof, g, rates[0] + rates[1], switch_s=prof.cold_start_s)
             cap = workload.cap if self.max_tokens is None else min(workload.cap, self.max_tokens)
             first = sizes[: book.B]
             r = split.first(sum(first), float(np.mean(plen)) if plen else 0.0, cap)
+            if pipe.split_schedule is not None:
+                bad = [x for x in pipe.split_schedule if x and (x % gpa or not gpa <= x <= g - 1)]
+                if bad:
+                    raise RlhflessError(
+                        f"scheduler {config.name!r}: split_schedule entry {bad[0]} is not a split of {g} GPUs (a "
+                        f"multiple of {gpa} GPUs per engine, at least one GPU left to learn; 0: the planner's)"
+                    )
+                policy = PinnedSplit(split, pipe.split_schedule)
         if r is None:
             raise RlhflessError(f"scheduler {config.name!r}: a stream with a fixed split needs its rollout GPUs")
         engines = SimulatedStream(prof, samples, r // gpa)
         stats = run_stream(
-            engines, learner, book, gpus=g, rollout_gpus=r, gpus_per_engine=gpa, split=split, switch_s=prof.cold_start_s
+            engines,
+            learner,
+            book,
+            gpus=g,
+            rollout_gpus=r,
+            gpus_per_engine=gpa,
+            split=policy,
+            switch_s=prof.cold_start_s,
         )
         held = engines.held()
         busy = [a.busy for a in engines.actors]
