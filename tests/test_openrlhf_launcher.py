@@ -372,6 +372,22 @@ def test_the_stream_runs_only_in_openrlhfs_async_loop_with_partial_rollout_broad
     assert any("up to 2 weight updates stale" in line and "correction on" in line for line in said)
 
 
+def test_the_fixed_split_stream_runs_in_openrlhfs_async_loop_at_the_split_launched(monkeypatch, caplog):
+    """``rlhfless-stream-fixed`` (the stream as OpenRLHF can run it): the same async-loop settings and age bound as
+    ``rlhfless-stream``, and no elastic split to leave out."""
+    import logging
+
+    _hooked(monkeypatch, "rlhfless-stream-fixed", ["--actor.model_name_or_path", "m"])
+    with pytest.raises(SystemExit, match=r"rlhfless-stream-fixed.*streams.*--train\.async_enable"):
+        _hierarchized()
+    with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+        args = _hierarchized(**{"train.async_enable": True})
+    said = [r.getMessage() for r in caplog.records]
+    assert args.train.partial_rollout_enable is True and args.algo.advantage.is_correction_level == "token"
+    assert any("no token more than 2 weight updates old" in line for line in said)
+    assert not any("elastic" in line for line in said)
+
+
 def test_the_demo_and_fidelity_refuse_the_stream_naming_the_async_loop():
     """Steps run one after the other there: no learner trains while the engines generate."""
     from rlhfless_openrlhf.capabilities import adapter_refusal

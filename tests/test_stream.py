@@ -296,6 +296,19 @@ def test_a_fixed_stream_split_runs_at_the_split_it_is_given():
     assert max(r.max_token_age_steps for r in result.reports) <= 1
 
 
+def test_the_fixed_split_preset_runs_the_whole_stream_at_the_fastest_split_of_its_first_steps():
+    registry = get_plugin_manager().registry
+    config = registry.resolve("rlhfless-stream-fixed")
+    sim = Simulator(PROFILE, Cluster.of_gpus(4, 4), registry=registry)
+    workload = _lr_workload(3)
+    result = sim.run(config, workload)
+    tried = {t["rollout_gpus"]: t["time_s"] for t in result.split_search}
+    assert sorted(tried) == [1, 2, 3] and result.rollout_gpus == min(tried, key=tried.get)
+    assert result.stream["splits"] == [result.rollout_gpus] * len(workload.steps)
+    assert sum(r.groups_trained for r in result.reports) == sum(len(ws.batch) for ws in workload.steps)
+    assert max(r.max_token_age_steps for r in result.reports) <= 2
+
+
 def test_simulate_prints_and_returns_the_stream_split():
     args = ["simulate", "--prompts", "32", "--samples", "4", "--steps", "3", "--gpus", "4", "--gpus-per-node", "4"]
     args += ["--scheduler", "openrlhf-async", "--scheduler", "rlhfless-stream"]
