@@ -76,9 +76,11 @@ def test_every_group_trains_once_in_batches_of_b_and_no_token_is_older_than_the_
     check_stream([n] * groups, lengths, batch_groups, max_age, gpus, rollout, elastic, slots)
 
 
-def check_stream(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, slots):
+def check_stream(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, slots, schedule=None):
     profile = small_profile(slots, kv=slots * 300)
-    book, engines, stats, _ = stream_run(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, profile)
+    book, engines, stats, _ = stream_run(
+        sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, profile, schedule
+    )
     trained = [g for batch in stats.batches for g in batch]
     assert sorted(trained) == list(range(len(sizes)))  # every group exactly once
     for k, batch in enumerate(stats.batches):
@@ -98,6 +100,8 @@ def check_stream(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, 
         assert start >= end - 1e-9  # one learner: a batch trains after the update before it
     if not elastic:
         assert stats.split == [rollout] * len(stats.batches)
+    for k, pinned in enumerate((schedule or [])[: len(stats.split)]):
+        assert pinned == 0 or stats.split[k] == pinned
 
 
 @pytest.mark.parametrize(
@@ -230,18 +234,7 @@ def test_a_pinned_split_schedule_is_followed_and_still_trains_every_group_once(
     their samples without losing or duplicating a token, and every group still trains once within the age bound."""
     lengths = data.draw(st.lists(st.integers(0, 400), min_size=groups * n, max_size=groups * n))
     schedule = data.draw(st.lists(st.integers(0, gpus - 1), max_size=groups + 1))
-    profile = small_profile(slots, kv=slots * 300)
-    sizes = [n] * groups
-    book, engines, stats, _ = stream_run(sizes, lengths, batch_groups, max_age, gpus, 1, True, profile, schedule)
-    assert sorted(g for batch in stats.batches for g in batch) == list(range(groups))
-    for k, batch in enumerate(stats.batches):
-        if k < len(schedule) and schedule[k]:
-            assert stats.split[k] == schedule[k]
-        for g in batch:
-            for sid in book.groups[g].samples:
-                by_version = engines.tokens_by_version(sid)
-                assert sum(t for _, t in by_version) == lengths[sid]
-                assert all(0 <= k - v <= max_age for v, t in by_version if t)
+    check_stream([n] * groups, lengths, batch_groups, max_age, gpus, 1, True, slots, schedule)
 
 
 def test_split_schedule_applies_to_an_elastic_stream_and_names_a_bad_entry():
