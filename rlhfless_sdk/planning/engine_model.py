@@ -104,6 +104,7 @@ class EngineModel:
     preemptions: int = 0
     blocked: bool = False  # after a preemption, admit nothing until a running sequence finishes
     cached_prompts: set[int] = field(default_factory=set)  # prompts prefilled here this step (prefix caching)
+    slots: int = 0  # at most this many running (a client holding samples back, ``KvSlots``); 0: max_num_seqs
 
     def __post_init__(self) -> None:
         self.t = self.start
@@ -118,7 +119,8 @@ class EngineModel:
         if self.blocked and self.B > 0:
             return
         self.blocked = False
-        while self.waiting and p.max_num_seqs > self.B:
+        cap = min(self.slots, p.max_num_seqs) if self.slots > 0 else p.max_num_seqs
+        while self.waiting and cap > self.B:
             sid = self.waiting[0]
             if s.ready_at[sid] > self.t:
                 if self.B == 0 and admitted == 0:
@@ -277,18 +279,26 @@ class EngineModel:
             self.blocked = False
 
 
+def steady_context(prompt: np.ndarray, response: np.ndarray) -> float:
+    """KV tokens a running sample holds on average in a stream of samples like ``prompt[i]`` + ``response[i]``: one
+    is caught at a length-weighted point of its life, so ``p + E[L^2] / (2 E[L])``. 0 without a positive length."""
+    p = np.asarray(prompt, dtype=np.float64)
+    length = np.asarray(response, dtype=np.float64)
+    mean = float(length.mean()) if length.size else 0.0
+    if mean <= 0:
+        return 0.0
+    return float(p.mean()) + float((length**2).mean()) / (2.0 * mean)
+
+
 def steady_step(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.ndarray) -> tuple[float, float]:
     """(samples running, seconds a decode step takes) on one engine of ``profile`` never short of work (a stream:
     no tail), for samples like ``prompt[i]`` + ``response[i]``. A running sample is caught at a length-weighted
     point of its life, so the KV it holds is ``p + E[L^2] / (2 E[L])`` on average; the engine runs as many as its KV
     and ``max_num_seqs`` allow, each decode step costing what the engine model says for that batch and context.
     (0, 0) without a positive length."""
-    p = np.asarray(prompt, dtype=np.float64)
-    length = np.asarray(response, dtype=np.float64)
-    mean = float(length.mean()) if length.size else 0.0
-    if mean <= 0:
+    ctx = steady_context(prompt, response)
+    if ctx <= 0:
         return 0.0, 0.0
-    ctx = float(p.mean()) + float((length**2).mean()) / (2.0 * mean)
     running = max(min(float(profile.max_num_seqs), profile.kv_capacity_tokens / max(ctx, 1.0)), 1.0)
     c, s = profile.decode_per_ctx_token_s, profile.decode_per_seq_s
     if profile.decode_overlap:

@@ -27,6 +27,7 @@ may change between batches (``SplitPolicy``: an elastic split).
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -35,7 +36,7 @@ import numpy as np
 
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.records import TimePerTokenProfile
-from rlhfless_sdk.planning.engine_model import drain_s, remaining_draw, steady_rate, steady_step
+from rlhfless_sdk.planning.engine_model import drain_s, remaining_draw, steady_context, steady_rate, steady_step
 
 
 @dataclass
@@ -73,6 +74,7 @@ class StreamStats:
     # run's start and when each batch starts training
     oversized: int = 0  # batches that had to take more than B groups (to keep the age bound)
     gated_s: float = 0.0  # seconds an engine wanted work the admission rule held back (summed over checks)
+    slots: list[int] = field(default_factory=list)  # samples an engine ran at most (``KvSlots``) as each batch formed
 
 
 class GroupBook:
@@ -179,8 +181,9 @@ class StreamEngines(Protocol):
 
     def now(self) -> float: ...
 
-    def wants(self) -> dict[int, int]:
-        """How many more samples each engine would take now (free slots, a short queue)."""
+    def wants(self, slots: int | None = None) -> dict[int, int]:
+        """How many more samples each engine would take now (free slots, a short queue), with at most ``slots``
+        samples running or queued on one engine (None: as many as the engine runs at once, ``max_num_seqs``)."""
         ...
 
     def start(self, samples: Sequence[int], engines: Sequence[int]) -> None: ...
@@ -266,6 +269,62 @@ def joined_train_s(work: float, gpus: int, joining: int = 0, after_s: float = 0.
 
 
 @dataclass
+class KvSlots:
+    """How many samples each engine runs at once: ``max_num_seqs``, or fewer where the KV cache binds.
+
+    vLLM admits a sample when the KV cache holds its tokens so far, not the tokens it will grow to; with long
+    responses the running samples then outgrow the cache, and vLLM preempts the newest and recomputes it later (a
+    prefill of its prompt and every token it had) while admitting nothing until a sample finishes. So a stream keeps
+    at most ``fill`` x the samples the KV cache holds in steady state (``kv_capacity_tokens`` over the KV a running
+    sample holds on average, ``steady_context`` of the lengths finished so far) on an engine, and never more than
+    ``max_num_seqs``; until ``first`` samples have finished (nothing is known of the lengths), ``max_num_seqs``. The
+    window is the last ``window`` finished samples, re-read every ``every`` (lengths drift during a run).
+
+    ``fill`` 0.9: one engine of the L40S profile fed without pause (the engine model) on the long-reasoning lengths
+    at 1x and 5x their median is fastest near 0.9 of the KV's steady concurrency, and 7-13% faster there than at
+    vLLM's 256 (docs/results.md, "Holding back what the KV cache cannot hold")."""
+
+    profile: TimePerTokenProfile
+    fill: float = 0.9
+    first: int = 200
+    every: int = 200
+    window: int = 2000
+    current: int = 0  # the slots now (0: not read yet, ``max_num_seqs``)
+    seen: int = 0  # samples finished so far
+    _read_at: int = 0
+    _prompt: deque[float] = field(default_factory=deque)
+    _response: deque[float] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.fill <= 1.0:
+            raise RlhflessError(f"kv_slots fill must be in (0, 1]; got {self.fill}")
+        self.current = self.profile.max_num_seqs
+
+    def observe(self, prompt: Sequence[float], response: Sequence[float]) -> None:
+        """Finished samples' prompt and response tokens."""
+        for p, r in zip(prompt, response, strict=True):
+            self._prompt.append(float(p))
+            self._response.append(float(r))
+            if len(self._prompt) > self.window:
+                self._prompt.popleft()
+                self._response.popleft()
+        self.seen += len(prompt)
+        if self.seen >= self.first and self.seen - self._read_at >= self.every:
+            self._read_at = self.seen
+            self.current = self.slots_for(np.fromiter(self._prompt, float), np.fromiter(self._response, float))
+
+    def slots_for(self, prompt: np.ndarray, response: np.ndarray) -> int:
+        """The slots for samples like these: ``fill`` x the KV's steady concurrency, at most ``max_num_seqs``."""
+        ctx = steady_context(prompt, response)
+        if ctx <= 0:
+            return self.profile.max_num_seqs
+        return max(1, min(self.profile.max_num_seqs, int(self.fill * self.profile.kv_capacity_tokens / ctx)))
+
+    def slots(self) -> int:
+        return self.current
+
+
+@dataclass
 class BalancedSplit:
     """Re-plans the split when a batch starts training, so that generating a batch takes as long as training it.
 
@@ -298,6 +357,7 @@ class BalancedSplit:
     calibration: float = 1.0  # measured rate / the model's, over windows where no engine was held back
     moved_at: int = -1  # the last batch whose re-plan moved the split
     fill_bound_s: float | None = None  # the first batch's time at the fill, every sample at the cap (``first``)
+    slots: KvSlots | None = None  # the engines' slots, when the stream holds samples back (``KvSlots``)
     choices: list[dict] = field(default_factory=list)  # each re-plan: what it read and chose
 
     @property
@@ -405,7 +465,10 @@ class BalancedSplit:
                 best = self._drain_split(batch, stats, trained, best, current, choice)
             choice.update(reason="drain", unfinished=int(left), learn_s=float(learn_s))
         else:
-            model = steady_rate(self.profile, prompt, response)
+            prof = self.profile
+            if self.slots is not None:  # the engines run what the KV holds, held back to the slots
+                prof = prof.model_copy(update={"max_num_seqs": self.slots.slots_for(prompt, response)})
+            model = steady_rate(prof, prompt, response)
             self.calibrate(batch, stats, current, model)
             rate = model * self.calibration
             tokens = float(np.mean(response)) * sum(len(book.groups[g].samples) for g in stats.batches[-1])
@@ -464,11 +527,13 @@ def run_stream(
     check_s: float = 1.0,
     split: SplitPolicy | None = None,
     switch_s: float = 0.0,
+    slots: KvSlots | None = None,
 ) -> StreamStats:
     """Run the whole stream; returns when the last batch's update is done. ``gpus``: the fleet; ``rollout_gpus``:
     those that generate (the rest learn), changed when a batch starts training by ``split`` when given: a GPU
     taken from the learner is an engine that starts at once (the engines' start-up is theirs to model); a GPU taken
-    from the engines stops generating at once and joins the learner ``switch_s`` later (its learner states loaded)."""
+    from the engines stops generating at once and joins the learner ``switch_s`` later (its learner states loaded).
+    ``slots``: how many samples an engine runs at once, from the lengths finished so far (default: ``max_num_seqs``)."""
     if not gpus_per_engine <= rollout_gpus <= gpus - 1:
         raise RlhflessError(f"rollout_gpus={rollout_gpus} must leave one of the {gpus} GPUs to learn and run an engine")
     stats = StreamStats()
@@ -481,7 +546,7 @@ def run_stream(
     changed = True  # a group completed (or the learner freed) since the last try at forming a batch
     while book.untrained or training is not None:
         now = engines.now()
-        for e, n in sorted(engines.wants().items()):
+        for e, n in sorted(engines.wants(slots.slots() if slots is not None else None).items()):
             got = book.take(n, version) if n > 0 else []
             if got:
                 engines.start(got, [e] * len(got))
@@ -498,6 +563,8 @@ def run_stream(
                 stats.lengths.append(engines.lengths([sid for g in chosen for sid in book.groups[g].samples]))
                 stats.running = engines.running_lengths()
                 stats.batches.append(chosen)
+                if slots is not None:
+                    stats.slots.append(slots.slots())
                 stats.marks.append((now, engines.generated_tokens(), stats.gated_s))
                 joining = 0
                 if split is not None:
@@ -520,9 +587,12 @@ def run_stream(
             t = min(t, training[2])
         elif learner_free > now:
             t = min(t, learner_free)
-        for sid in engines.advance(t):
+        finished = engines.advance(t)
+        for sid in finished:
             book.finish(sid, engines.now())
             changed = True
+        if slots is not None and finished:
+            slots.observe(*engines.lengths(finished))
         if training is None and engines.now() >= learner_free > now:
             changed = True
         if training is not None and engines.now() >= training[2]:

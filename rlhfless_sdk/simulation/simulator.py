@@ -72,6 +72,7 @@ from rlhfless_sdk.rollout.drivers import (
 from rlhfless_sdk.rollout.stream import (
     BalancedSplit,
     GroupBook,
+    KvSlots,
     PinnedSplit,
     batch_ages,
     joined_train_s,
@@ -890,8 +891,9 @@ class Simulator:
         learner = _StreamLearner(group_tokens, rates[0] + rates[1], prof.weight_sync_s)
         split: BalancedSplit | None = None
         policy: BalancedSplit | PinnedSplit | None = None
+        slots = KvSlots(prof, pipe.kv_slots) if pipe.kv_slots is not None else None
         if pipe.elastic:
-            split = policy = BalancedSplit(prof, g, rates[0] + rates[1], switch_s=prof.cold_start_s)
+            split = policy = BalancedSplit(prof, g, rates[0] + rates[1], switch_s=prof.cold_start_s, slots=slots)
             cap = workload.cap if self.max_tokens is None else min(workload.cap, self.max_tokens)
             first = sizes[: book.B]
             r = split.first(sum(first), float(np.mean(plen)) if plen else 0.0, cap)
@@ -915,6 +917,7 @@ class Simulator:
             gpus_per_engine=gpa,
             split=policy,
             switch_s=prof.cold_start_s,
+            slots=slots,
         )
         held = engines.held()
         busy = [a.busy for a in engines.actors]
@@ -969,6 +972,8 @@ class Simulator:
             "resizes": engines.resizes,
             "moved_samples": engines.moved,
             "replans": split.choices if split is not None else [],
+            "slots": stats.slots,  # samples an engine ran at most as each batch formed (empty: max_num_seqs)
+            "preemptions": sum(a.preemptions for a in engines.actors) + engines.preemptions,
             # the first split, and the first batch's time at the fill with every sample at the cap (what chose it)
             "first_split": r,
             "fill_bound_s": split.fill_bound_s if split is not None else None,

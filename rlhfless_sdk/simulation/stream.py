@@ -38,20 +38,22 @@ class SimulatedStream:
         self.moved = 0  # samples moved off a stopped engine
         self.stopped_tokens = 0  # tokens generated on engines an elastic split stopped
         self.busy = 0.0  # busy seconds of stopped engines
+        self.preemptions = 0  # preemptions on stopped engines
         self.resize(engines, 0.0)
 
     # -- StreamEngines -----------------------------------------------------------------------------------------
     def now(self) -> float:
         return self.t
 
-    def wants(self) -> dict[int, int]:
-        p = self.profile
+    def wants(self, slots: int | None = None) -> dict[int, int]:
+        cap = self.profile.max_num_seqs if slots is None else max(1, min(slots, self.profile.max_num_seqs))
         out = {}
         for a in self.actors:
+            a.slots = 0 if slots is None else cap  # samples moved here by a split wait their turn too
             if a.B == 0 and not a.waiting:
-                out[a.aid] = p.max_num_seqs
+                out[a.aid] = cap
             else:
-                out[a.aid] = max(0, min(p.max_num_seqs - a.B - len(a.waiting), QUEUE - len(a.waiting)))
+                out[a.aid] = max(0, min(cap - a.B - len(a.waiting), QUEUE - len(a.waiting)))
         return out
 
     def _actor(self, aid: int) -> EngineModel:
@@ -116,6 +118,7 @@ class SimulatedStream:
             self.spans[actor.aid][1] = at
             self.stopped_tokens += actor.generated
             self.busy += actor.busy
+            self.preemptions += actor.preemptions
         self.moved += len(orphans)
         for i, sid in enumerate(orphans):  # first in the queues of the engines that stay, round robin
             dest = self.actors[i % len(self.actors)]
