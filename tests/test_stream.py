@@ -245,6 +245,13 @@ def test_config_names_the_stream_fields_of_each_mode():
         PipelineConfig(mode="async", elastic=True)
     with pytest.raises(ValueError, match="queue_size and partial_rollout are async's"):
         PipelineConfig(mode="stream", partial_rollout=True)
+    assert PipelineConfig(mode="stream", kv_slots=0.9).kv_slots == 0.9
+    for mode in ("sync", "async"):
+        with pytest.raises(ValueError, match=r"kv_slots .* applies to mode: stream only"):
+            PipelineConfig(mode=mode, kv_slots=0.9)
+    for bad in (0.0, 1.2):
+        with pytest.raises(ValueError, match="kv_slots"):
+            PipelineConfig(mode="stream", kv_slots=bad)
 
 
 @settings(deadline=None, max_examples=60)
@@ -347,6 +354,25 @@ def test_kv_slots_cut_preemptions_on_a_kv_bound_stream_and_every_token_is_genera
     assert min(out[0.9]["slots"]) < PROFILE.max_num_seqs  # the KV binds on these lengths
     assert out[None]["slots"] == []
     assert out[0.9]["preemptions"] < out[None]["preemptions"]
+
+
+def test_the_kv_slots_example_prints_each_fill_against_vllms_own_admission():
+    """``examples/kv_slots_engine.py`` (what chose ``fill``) runs and prints a row per slots setting; held to the KV
+    slots the engine preempts less than at ``max_num_seqs`` (which is faster is the script's to print)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "kv_slots_engine.py"
+    out = subprocess.run([sys.executable, str(script), "--steps", "1"], capture_output=True, text=True, check=True)
+    rows = [line.split() for line in out.stdout.splitlines()[1:]]
+    assert len(rows) == 8
+    for scale in ("1x", "5x"):
+        mine = [r for r in rows if r[0] == scale]
+        assert [r[1] for r in mine] == ["max_num_seqs", "fill", "fill", "fill"]
+        preempted = [int(r[-1].replace(",", "")) for r in mine]
+        assert int(mine[0][2]) == PROFILE.max_num_seqs and all(int(r[3]) < PROFILE.max_num_seqs for r in mine[1:])
+        assert min(preempted[1:3]) < preempted[0]
 
 
 def test_split_schedule_applies_to_an_elastic_stream_and_names_a_bad_entry():
