@@ -13,6 +13,7 @@ full KV cache or running ``max_num_seqs``, nothing recomputed).
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import numpy as np
 
@@ -25,9 +26,9 @@ from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 def samples(scale: float, steps: int) -> tuple[list[int], list[int]]:
     prompt: list[int] = []
     length: list[int] = []
+    shape = SyntheticWorkload(512, 8, median_length=1500, sample_sigma=0.5, max_length=8192, runaway=0.03)
     for step in range(steps):
-        shape = SyntheticWorkload(512, 8, median_length=1500, sample_sigma=0.5, max_length=8192, runaway=0.03)
-        batch, lengths = SyntheticWorkload(**{**vars(shape), "step": step, "scale": scale}).batch()
+        batch, lengths = replace(shape, step=step, scale=scale).batch()
         prompt += np.repeat(batch.prompt_lengths, 8).tolist()
         length += lengths.tolist()
     order = np.random.default_rng(1).permutation(len(length))

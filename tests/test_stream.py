@@ -83,7 +83,7 @@ def stream_run(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, pr
     return book, engines, stats, split
 
 
-@settings(deadline=None)
+@settings(deadline=None, max_examples=180)
 @given(
     data=st.data(),
     groups=st.integers(1, 40),
@@ -93,13 +93,16 @@ def stream_run(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, pr
     gpus=st.integers(2, 6),
     elastic=st.booleans(),
     slots=st.integers(2, 16),
+    kv_fill=st.none() | st.floats(0.05, 1.0),
 )
 def test_every_group_trains_once_in_batches_of_b_and_no_token_is_older_than_the_bound(
-    data, groups, n, batch_groups, max_age, gpus, elastic, slots
+    data, groups, n, batch_groups, max_age, gpus, elastic, slots, kv_fill
 ):
+    """Also with engines held to their ``KvSlots`` (``kv_fill``): the feed never gives an engine more samples than
+    the slots in force (``CheckedStream``)."""
     lengths = data.draw(st.lists(st.integers(0, 400), min_size=groups * n, max_size=groups * n))
     rollout = data.draw(st.integers(1, gpus - 1))
-    check_stream([n] * groups, lengths, batch_groups, max_age, gpus, rollout, elastic, slots)
+    check_stream([n] * groups, lengths, batch_groups, max_age, gpus, rollout, elastic, slots, kv_fill=kv_fill)
 
 
 def check_stream(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, slots, schedule=None, kv_fill=None):
@@ -272,28 +275,6 @@ def test_a_pinned_split_schedule_is_followed_and_still_trains_every_group_once(
     lengths = data.draw(st.lists(st.integers(0, 400), min_size=groups * n, max_size=groups * n))
     schedule = data.draw(st.lists(st.integers(0, gpus - 1), max_size=groups + 1))
     check_stream([n] * groups, lengths, batch_groups, max_age, gpus, 1, True, slots, schedule)
-
-
-@settings(deadline=None, max_examples=80)
-@given(
-    data=st.data(),
-    groups=st.integers(1, 30),
-    n=st.integers(1, 4),
-    batch_groups=st.integers(1, 6),
-    max_age=st.integers(0, 3),
-    gpus=st.integers(2, 6),
-    elastic=st.booleans(),
-    slots=st.integers(2, 16),
-    kv_fill=st.floats(0.05, 1.0),
-)
-def test_engines_held_to_their_kv_slots_still_train_every_group_once(
-    data, groups, n, batch_groups, max_age, gpus, elastic, slots, kv_fill
-):
-    """With ``KvSlots`` the feed never gives an engine more samples than the slots in force (``CheckedStream``),
-    and every group still trains once within the age bound, no token lost or doubled (``check_stream``)."""
-    lengths = data.draw(st.lists(st.integers(0, 400), min_size=groups * n, max_size=groups * n))
-    rollout = data.draw(st.integers(1, gpus - 1))
-    check_stream([n] * groups, lengths, batch_groups, max_age, gpus, rollout, elastic, slots, kv_fill=kv_fill)
 
 
 @settings(deadline=None)

@@ -293,22 +293,21 @@ class KvSlots:
     current: int = 0  # the slots now (0: not read yet, ``max_num_seqs``)
     seen: int = 0  # samples finished so far
     _read_at: int = 0
-    _prompt: deque[float] = field(default_factory=deque)
-    _response: deque[float] = field(default_factory=deque)
+    _prompt: deque[float] = field(init=False)
+    _response: deque[float] = field(init=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.fill <= 1.0:
             raise RlhflessError(f"kv_slots fill must be in (0, 1]; got {self.fill}")
         self.current = self.profile.max_num_seqs
+        self._prompt, self._response = deque(maxlen=self.window), deque(maxlen=self.window)
 
     def observe(self, prompt: Sequence[float], response: Sequence[float]) -> None:
         """Finished samples' prompt and response tokens."""
-        for p, r in zip(prompt, response, strict=True):
-            self._prompt.append(float(p))
-            self._response.append(float(r))
-            if len(self._prompt) > self.window:
-                self._prompt.popleft()
-                self._response.popleft()
+        if len(prompt) != len(response):
+            raise RlhflessError(f"kv_slots: {len(prompt)} prompt lengths for {len(response)} responses")
+        self._prompt.extend(float(p) for p in prompt)
+        self._response.extend(float(r) for r in response)
         self.seen += len(prompt)
         if self.seen >= self.first and self.seen - self._read_at >= self.every:
             self._read_at = self.seen
