@@ -44,6 +44,11 @@ def run(*args: str):
         (["bench", "simulate", "--steps", "0"], "'--steps': 0 is not in the range x>=1"),
         (["demo", "--epochs", "0"], "'--epochs': 0 is not in the range x>=1"),
         (["demo", "--max-new-tokens", "-5"], "'--max-new-tokens': -5 is not in the range x>=1"),
+        (["simulate", "--tensor-parallel", "16"], "--tensor-parallel: tensor parallel 16: expected 2..8 GPUs"),
+        (
+            ["simulate", "--profile", "qwen2.5-7b-h100", "--tensor-parallel", "2"],
+            "profile 'qwen2.5-7b-h100' has no tensor_parallel block",
+        ),
     ],
 )
 def test_bad_arguments_are_refused_before_any_work(args, message):
@@ -70,6 +75,17 @@ def test_the_demo_checks_its_prompts_and_schedulers_before_loading_anything(tmp_
     assert res.exit_code == 2 and "--train.async_enable" in res.output
     res = run("fidelity")
     assert res.exit_code == 2 and "Missing option '--lengths-from'" in res.output
+
+
+def test_tensor_parallel_engines_are_simulated_against_the_one_gpu_work_bound():
+    """``--tensor-parallel 2``: every engine is the profile sharded over 2 GPUs (8 of them on 16 GPUs); the work
+    bound stays the one-GPU engines' (sharding only adds GPU work), so it is the same figure as a one-GPU run's."""
+    args = ["simulate", "--prompts", "32", "--samples", "4", "--steps", "2", "--no-frontier", "--json"]
+    one, two = (json.loads(run(*args, "--tensor-parallel", k).output) for k in ("1", "2"))
+    assert one["profile"] == "qwen2.5-7b-l40s" and two["profile"] == "qwen2.5-7b-l40s-tp2"
+    for a, b in zip(one["schedulers"], two["schedulers"], strict=True):
+        assert a["bound_s"] == b["bound_s"] and b["total_time_s"] >= b["bound_s"]
+    assert [r["num_actors"] for r in two["schedulers"][0]["steps"]] == [8, 8]
 
 
 def test_json_output_is_strict_json():

@@ -93,19 +93,27 @@ def test_the_report_carries_the_check_models_estimate_and_its_error(registry):
     k=st.integers(0, 300),
     overhead=st.floats(0.0, 0.002),
     per_seq=st.floats(0.0, 2e-4),
+    comm=st.sampled_from([0.0, 4e-5]),
 )
-def test_overlapped_decode_steps_sum_the_roofline_of_each_step(batch, ctx, k, overhead, per_seq):
-    """k steps in one jump cost what the steps one by one cost: overhead + max(weights + KV read, compute)."""
+def test_overlapped_decode_steps_sum_the_roofline_of_each_step(batch, ctx, k, overhead, per_seq, comm):
+    """k steps in one jump cost what the steps one by one cost: overhead + all-reduces + max(weights + KV read,
+    compute)."""
     from rlhfless_sdk.planning.engine_model import EngineModel
 
     prof = PROFILE.model_copy(
-        update={"decode_overlap": True, "decode_overhead_s": overhead, "decode_per_seq_s": per_seq}
+        update={
+            "decode_overlap": True,
+            "decode_overhead_s": overhead,
+            "decode_per_seq_s": per_seq,
+            "decode_per_seq_comm_s": comm,
+        }
     )
     e = EngineModel(0, prof, "", 0.0)
     e.B, e.ctx = batch, ctx
     w = prof.decode_base_s - overhead
     one_by_one = sum(
-        overhead + max(w + prof.decode_per_ctx_token_s * (ctx + batch * j), per_seq * batch) for j in range(k)
+        overhead + comm * batch + max(w + prof.decode_per_ctx_token_s * (ctx + batch * j), per_seq * batch)
+        for j in range(k)
     )
     assert e._overlapped(k) == pytest.approx(one_by_one, rel=1e-9, abs=1e-12)
     room = one_by_one * 0.6
@@ -146,3 +154,53 @@ def test_zero_predictions_and_zero_lengths_give_finite_estimates(true_scale):
     assert np.isfinite(est.time_s) and est.time_s < 1e4
     left = spread.remaining(np.zeros(5), np.arange(5.0))
     assert np.isfinite(left).all() and (left >= 1).all()
+
+
+def _step_s(prof, batch: int, ctx: int) -> float:
+    """One decode step of ``batch`` sequences holding ``ctx`` KV tokens on an engine of ``prof`` (overlapped)."""
+    o = prof.decode_overhead_s + prof.decode_per_seq_comm_s * batch
+    return o + max(
+        prof.decode_base_s - prof.decode_overhead_s + prof.decode_per_ctx_token_s * ctx, prof.decode_per_seq_s * batch
+    )
+
+
+@given(k=st.integers(2, 8), batch=st.integers(1, 512), ctx=st.integers(0, 2_000_000), new=st.integers(1, 100_000))
+def test_a_sharded_engine_is_faster_per_step_but_never_cheaper_in_gpu_seconds(k, batch, ctx, new):
+    """Tensor parallel over k GPUs: a decode step of few sequences takes less time (the lever on a generation
+    tail), but no step and no prefill takes fewer GPU-seconds than on one GPU, so the work bound (one-GPU engines)
+    stays a bound for every engine shape; the KV cache holds at least min(k, KV heads) times as many tokens."""
+    tp = PROFILE.sharded(k)
+    assert tp.gpus_per_actor == k and tp.name == f"{PROFILE.name}-tp{k}" and tp.tensor_parallel is None
+    assert k * _step_s(tp, batch, ctx) >= _step_s(PROFILE, batch, ctx) * (1 - 1e-12)
+    assert k * (tp.prefill_per_new_token_s * new) >= PROFILE.prefill_per_new_token_s * new * (1 - 1e-12)
+    assert tp.kv_capacity_tokens >= PROFILE.kv_capacity_tokens * min(k, PROFILE.tensor_parallel.kv_heads)
+    assert tp.colocated_kv_capacity_tokens >= PROFILE.colocated_kv_capacity_tokens * min(k, 4)
+    if batch <= 64 and ctx <= 64 * 8192:
+        assert _step_s(tp, batch, ctx) < _step_s(PROFILE, batch, ctx)
+
+
+def test_sharding_is_refused_with_what_is_missing():
+    assert PROFILE.sharded(1) is PROFILE
+    with pytest.raises(ValueError, match="no tensor_parallel block"):
+        load_profile("qwen2.5-7b-h100").sharded(2)
+    with pytest.raises(ValueError, match=r"expected 2\.\.8 GPUs"):
+        PROFILE.sharded(16)
+    with pytest.raises(ValueError, match="already 2 GPUs"):
+        PROFILE.sharded(2).model_copy(update={"tensor_parallel": PROFILE.tensor_parallel}).sharded(2)
+
+
+def test_the_tensor_parallel_tail_example_prints_every_engine_shape():
+    """``examples/tensor_parallel_tail.py`` (the measurement behind docs/results.md's sharding section) runs: a row
+    per engine shape, the one-GPU fleet first at 1.000x, every sample finished with all its tokens (the script
+    checks that before it prints a time)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "tensor_parallel_tail.py"
+    out = subprocess.run([sys.executable, str(script), "--steps", "1"], capture_output=True, text=True, check=True)
+    lines = out.stdout.splitlines()
+    rows = [line.rsplit(None, 3) for line in lines[2:]]
+    assert len(rows) == 11 and rows[0][0].startswith("16 one-GPU engines") and rows[0][2:] == ["1.000", "1.000"]
+    assert sum(r[0].startswith("one-GPU, then TP") for r in rows) == 6
+    assert all(float(r[1]) > 0 for r in rows)

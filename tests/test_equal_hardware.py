@@ -65,15 +65,24 @@ def _check_steps(res, gpus: int, burst: bool) -> None:
     steps=st.integers(1, 4),
     runaway=st.sampled_from([0.0, 0.1]),
     memory=st.sampled_from(["colocated", "dedicated"]),
+    tp=st.sampled_from([1, 2]),
 )
 def test_every_step_bills_within_its_hardware_and_no_run_beats_the_work_bound(
-    registry_with, name, prompts, n, seed, steps, runaway, memory
+    registry_with, name, prompts, n, seed, steps, runaway, memory, tp
 ):
+    """... on one-GPU engines or tensor-parallel ones (``tp``): the bound is on one-GPU engines either way."""
     registry = registry_with()
     prof = load_profile("qwen2.5-7b-l40s").model_copy(update={"colocated_kv_capacity_tokens": 3000})
     gpus = 4
-    sim = Simulator(prof, Cluster.uniform(1, gpus), registry=registry, memory=memory, split_probe_steps=2)
-    config = equal_peak(registry.resolve(name), gpus)
+    sim = Simulator(
+        prof.sharded(tp),
+        Cluster.uniform(1, gpus),
+        registry=registry,
+        memory=memory,
+        split_probe_steps=2,
+        bound_profile=prof,
+    )
+    config = equal_peak(registry.resolve(name), gpus // tp)  # the fleet's engines
     work = _workload(prompts, n, seed, steps, runaway)
     res = sim.run(config, work)
     _check_steps(res, gpus, burst=False)

@@ -96,6 +96,15 @@ def each(strategy, *fields: str) -> dict:
     return dict.fromkeys(fields, strategy)
 
 
+tensor_parallel = st.builds(
+    rec.TensorParallel,
+    **each(pos, "layers", "hidden_size", "kv_heads", "max_gpus"),
+    weights_gb=st.floats(0.01, 1e4),
+    memory_efficiency=st.floats(0.01, 1.0),
+    **each(st.floats(0, 1e-3), "allreduce_s", "allreduce_hop_s"),
+    allreduce_gbps=st.floats(0.1, 1e4),
+)
+
 profiles = st.builds(
     rec.TimePerTokenProfile,
     **each(names, "name", "model", "hardware"),
@@ -108,6 +117,7 @@ profiles = st.builds(
     **each(st.floats(0.01, 1e4), "intra_node_gbps", "inter_node_gbps"),
     **each(fin, "price_per_gpu_second", "prepare_gpu_s_per_token", "learn_gpu_s_per_token", "weight_sync_s"),
     derivation=st.text(max_size=40),
+    tensor_parallel=st.none() | tensor_parallel,
 )
 
 STRATEGIES = {
@@ -130,6 +140,7 @@ STRATEGIES = {
     rec.Actor: actors,
     rec.ActorPlacement: placements(),
     rec.TimePerTokenProfile: profiles,
+    rec.TensorParallel: tensor_parallel,
     rec.PrefillGroup: st.builds(
         rec.PrefillGroup, prefix_tokens=nat, prompt_indices=st.lists(nat, min_size=1, max_size=5)
     ),

@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     NonNegativeFloat,
     NonNegativeInt,
+    PositiveFloat,
     PositiveInt,
     ValidationInfo,
     field_validator,
@@ -172,6 +173,23 @@ class ActorPlacement(Record):
 ALGOS = ("ppo", "grpo")
 
 
+class TensorParallel(Record):
+    """What a profile of one GPU needs to derive the same model's engine sharded over k GPUs of one node
+    (``TimePerTokenProfile.sharded``): the model's shape and the node's all-reduce."""
+
+    layers: PositiveInt
+    hidden_size: PositiveInt
+    kv_heads: PositiveInt = Field(description="KV heads: beyond this many GPUs the KV cache is replicated, not split.")
+    weights_gb: PositiveFloat = Field(description="Weights in GB (they shard k ways).")
+    max_gpus: PositiveInt = Field(default=8, description="GPUs one node holds: the most one engine may shard over.")
+    memory_efficiency: float = Field(
+        default=0.85, gt=0, le=1, description="Share of one GPU's decode memory bandwidth each shard still reaches."
+    )
+    allreduce_s: NonNegativeFloat = Field(description="Latency of one all-reduce of a decode step's hidden states.")
+    allreduce_hop_s: NonNegativeFloat = Field(default=0.0, description="Extra latency per ring hop (2(k-1) hops).")
+    allreduce_gbps: PositiveFloat = Field(description="All-reduce bus bandwidth between the node's GPUs, GB/s.")
+
+
 class TimePerTokenProfile(Record):
     """How long a model takes on one actor's hardware; the cost model's input.
 
@@ -195,6 +213,11 @@ class TimePerTokenProfile(Record):
     )
     decode_overhead_s: NonNegativeFloat = Field(
         default=0.0, description="With decode_overlap: the part of decode_base_s that overlaps nothing (launches)."
+    )
+    decode_per_seq_comm_s: NonNegativeFloat = Field(
+        default=0.0,
+        description="Extra cost per running sequence in a step that overlaps nothing: a tensor-parallel engine's "
+        "all-reduces of the hidden states (0 on one GPU).",
     )
     prefill_base_s: NonNegativeFloat = 0.0
     prefill_per_new_token_s: NonNegativeFloat
@@ -227,6 +250,9 @@ class TimePerTokenProfile(Record):
         default=None, description="GRPO / REINFORCE-style update (actor only, no critic); default: half of PPO's."
     )
     weight_sync_s: NonNegativeFloat = Field(default=0.0, description="Broadcast of new weights to rollout actors.")
+    tensor_parallel: TensorParallel | None = Field(
+        default=None, description="How this one-GPU engine shards over k GPUs (``sharded``); None: not known."
+    )
     derivation: str = Field(default="", description="How the numbers were obtained (sources, arithmetic).")
 
     def with_memory(self, memory: str) -> TimePerTokenProfile:
@@ -243,6 +269,57 @@ class TimePerTokenProfile(Record):
                 "--colocated-kv-tokens N), or use dedicated memory"
             )
         return self.model_copy(update={"kv_capacity_tokens": self.colocated_kv_capacity_tokens})
+
+    def sharded(self, k: int) -> TimePerTokenProfile:
+        """This one-GPU engine's profile tensor-parallel over ``k`` GPUs of a node. Each GPU reads 1/k of the
+        weights (at ``memory_efficiency`` of one GPU's bandwidth) and of the KV heads (the KV is replicated beyond
+        ``kv_heads`` GPUs); per-sequence compute splits k ways; each decode step and each prefilled token pays two
+        all-reduces of the hidden states per layer: a latency per all-reduce, and a ring's 2(k-1)/k of the bytes at
+        the node's all-reduce bandwidth, which overlaps nothing. The KV cache gets what each GPU no longer spends
+        on weights. ``k`` = 1: this profile."""
+        if k == 1:
+            return self
+        tp = self.tensor_parallel
+        if tp is None:
+            raise ValueError(f"profile {self.name!r} has no tensor_parallel block: it cannot be sharded")
+        if self.gpus_per_actor != 1:
+            raise ValueError(f"profile {self.name!r} is already {self.gpus_per_actor} GPUs an engine")
+        if not 1 < k <= tp.max_gpus:
+            raise ValueError(f"tensor parallel {k}: expected 2..{tp.max_gpus} GPUs of one node")
+        split, kv_split = k * tp.memory_efficiency, min(k, tp.kv_heads) * tp.memory_efficiency
+        allreduces = 2 * tp.layers
+        latency = allreduces * (tp.allreduce_s + tp.allreduce_hop_s * 2 * (k - 1))
+        per_token = allreduces * tp.hidden_size * 2 * (2 * (k - 1) / k) / (tp.allreduce_gbps * 1e9)  # bf16 states
+        weights = tp.weights_gb * 1e9
+        kv_bytes = self.kv_capacity_tokens * self.kv_bytes_per_token + weights * (1 - 1 / k)  # per GPU
+        share = self.kv_bytes_per_token / min(k, tp.kv_heads)  # one token's KV on each GPU
+        colocated = self.colocated_kv_capacity_tokens
+        return self.model_copy(
+            update={
+                "name": f"{self.name}-tp{k}",
+                "hardware": f"{k}x {self.hardware.removeprefix('1x ')}, tensor parallel {k}",
+                "gpus_per_actor": k,
+                "decode_base_s": self.decode_overhead_s
+                + latency
+                + (self.decode_base_s - self.decode_overhead_s) / split,
+                "decode_overhead_s": self.decode_overhead_s + latency,
+                "decode_per_seq_s": self.decode_per_seq_s / k,
+                "decode_per_seq_comm_s": self.decode_per_seq_comm_s + per_token,
+                "decode_per_ctx_token_s": self.decode_per_ctx_token_s / kv_split,
+                "prefill_base_s": self.prefill_base_s + latency,
+                "prefill_per_new_token_s": self.prefill_per_new_token_s / k + per_token,
+                "prefill_per_cached_token_s": self.prefill_per_cached_token_s / kv_split,
+                "kv_capacity_tokens": int(kv_bytes / share),
+                "colocated_kv_capacity_tokens": (
+                    None
+                    if colocated is None
+                    else int((colocated * self.kv_bytes_per_token + weights * (1 - 1 / k)) / share)
+                ),
+                # the learner's rates are per GPU; the weight sync moves 1/k of the weights to each GPU
+                "weight_sync_s": self.weight_sync_s,
+                "tensor_parallel": None,
+            }
+        )
 
     def learner_rates(self, algo: str) -> tuple[float, float]:
         """(scoring, learning) GPU-seconds per token for ``algo``: ``ppo`` (critic and reward model) or ``grpo``
@@ -519,6 +596,7 @@ ALL_RECORDS: tuple[type[Record], ...] = (
     Cluster,
     Actor,
     ActorPlacement,
+    TensorParallel,
     TimePerTokenProfile,
     PrefillGroup,
     PrefillPlan,

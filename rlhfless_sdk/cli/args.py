@@ -195,14 +195,20 @@ def run_profile(
     dedicated_kv_tokens: int | None = None,
     colocated_kv_tokens: int | None = None,
     memory: str | None = None,
+    tensor_parallel: int = 1,
 ) -> Any:
     """The named (or YAML) profile with the two KV capacities overridden (checked: colocated <= dedicated);
-    with ``memory``, the profile of a synchronous engine with that memory."""
+    with ``memory``, the profile of a synchronous engine with that memory. ``tensor_parallel`` > 1: each engine
+    sharded over that many GPUs (``TimePerTokenProfile.sharded``), before the overrides (which are per engine)."""
     from pydantic import ValidationError
 
     from rlhfless_sdk.api.profiles import load_profile
 
     prof = load_profile(profile)
+    try:
+        prof = prof.sharded(tensor_parallel)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tensor-parallel") from None
     update: dict[str, Any] = {}
     if dedicated_kv_tokens is not None:
         update["kv_capacity_tokens"] = dedicated_kv_tokens

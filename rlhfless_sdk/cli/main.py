@@ -384,6 +384,14 @@ def rollout_split(config: Any, rollout_gpus: int | None, gpus: int, gpa: int) ->
     help="The engines run vLLM's prefix cache (OpenRLHF's --vllm.enable_prefix_caching; off by default, as in "
     "OpenRLHF): a sample whose prompt its engine prefilled before (a group-mate's) reads it from the cache.",
 )
+@click.option(
+    "--tensor-parallel",
+    default=1,
+    type=POSITIVE,
+    show_default=True,
+    help="Every engine sharded over this many GPUs of a node (OpenRLHF's --vllm.tensor_parallel_size), derived from "
+    "a one-GPU profile's tensor_parallel block: weights and KV heads split, all-reduces over the node's links.",
+)
 def simulate_cmd(**kw) -> None:
     """Replay a workload step by step under each scheduler; time, GPU-seconds, speedup, cost reduction."""
     from rlhfless_sdk.cli.simulate import simulate_main

@@ -352,12 +352,16 @@ def simulate_main(
     frontier_gpus: str | None = None,
     frontier: bool = True,
     prefix_caching: bool = False,
+    tensor_parallel: int = 1,
 ) -> None:
     names = list(schedulers) or (ABLATION if ablation else ["openrlhf", "rlhfless"])
     if ablation and schedulers:
         names = list(schedulers) + [n for n in ABLATION if n not in schedulers]
-    dedicated = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens)
-    prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)  # a synchronous engine's
+    dedicated = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, tensor_parallel=tensor_parallel)
+    # the work bound is on one-GPU engines whatever the engines run: sharding only adds GPU work (all-reduces, each
+    # shard below one GPU's bandwidth), so no schedule at any tensor-parallel size beats it
+    one_gpu = run_profile(profile, None, None) if tensor_parallel > 1 else None
+    prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory, tensor_parallel)  # a sync engine's
     if gpus < prof.gpus_per_actor:
         raise click.ClickException(f"--gpus {gpus} is fewer than one actor of profile {profile} needs")
     configs = comparable_configs(names, registry, max_actors, allow_burst_engines, gpus, prof.gpus_per_actor)
@@ -399,6 +403,7 @@ def simulate_main(
             memory=memory,
             split_probe_steps=probe,
             prefix_caching=prefix_caching,
+            bound_profile=one_gpu,
         )
 
     sizes: list[int] = []

@@ -101,6 +101,7 @@ class AnalyticCostModel:
             decode = prof.decode_overhead_s * steps + np.maximum(memory, prof.decode_per_seq_s * tokens)
         else:
             decode = prof.decode_base_s * steps + prof.decode_per_seq_s * tokens + prof.decode_per_ctx_token_s * ctx
+        decode = decode + prof.decode_per_seq_comm_s * tokens
         pre = np.where(count > 0, prof.prefill_base_s + prof.prefill_per_new_token_s * prefill_new, 0.0)
         return np.where(count > 0, decode + pre, 0.0)
 

@@ -211,7 +211,11 @@ class EngineModel:
                     dt = self._overlapped(k)
                 self._advance(s, k, dt)
                 continue
-            A = p.decode_base_s + p.decode_per_seq_s * self.B + p.decode_per_ctx_token_s * self.ctx
+            A = (
+                p.decode_base_s
+                + (p.decode_per_seq_s + p.decode_per_seq_comm_s) * self.B
+                + p.decode_per_ctx_token_s * self.ctx
+            )
             C = p.decode_per_ctx_token_s * self.B
             dt = k * A + C * k * (k - 1) / 2.0
             if self.t + dt > limit:  # partial advance: the most whole steps that fit before the limit
@@ -232,8 +236,8 @@ class EngineModel:
         ``overhead + max(weights + c * context, b * B)``; the context grows by B a step, so the first steps may
         be compute-bound and the rest memory-bound."""
         p = self.prof
-        o = p.decode_overhead_s
-        w = p.decode_base_s - o
+        o = p.decode_overhead_s + p.decode_per_seq_comm_s * self.B
+        w = p.decode_base_s - p.decode_overhead_s
         c, compute = p.decode_per_ctx_token_s, p.decode_per_seq_s * self.B
         cb = c * self.B
         gap = compute - w - c * self.ctx  # > 0: compute-bound now
@@ -301,11 +305,12 @@ def steady_step(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.n
         return 0.0, 0.0
     running = max(min(float(profile.max_num_seqs), profile.kv_capacity_tokens / max(ctx, 1.0)), 1.0)
     c, s = profile.decode_per_ctx_token_s, profile.decode_per_seq_s
+    comm = profile.decode_per_seq_comm_s * running
     if profile.decode_overlap:
         o = profile.decode_overhead_s
-        step = o + max(profile.decode_base_s - o + c * ctx * running, s * running)
+        step = o + comm + max(profile.decode_base_s - o + c * ctx * running, s * running)
     else:
-        step = profile.decode_base_s + s * running + c * ctx * running
+        step = profile.decode_base_s + comm + s * running + c * ctx * running
     return running, step
 
 

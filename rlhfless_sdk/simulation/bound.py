@@ -79,11 +79,12 @@ def decode_engine_s(profile: TimePerTokenProfile, prompt: np.ndarray, response: 
     kv = max(float(profile.kv_capacity_tokens), float((p + length).max(initial=0.0)))
     steps = max(math.ceil(tokens / profile.max_num_seqs), ctx / kv)
     c, s = profile.decode_per_ctx_token_s, profile.decode_per_seq_s
+    comm = profile.decode_per_seq_comm_s * tokens
     if profile.decode_overlap:
         o = profile.decode_overhead_s
         w = profile.decode_base_s - o
-        return steps * o + max(steps * w + c * ctx, s * tokens)
-    return steps * profile.decode_base_s + s * tokens + c * ctx
+        return steps * o + comm + max(steps * w + c * ctx, s * tokens)
+    return steps * profile.decode_base_s + comm + s * tokens + c * ctx
 
 
 def work_bound(workload: Workload, profile: TimePerTokenProfile, algo: str) -> WorkBound:

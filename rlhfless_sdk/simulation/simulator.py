@@ -590,6 +590,7 @@ class Simulator:
         memory: str = "dedicated",
         split_probe_steps: int | None = 3,
         prefix_caching: bool = False,
+        bound_profile: TimePerTokenProfile | None = None,
     ) -> None:
         """``algo``: the learner's rates (``ppo`` or ``grpo``); default: what each workload implies. ``memory``:
         the KV capacity of a synchronous engine, which shares its GPUs with the learner (``colocated``, the
@@ -597,8 +598,11 @@ class Simulator:
         profile's ``kv_capacity_tokens``: the learner offloaded). Engines on GPUs of their own (an async
         pipeline's, burst engines) always get the dedicated capacity. ``prefix_caching``: vLLM's prefix cache is
         on, so a sample admitted to an engine that prefilled its prompt before (a group-mate's) reads it from the
-        cache (OpenRLHF's default is off; its demo and the fidelity check run with it on)."""
+        cache (OpenRLHF's default is off; its demo and the fidelity check run with it on). ``bound_profile``: the
+        engine the work bound is computed on (default ``profile``; a sharded profile's one-GPU form, so that no
+        engine shape beats the bound)."""
         self.memory = memory
+        self.bound_profile = bound_profile or profile
         self.prefix_caching = prefix_caching  # vLLM's prefix cache on the engines (OpenRLHF's default: off)
         self.split_probe_steps = split_probe_steps  # async with no split set: steps each split is tried on
         self.dedicated = profile
@@ -640,7 +644,7 @@ class Simulator:
         algo = self.algo or workload.algo
         cached = self._bounds.get(id(workload))
         if cached is None or cached[0] is not workload or cached[1] != algo:
-            cached = self._bounds[id(workload)] = (workload, algo, work_bound(workload, self.dedicated, algo))
+            cached = self._bounds[id(workload)] = (workload, algo, work_bound(workload, self.bound_profile, algo))
         return cached[2]
 
     def _run(
