@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -38,7 +38,7 @@ class Step:
     @classmethod
     def of(cls, step: int) -> Step:
         shape = SyntheticWorkload(512, 8, median_length=1500, sample_sigma=0.5, max_length=8192, runaway=0.03)
-        batch, lengths = SyntheticWorkload(**{**shape.__dict__, "step": step}).batch()
+        batch, lengths = replace(shape, step=step).batch()
         return cls(np.repeat(batch.prompt_lengths, 8).tolist(), lengths.tolist())
 
     def samples(self, engines: int) -> EngineSamples:

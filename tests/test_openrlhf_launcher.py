@@ -281,6 +281,32 @@ def test_an_unsupported_openrlhf_mode_is_refused_naming_its_flag(monkeypatch, fl
     _hierarchized()  # the defaults pass
 
 
+def test_tensor_parallel_engines_are_planned_with_the_profile_sharded_to_their_size(monkeypatch, caplog):
+    """``--vllm.tensor_parallel_size 2``: OpenRLHF's engines hold two GPUs each, so the planner's profile (the
+    default, one GPU an engine, with a tensor_parallel block) is sharded two ways in the args the generator reads,
+    with one line saying so; at size 1 it is left as it is; a profile that cannot be sharded is refused, naming
+    both sizes."""
+    import logging
+
+    from rlhfless_openrlhf.train_ppo_ray import check_modes
+
+    _hooked(monkeypatch, "rlhfless", ["--actor.model_name_or_path", "m"])
+    assert _hierarchized().rlhfless["profile"]["gpus_per_actor"] == 1
+    with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+        args = _hierarchized(**{"vllm.tensor_parallel_size": 2})
+    prof = args.rlhfless["profile"]
+    assert prof["name"] == "qwen2.5-7b-l40s-tp2" and prof["gpus_per_actor"] == 2
+    said = [r.getMessage() for r in caplog.records if "tensor_parallel_size" in r.getMessage()]
+    assert len(said) == 1 and "sharded over 2 GPUs" in said[0]
+    settings = resolve({"--scheduler": "rlhfless", "--scheduler.profile": "qwen2.5-7b-h100"})
+    args.vllm.tensor_parallel_size = 4
+    with pytest.raises(SystemExit, match=r"size 4 runs engines of 4 GPUs, but profile 'qwen2\.5-7b-h100' cannot"):
+        check_modes(args, settings)
+    settings = resolve({"--scheduler": "rlhfless", "--scheduler.profile": "llama-70b-8xh100"})
+    with pytest.raises(SystemExit, match="it models engines of 8 GPUs"):
+        check_modes(args, settings)
+
+
 # -- importance-sampling correction for schedulers that train stale tokens -------------------------------------
 IS_FLAG = "--algo.advantage.is_correction_level"
 

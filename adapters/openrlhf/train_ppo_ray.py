@@ -194,6 +194,8 @@ def check_modes(args: Any, settings: dict[str, Any] | None = None, argv: Sequenc
                     f"error: {flag} cannot carry samples or defer prompts across steps, which the straggler policy "
                     f"{straggler!r} does ({why}); use --scheduler rlhfless instead"
                 )
+    if settings and settings.get("profile"):
+        match_profile(args, settings)
     streams = ((settings or {}).get("scheduler") or {}).get("pipeline", {}).get("mode") == "stream"
     if streams:
         check_stream(args, settings)
@@ -210,6 +212,39 @@ def check_modes(args: Any, settings: dict[str, Any] | None = None, argv: Sequenc
             queue + 1,
             args.algo.advantage.is_correction_level,
         )
+
+
+def match_profile(args: Any, settings: dict[str, Any]) -> None:
+    """Model OpenRLHF's engines at their own size: under ``--vllm.tensor_parallel_size`` k each engine holds k GPUs,
+    so a one-GPU profile with a ``tensor_parallel`` block is sharded k ways for the planner (one line says so); a
+    profile of another size that cannot be is refused, naming both sizes (the plan would model other engines)."""
+    from rlhfless_sdk.api.records import TimePerTokenProfile
+
+    k = max(int(_flag(args, "vllm", "tensor_parallel_size") or 1), 1)
+    prof = TimePerTokenProfile.model_validate(settings["profile"])
+    if prof.gpus_per_actor == k:
+        return
+    sharded, why = None, f"it models engines of {prof.gpus_per_actor} GPUs"
+    if prof.gpus_per_actor == 1:
+        try:
+            sharded = prof.sharded(k)
+        except ValueError as exc:
+            why = str(exc)
+    if sharded is None:
+        raise SystemExit(
+            f"error: --vllm.tensor_parallel_size {k} runs engines of {k} GPUs, but profile {prof.name!r} cannot model "
+            f"them ({why}); pass --scheduler.profile with a profile of {k}-GPU engines (`rlhfless profile` measures "
+            "one) or a one-GPU profile with a tensor_parallel block"
+        )
+    settings["profile"] = sharded.model_dump(mode="json")
+    log.info(
+        "rlhfless: --vllm.tensor_parallel_size %d: the planner models each engine as profile %r sharded over %d GPUs "
+        "(%s)",
+        k,
+        prof.name,
+        k,
+        sharded.name,
+    )
 
 
 def check_stream(args: Any, settings: dict[str, Any]) -> None:

@@ -276,7 +276,8 @@ class TimePerTokenProfile(Record):
         ``kv_heads`` GPUs); per-sequence compute splits k ways; each decode step and each prefilled token pays two
         all-reduces of the hidden states per layer: a latency per all-reduce, and a ring's 2(k-1)/k of the bytes at
         the node's all-reduce bandwidth, which overlaps nothing. The KV cache gets what each GPU no longer spends
-        on weights. ``k`` = 1: this profile."""
+        on weights. The learner's rates (per GPU), the weight sync and the start-up stay as they are. ``k`` = 1:
+        this profile."""
         if k == 1:
             return self
         tp = self.tensor_parallel
@@ -315,8 +316,6 @@ class TimePerTokenProfile(Record):
                     if colocated is None
                     else int((colocated * self.kv_bytes_per_token + weights * (1 - 1 / k)) / share)
                 ),
-                # the learner's rates are per GPU; the weight sync moves 1/k of the weights to each GPU
-                "weight_sync_s": self.weight_sync_s,
                 "tensor_parallel": None,
             }
         )
