@@ -20,7 +20,7 @@ EXE = str(Path(sys.executable).parent / "rlhfless")
 @pytest.fixture(scope="module")
 def demo_cache(tmp_path_factory):
     """A cache holding the converted demo model, shared by this module's demo runs (converting takes about a minute
-    here; ``test_model_cache_is_reused_and_rebuilt_when_corrupt`` converts into a cache of its own)."""
+    here; ``test_model_cache_is_reused_and_rebuilt_when_corrupt`` works on a copy of it)."""
     from rlhfless_openrlhf.demo import smollm2_model
 
     cache = tmp_path_factory.mktemp("demo-cache")
@@ -28,21 +28,26 @@ def demo_cache(tmp_path_factory):
     return cache
 
 
-def test_model_cache_is_reused_and_rebuilt_when_corrupt(tmp_path):
-    from rlhfless_openrlhf.demo import smollm2_model
+def test_model_cache_is_reused_and_rebuilt_when_corrupt(tmp_path, demo_cache):
+    """A converted cache is reused as it is; a missing file is named; a corrupt one is converted again (once here:
+    the module's converted cache is copied in rather than converted anew, which takes about a minute)."""
+    import shutil
+
+    from rlhfless_openrlhf.demo import _cache_problem, smollm2_model
 
     said: list[str] = []
+    shutil.copytree(demo_cache / "smollm2-135m-instruct", tmp_path / "smollm2-135m-instruct")
     folder = smollm2_model(tmp_path, said.append)
-    assert any("converting" in m for m in said)
-    said.clear()
-    assert smollm2_model(tmp_path, said.append) == folder and said == []  # reused, nothing converted
-    (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
-    smollm2_model(tmp_path, said.append)
-    assert any("unusable (corrupt" in m for m in said) and any("converting" in m for m in said)
+    assert folder == tmp_path / "smollm2-135m-instruct" and said == []  # reused, nothing converted
+    config = (folder / "config.json").read_bytes()
     (folder / "config.json").unlink()
-    said.clear()
-    smollm2_model(tmp_path, said.append)
-    assert any("config.json missing" in m for m in said)
+    assert _cache_problem(folder) == "config.json missing or empty"
+    (folder / "config.json").write_bytes(config)
+    assert _cache_problem(folder) is None
+    (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    assert smollm2_model(tmp_path, said.append) == folder
+    assert any("unusable (corrupt" in m for m in said) and any("converting" in m for m in said)
+    assert _cache_problem(folder) is None  # rebuilt whole
 
 
 def test_questions_are_gsm8k_style_and_deterministic(tmp_path):

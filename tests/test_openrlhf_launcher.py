@@ -594,47 +594,41 @@ def _ran_until_cuda(returncode: int, out: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_the_launcher_runs_openrlhfs_cli_with_its_classes_swapped(tmp_path, mode):
-    """``python -m rlhfless_openrlhf.train_ppo_ray --scheduler rlhfless <OpenRLHF flags>`` as far as a CPU
-    allows: OpenRLHF's parser and ``train()``, the hierarchize hook, the engine builder (RLHFless's engine class,
-    pinned by the placer), the trainer class swap and, inside the actor that generates, the samples generator
-    swap (``PPOTrainer``; ``PPOTrainerAsync``'s ``GenerateSamplesActor`` with ``--train.async_enable``). It
-    stops where OpenRLHF first needs CUDA: DeepSpeed's model init in the policy actor."""
-    returncode, stdout, stderr = _cpu_launch(tmp_path, *(["--train.async_enable"] if mode == "async" else []))
+@pytest.mark.parametrize(("mode", "scheduler"), [("sync", "rlhfless"), ("async", "rlhfless-fast")])
+def test_the_launcher_runs_openrlhfs_cli_with_its_classes_swapped(tmp_path, mode, scheduler):
+    """``python -m rlhfless_openrlhf.train_ppo_ray --scheduler S <OpenRLHF flags>`` as far as a CPU allows:
+    OpenRLHF's parser and ``train()``, the hierarchize hook, the engine builder (RLHFless's engine class, pinned by
+    the placer), the trainer class swap and, inside the actor that generates, the samples generator swap
+    (``PPOTrainer``; ``PPOTrainerAsync``'s ``GenerateSamplesActor`` with ``--train.async_enable``). It stops where
+    OpenRLHF first needs CUDA: DeepSpeed's model init in the policy actor.
+
+    ``rlhfless`` (on-policy) leaves OpenRLHF's correction default (``off``) alone. ``rlhfless-fast`` (partial
+    rollouts: carried tokens train stale), without the correction flag and in the async loop: the launch is not
+    refused; one line says the launcher turns the correction on and one says the age bound; OpenRLHF's printed args
+    (``strategy.args``, which every actor receives) have it, and so does the generating actor's own copy. (The two
+    modes share this path: one launch of each kind stands for both; the hook itself is tested per preset and mode
+    without a launch above.)"""
+    returncode, stdout, stderr = _cpu_launch(
+        tmp_path, *(["--train.async_enable"] if mode == "async" else []), scheduler=scheduler
+    )
     out = stdout + stderr
     _ran_until_cuda(returncode, out)
     # ... but everything before the learner's model init ran, through OpenRLHF's own code
-    assert "'scheduler': {'name': 'rlhfless'" in out  # OpenRLHF printed its args, the hook's settings inside
+    assert f"'scheduler': {{'name': '{scheduler}'" in out  # OpenRLHF printed its args, the hook's settings inside
     assert "engines placed by the scheduler's placer" in out
     assert "(RlhflessRolloutActorImpl pid=" in out  # the engines are RLHFless's class
     generating = "RlhflessPPOTrainerImpl" if mode == "sync" else "RlhflessGenerateSamplesActorImpl"
     swapped = [line for line in out.splitlines() if "is replaced by RlhflessSamplesGenerator" in line]
-    assert swapped and generating in swapped[0] and "scheduler rlhfless" in swapped[0], out[-3000:]
-    assert "is_correction_level='off'" in out and IS_FLAG not in stderr  # OpenRLHF's default, left alone
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_partial_rollouts_launch_with_importance_correction_on(tmp_path, mode):
-    """``--scheduler rlhfless-fast`` (partial rollouts: carried tokens train one weight update stale) without the
-    correction flag, through OpenRLHF's own CLI and ``train()`` on a CPU: the launcher says, in one line, that it
-    turns the correction on; OpenRLHF's printed args (``strategy.args``, which every actor receives) have it, and
-    so does the generating actor's own copy of them. With ``--train.async_enable`` the launch is not refused: a line
-    says the age bound, and the generator swapped in is the one of OpenRLHF's ``GenerateSamplesActor``."""
-    extra = ["--train.async_enable"] if mode == "async" else []
-    returncode, stdout, stderr = _cpu_launch(tmp_path, *extra, scheduler="rlhfless-fast")
-    out = stdout + stderr
-    _ran_until_cuda(returncode, out)
+    assert swapped and generating in swapped[0] and f"scheduler {scheduler}" in swapped[0], out[-3000:]
+    if scheduler == "rlhfless":
+        assert "is_correction_level='off'" in out and IS_FLAG not in stderr  # OpenRLHF's default, left alone
+        return
     said = [line for line in stderr.splitlines() if "importance-sampling correction on" in line]
     assert len(said) == 1 and f"{IS_FLAG} token" in said[0] and "'rlhfless-fast'" in said[0], out[-3000:]
     assert "is_correction_level='token'" in out and "is_correction_level='off'" not in out
-    if mode == "async":
-        bound = [line for line in stderr.splitlines() if "at most 2 weight updates old" in line]
-        assert len(bound) == 1 and "1 batch(es) ahead" in bound[0], out[-3000:]
-    generating = "RlhflessPPOTrainerImpl" if mode == "sync" else "RlhflessGenerateSamplesActorImpl"
-    swapped = [line for line in out.splitlines() if "is replaced by RlhflessSamplesGenerator" in line]
-    assert swapped and generating in swapped[0] and "importance correction token" in swapped[0], out[-3000:]
+    bound = [line for line in stderr.splitlines() if "at most 2 weight updates old" in line]
+    assert len(bound) == 1 and "1 batch(es) ahead" in bound[0], out[-3000:]
+    assert "importance correction token" in swapped[0], out[-3000:]
 
 
 @pytest.mark.slow
