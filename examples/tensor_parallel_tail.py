@@ -24,7 +24,7 @@ import numpy as np
 
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import TimePerTokenProfile
-from rlhfless_sdk.planning.engine_model import EngineModel, EngineSamples
+from rlhfless_sdk.planning.engine_model import EngineModel, EngineSamples, run_engines
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
 GPUS = 16
@@ -51,12 +51,7 @@ def generate(step: Step, prof: TimePerTokenProfile) -> float:
     """Seconds to the last token with every engine of ``prof`` from the start."""
     engines = GPUS // prof.gpus_per_actor
     s = step.samples(engines)
-    models = [EngineModel(a, prof, "", 0.0) for a in range(engines)]
-    for sid, a in enumerate(s.actor):
-        models[a].waiting.append(sid)
-    for m in models:
-        m.run_until(s, math.inf)
-    return finished(s, models)
+    return finished(s, run_engines(prof, s, engines, range(len(s.target))))
 
 
 def finished(s: EngineSamples, models: list[EngineModel]) -> float:

@@ -291,9 +291,13 @@ class TimePerTokenProfile(Record):
         allreduces = 2 * tp.layers
         latency = allreduces * (tp.allreduce_s + tp.allreduce_hop_s * 2 * (k - 1))
         per_token = allreduces * tp.hidden_size * 2 * (2 * (k - 1) / k) / (tp.allreduce_gbps * 1e9)  # bf16 states
-        weights = tp.weights_gb * 1e9
-        kv_bytes = self.kv_capacity_tokens * self.kv_bytes_per_token + weights * (1 - 1 / k)  # per GPU
+        freed = tp.weights_gb * 1e9 * (1 - 1 / k)  # bytes of weights each GPU no longer holds
         share = self.kv_bytes_per_token / min(k, tp.kv_heads)  # one token's KV on each GPU
+
+        def kv_tokens(one_gpu: int) -> int:
+            """An engine's KV tokens when each of its GPUs had ``one_gpu`` tokens' worth, plus what it freed."""
+            return int((one_gpu * self.kv_bytes_per_token + freed) / share)
+
         colocated = self.colocated_kv_capacity_tokens
         return self.model_copy(
             update={
@@ -310,12 +314,8 @@ class TimePerTokenProfile(Record):
                 "prefill_base_s": self.prefill_base_s + latency,
                 "prefill_per_new_token_s": self.prefill_per_new_token_s / k + per_token,
                 "prefill_per_cached_token_s": self.prefill_per_cached_token_s / kv_split,
-                "kv_capacity_tokens": int(kv_bytes / share),
-                "colocated_kv_capacity_tokens": (
-                    None
-                    if colocated is None
-                    else int((colocated * self.kv_bytes_per_token + weights * (1 - 1 / k)) / share)
-                ),
+                "kv_capacity_tokens": kv_tokens(self.kv_capacity_tokens),
+                "colocated_kv_capacity_tokens": None if colocated is None else kv_tokens(colocated),
                 "tensor_parallel": None,
             }
         )
