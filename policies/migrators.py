@@ -99,13 +99,45 @@ class GlobalParams(Record):
     )
     mode: Literal["tokens", "kv"] = "tokens"
     max_migrations: NonNegativeInt = 1
+    kv_fill: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="Keep enough actors that the tail's KV (prompts and tokens so far) fills at most this share of "
+        "theirs, and move a sample only where it fits; none: fill free slots only.",
+    )
+    min_tail_tokens: NonNegativeInt = Field(
+        default=0,
+        description="Consolidate only while some unfinished sample may still decode this many tokens (its "
+        "max_tokens less its tokens): a short tail does not repay the moves.",
+    )
+
+
+class _KvDestinations:
+    """Keepers' room: a free slot and KV for the sample's context within ``fill`` of the keeper's capacity; each
+    take goes to the keeper with the most KV room left."""
+
+    def __init__(self, actors: Iterable[ActorProgress], fill: float) -> None:
+        self.slots = {a.actor_id: a.free_slots for a in actors}
+        self.room = {a.actor_id: fill * a.kv_capacity_tokens - a.context_tokens for a in actors}
+
+    def take(self, context: float) -> int | None:
+        fits = [a for a, r in self.room.items() if self.slots[a] > 0 and r >= context]
+        if not fits:
+            return None
+        to = max(fits, key=lambda a: (self.room[a], -a))
+        self.slots[to] -= 1
+        self.room[to] -= context
+        return to
 
 
 class GlobalMigrator:
     """RLHFuse-style: once few samples remain overall, consolidate all of them onto as few actors as possible.
 
     The actors with the most running samples keep theirs and take the rest into their free slots, so the
-    others can be released; this is one global decision, not per-actor.
+    others can be released; this is one global decision, not per-actor. With ``kv_fill`` the keepers are also
+    enough for the tail's KV: packing a long tail by slots alone overfills the keepers' KV caches, and vLLM then
+    preempts and recomputes (the released GPUs are what ``tail_learn`` puts to work).
     """
 
     description = "RLHFuse-style: consolidate the tail once few samples remain"
@@ -118,9 +150,13 @@ class GlobalMigrator:
         remaining = len(progress.unfinished)
         if remaining == 0 or remaining > p.threshold * max(progress.total_samples, remaining):
             return []
+        if max(s.max_tokens - s.tokens_generated for s in progress.unfinished) < p.min_tail_tokens:
+            return []
         by_actor: dict[int, list[SampleProgress]] = defaultdict(list)
         for s in progress.unfinished:
             by_actor[s.actor_id].append(s)
+        if p.kv_fill is not None and all(a.kv_capacity_tokens > 0 for a in progress.actors):
+            return self._by_kv(progress, by_actor, p.kv_fill)
         actors = sorted(
             (a for a in progress.actors if by_actor.get(a.actor_id)), key=lambda a: (-a.running, a.actor_id)
         )
@@ -141,6 +177,43 @@ class GlobalMigrator:
             if s.migrations < p.max_migrations
         )
         return _move(tail, dests, p.mode)
+
+    def _by_kv(
+        self, progress: StepProgress, by_actor: dict[int, list[SampleProgress]], fill: float
+    ) -> list[MigrationDecision]:
+        """Consolidate onto the fewest actors whose KV holds the whole tail at ``fill``: actors with queued samples
+        keep theirs (they cannot be released), then those holding the most KV (the fewest tokens to re-prefill)
+        until their capacity holds every unfinished sample's context and their slots take the others' samples.
+        Each moved sample's context is its tokens plus its actor's mean prompt (the snapshot's per-actor KV)."""
+        busy = [a for a in progress.actors if by_actor.get(a.actor_id) or a.waiting]
+        total = sum(a.context_tokens for a in busy)
+        order = sorted(busy, key=lambda a: (a.waiting == 0, -a.context_tokens, a.actor_id))
+        keepers: list[ActorProgress] = []
+        for a in order:
+            if keepers and a.waiting == 0:  # the actors with queued samples come first and are all kept
+                room = sum(fill * k.kv_capacity_tokens for k in keepers)
+                slots = sum(k.free_slots for k in keepers)
+                moving = sum(len(by_actor[b.actor_id]) for b in order if b not in keepers)
+                if room >= total and slots >= moving:
+                    break
+            keepers.append(a)
+        if len(keepers) == len(busy):
+            return []
+        dests = _KvDestinations(keepers, fill)
+        out = []
+        for a in busy:
+            if a in keepers:
+                continue
+            samples = by_actor[a.actor_id]
+            prompt = max(a.context_tokens - sum(s.tokens_generated for s in samples), 0) / max(len(samples), 1)
+            for s in sorted(samples, key=lambda s: -s.tokens_generated):
+                if s.migrations >= self.params.max_migrations:
+                    continue
+                to = dests.take(s.tokens_generated + prompt)
+                if to is None:
+                    return out
+                out.append(MigrationDecision.move(s, to, self.params.mode))
+        return out
 
 
 def _move(

@@ -49,8 +49,9 @@ def clusters(draw, min_gpus: int = 1):
 
 
 @st.composite
-def step_progress(draw):
-    """A mid-step snapshot: actors with planned/generated tokens and free slots, unfinished samples on them."""
+def step_progress(draw, kv=False):
+    """A mid-step snapshot: actors with planned/generated tokens and free slots, unfinished samples on them;
+    ``kv``: each actor also states the KV its running samples hold (their tokens and prompts) and its capacity."""
     num_actors = draw(st.integers(1, 8))
     unfinished = []
     for a in range(num_actors):
@@ -68,14 +69,20 @@ def step_progress(draw):
             )
     actors = []
     for a in range(num_actors):
-        running = sum(1 for s in unfinished if s.actor_id == a)
+        mine = [s for s in unfinished if s.actor_id == a]
+        extra = {}
+        if kv:
+            context = sum(s.tokens_generated + draw(st.integers(1, 300)) for s in mine)
+            extra = {"context_tokens": context, "kv_capacity_tokens": context + draw(st.integers(1, 12_000))}
         actors.append(
             ActorProgress(
                 actor_id=a,
                 planned_tokens=draw(st.floats(0, 10_000)),
                 generated_tokens=draw(st.integers(0, 12_000)),
-                running=running,
+                running=len(mine),
+                waiting=draw(st.integers(0, 2)) if kv else 0,
                 free_slots=draw(st.integers(0, 4)),
+                **extra,
             )
         )
     total = len(unfinished) + draw(st.integers(0, 40))

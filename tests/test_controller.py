@@ -43,6 +43,7 @@ class TokenClock:
         self.n, self.targets = n, list(targets)
         self.rates = rates or [1] * n
         self.max_num_seqs, self.max_tokens = max_num_seqs, max(self.targets, default=1)
+        self.kv_capacity_tokens = 0  # no KV model: snapshots say it is not known
         self.kill = {k: list(v) for k, v in (kill or {}).items()}
         self.reverse_finish = reverse_finish
         self.alive = [True] * n

@@ -427,11 +427,14 @@ def test_the_demo_and_fidelity_refuse_the_stream_naming_the_async_loop():
     assert why is not None and "--train.async_enable --train.partial_rollout_enable" in why
 
 
-def test_scoring_in_the_tail_is_refused_on_openrlhf_naming_the_preset_to_use():
-    """OpenRLHF scores on its whole reference and reward groups at once: the launcher refuses the simulator-only
-    on-policy preset in one line, naming the one that runs there."""
-    with pytest.raises(SystemExit, match=r"rlhfless-onpolicy-overlap.*tail_prepare.*on OpenRLHF: rlhfless-onpolicy"):
-        resolve({"--scheduler": "rlhfless-onpolicy-overlap"})
+@pytest.mark.parametrize(
+    ("preset", "option"), [("rlhfless-onpolicy-overlap", "tail_prepare"), ("rlhfless-onpolicy-tail", "tail_learn")]
+)
+def test_work_in_the_tail_is_refused_on_openrlhf_naming_the_preset_to_use(preset, option):
+    """OpenRLHF scores and learns on its whole model groups at once: the launcher refuses the simulator-only
+    on-policy presets in one line, naming the one that runs there."""
+    with pytest.raises(SystemExit, match=rf"{preset}.*{option}.*on OpenRLHF: rlhfless-onpolicy"):
+        resolve({"--scheduler": preset})
 
 
 @pytest.mark.parametrize("argv", [[IS_FLAG, "seq"], [f"{IS_FLAG}=seq"], ["--algo.advantage.is_correction_lev", "seq"]])

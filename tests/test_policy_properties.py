@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from rlhfless_sdk import PluginManager
@@ -254,6 +254,63 @@ def test_migration_keeps_tokens_and_respects_free_slots(name, progress):
     assert sum(t for _, t in where.values()) == before  # no token lost or invented
     free = {a.actor_id: a.free_slots for a in progress.actors}
     assert all(taken[a] <= free[a] for a in taken)
+
+
+@settings(max_examples=300)
+@given(progress=S.step_progress(kv=True), fill=st.floats(0.05, 1.0), threshold=st.floats(0.05, 1.0))
+def test_kv_consolidation_fills_keepers_within_their_kv_and_releases_the_rest(progress, fill, threshold):
+    """The global migrator with ``kv_fill``: samples move once, never off a keeper or onto a released actor; a
+    keeper takes no more than its free slots and its KV room at ``fill`` (each moved sample's context: its tokens
+    and its actor's mean prompt); an actor with queued samples is never released; no token lost."""
+    params = {"threshold": threshold, "kv_fill": fill}
+    decisions = REG.create("migrator", {"name": "global", "params": params}).decide(progress)
+    MigrationController.check(decisions, progress)
+    actors = {a.actor_id: a for a in progress.actors}
+    sources = {d.from_actor for d in decisions}
+    dests = {d.to_actor for d in decisions}
+    assert not sources & dests
+    assert all(actors[a].waiting == 0 for a in sources)
+    on = {}
+    for s in progress.unfinished:
+        on.setdefault(s.actor_id, []).append(s)
+    taken = {}
+    for d in decisions:
+        src = on[d.from_actor]
+        prompt = (actors[d.from_actor].context_tokens - sum(s.tokens_generated for s in src)) / len(src)
+        slots, kv = taken.get(d.to_actor, (0, 0.0))
+        taken[d.to_actor] = (slots + 1, kv + d.tokens_generated + prompt)
+    for a, (slots, kv) in taken.items():
+        assert slots <= actors[a].free_slots
+        assert actors[a].context_tokens + kv <= fill * actors[a].kv_capacity_tokens + 1e-6
+    if len(progress.unfinished) > threshold * max(progress.total_samples, len(progress.unfinished)):
+        assert decisions == []
+
+
+def test_kv_consolidation_keeps_enough_actors_for_the_tails_kv():
+    """Four actors holding about 100 tokens of KV each of 300: by slots alone one actor takes everyone's samples;
+    at fill 0.7 (210 tokens each) two keepers hold all 406, and at 0.5 no keeper has room for one more sample."""
+    from rlhfless_sdk.api.records import ActorProgress, StepProgress
+
+    unfinished = [H.in_flight(f"p{a}", actor=a, tokens=90, predicted=40, max_tokens=512) for a in range(4)]
+    actors = [
+        ActorProgress(
+            actor_id=a,
+            planned_tokens=100,
+            generated_tokens=90,
+            running=1,
+            free_slots=8,
+            context_tokens=100 + a,
+            kv_capacity_tokens=300,
+        )
+        for a in range(4)
+    ]
+    progress = StepProgress(total_samples=4, actors=actors, unfinished=unfinished)
+    slots = REG.create("migrator", {"name": "global", "params": {"threshold": 1.0}}).decide(progress)
+    assert len(slots) == 3
+    by_kv = REG.create("migrator", {"name": "global", "params": {"threshold": 1.0, "kv_fill": 0.7}}).decide(progress)
+    assert {(d.from_actor, d.to_actor) for d in by_kv} == {(0, 2), (1, 3)}  # the two holding the most KV keep theirs
+    full = REG.create("migrator", {"name": "global", "params": {"threshold": 1.0, "kv_fill": 0.5}})
+    assert full.decide(progress) == []
 
 
 @given(progress=S.step_progress(), tau=st.floats(0.05, 1.0))

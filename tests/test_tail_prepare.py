@@ -12,7 +12,14 @@ from rlhfless_sdk.api.plugins import get_plugin_manager
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
 from rlhfless_sdk.simulation.simulator import Simulator
-from rlhfless_sdk.simulation.tail_prepare import score_in_tail, scoring_switch_s
+from rlhfless_sdk.simulation.tail_prepare import (
+    gradient_reduce_s,
+    group_gpus,
+    in_groups,
+    learning_switch_s,
+    score_in_tail,
+    scoring_switch_s,
+)
 from rlhfless_sdk.simulation.traces import synthetic_workload
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
@@ -92,3 +99,69 @@ def test_scoring_in_the_tail_shortens_a_step_without_stale_tokens_and_bills_its_
         assert rb.prepare_s <= ra.prepare_s + 1e-9 and rb.time_s <= ra.time_s + 1e-9
         assert rb.stale_token_fraction == 0.0 and rb.max_token_age_steps == 0
     assert sum(s.report.prepare_s for s in runs[True].steps) < sum(s.report.prepare_s for s in runs[False].steps)
+
+
+# -- learning in the tail (``tail_learn``) -----------------------------------------------------------------------
+@given(free=st.lists(times, min_size=0, max_size=20), size=st.integers(1, 5))
+def test_gradient_groups_form_in_the_order_gpus_free_and_never_before_their_last_member(free, size):
+    never = 1e9
+    got = in_groups(free, size, never)
+    joined = [i for i, t in enumerate(got) if t < never]
+    assert len(joined) == (len(free) // size) * size  # whole groups only; the rest learn after generation
+    assert all(got[i] >= free[i] for i in joined)  # a GPU never starts before it is free
+    times_of = sorted({got[i] for i in joined})
+    for t in times_of:  # each formation time is one whole group (or several forming at once)
+        members = [i for i in joined if got[i] == t]
+        assert len(members) % size == 0 and max(free[i] for i in members) == t
+    if joined and len(joined) < len(free):  # the GPUs left out are the last to free
+        assert max(free[i] for i in joined) <= min(free[i] for i, t in enumerate(got) if t >= never)
+
+
+def test_a_gradient_group_is_the_fewest_gpus_that_hold_its_models():
+    """L40S, Qwen2.5-7B (15.2 GB of bf16 weights; 48 GB a GPU, from the profile's KV derivation): GRPO's group
+    holds the policy with fp32 gradients and the reference, 4 x 15.2 = 61 GB, in 0.9 x 48 - 2 = 41.2 GB a GPU: 2
+    GPUs; PPO's adds the critic and the reward model, 122 GB: 3 GPUs."""
+    profile = load_profile("qwen2.5-7b-l40s")
+    assert group_gpus(profile, "grpo") == 2 and group_gpus(profile, "ppo") == 3
+    assert learning_switch_s(profile, "grpo", 2) == pytest.approx(scoring_switch_s(profile) + 61.0 / 2 / 25, rel=1e-2)
+    assert gradient_reduce_s(profile) == pytest.approx(2 * profile.weight_sync_s)
+
+
+def test_tail_learn_extends_tail_prepare():
+    assert PipelineConfig(tail_prepare=True, tail_learn=True, updates_per_batch=2).tail_learn
+    with pytest.raises(ValueError, match="tail_learn extends tail_prepare"):
+        PipelineConfig(tail_learn=True)
+    with pytest.raises(ValueError, match="updates_per_batch bounds what tail_learn moves"):
+        PipelineConfig(tail_prepare=True, updates_per_batch=2)
+
+
+def test_learning_in_the_tail_of_a_consolidated_step_is_on_policy_and_bills_its_gpus():
+    """The same long-reasoning steps under the shipped preset and under it without learning in the tail (same
+    consolidation): generation unchanged, less scoring and learning after it, every token on-policy; the gradient
+    reduce is charged; the GPUs held in the tail are billed. With two optimizer steps a batch, at most half the
+    learning moves into the tail."""
+    registry = get_plugin_manager().registry
+    profile = load_profile("qwen2.5-7b-l40s")
+    shape = SyntheticWorkload(num_prompts=64, median_length=1500, sample_sigma=0.5, max_length=8192, runaway=0.03)
+    work = synthetic_workload(shape, steps=2)
+    tail = registry.scheduler("rlhfless-onpolicy-tail")
+    runs = {}
+    for k in (0, 1, 2):  # no tail work; one optimizer step a batch; two
+        pipeline = {"tail_prepare": k > 0, "tail_learn": k > 0, "updates_per_batch": max(k, 1)}
+        sim = Simulator(profile, Cluster.of_gpus(8, 8), registry=registry, algo="grpo")
+        runs[k] = sim.run(tail.derive(name=f"tail-{k}", pipeline=pipeline), work)
+    for a, b in zip(runs[0].steps, runs[2].steps, strict=True):  # the second step's learning waits for the first's
+        assert b.report.learn_s >= a.report.learn_s / 2 and b.report.generation_s == a.report.generation_s
+    learned = False
+    for a, b in zip(runs[0].steps, runs[1].steps, strict=True):
+        ra, rb = a.report, b.report
+        assert rb.generation_s == pytest.approx(ra.generation_s)
+        assert ra.migrations > 0 and rb.migrations == ra.migrations  # the tail was consolidated in both
+        after_a, after_b = ra.prepare_s + ra.learn_s, rb.prepare_s + rb.learn_s
+        done = b.usage.extra["tail_scored_gpu_s"]
+        if done > 0:
+            learned = True
+            assert after_b == pytest.approx(after_a - done / 8 + gradient_reduce_s(profile), rel=1e-6)
+            assert b.usage.tail_scoring_gpu_s >= done
+        assert rb.stale_token_fraction == 0.0 and rb.max_token_age_steps == 0
+    assert learned

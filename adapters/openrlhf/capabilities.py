@@ -50,10 +50,14 @@ def adapter_refusal(
     """Why the adapter cannot run ``config`` (None: it can), naming the policy or pipeline that needs more.
     ``async_loop=False``: steps run one after the other (the demo, the fidelity check), where a stream cannot."""
     if config.pipeline.tail_prepare:
+        learns = config.pipeline.tail_learn
+        work = "scores and learns on" if learns else "scores"
+        groups = "actor, reference and reward groups" if learns else "reference and reward groups"
         return (
-            f"scheduler {config.name!r} scores complete groups in the generation tail on the GPUs whose engines are "
-            "done (pipeline: tail_prepare), but OpenRLHF scores on its whole reference and reward groups at once, "
-            "sharded over every GPU; `rlhfless simulate` runs it (on OpenRLHF: rlhfless-onpolicy)"
+            f"scheduler {config.name!r} {work} complete groups in the generation tail on the GPUs whose engines are "
+            f"done (pipeline: tail_prepare{', tail_learn' if learns else ''}), but OpenRLHF scores and learns on its "
+            f"whole {groups} at once, sharded over every GPU; `rlhfless simulate` runs it (on OpenRLHF: "
+            "rlhfless-onpolicy)"
         )
     mode = mode_of(config, registry, profile)
     if mode == STREAM and not async_loop:

@@ -293,6 +293,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             carry_timeout_s=self.carry_timeout_s,
             gpus_per_engine=engine_gpus(self.args),
             max_num_seqs=self.profile.max_num_seqs,
+            kv_capacity_tokens=self.profile.kv_capacity_tokens,
         )
 
     def shared_tokenizer(self) -> SharedTokenizer:

@@ -111,6 +111,7 @@ class BackendSettings:
     carry_timeout_s: float
     gpus_per_engine: int
     max_num_seqs: int
+    kv_capacity_tokens: int = 0  # tokens one engine's KV holds, as the profile models it (0: not known)
 
 
 @dataclass
@@ -164,6 +165,7 @@ class RayBackend:
     ) -> None:
         self.pool, self.req, self.plan, self.t_start, self.settings = pool, req, plan, t_start, settings
         self.max_num_seqs = settings.max_num_seqs
+        self.kv_capacity_tokens = settings.kv_capacity_tokens
         self.max_tokens = int(req.params.max_tokens or req.max_length)
         self.sid = {key: sid for sid, key in enumerate(req.keys)}
         self.pending: dict[Any, _Call] = {}

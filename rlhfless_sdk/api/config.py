@@ -59,7 +59,8 @@ class PipelineConfig(Record):
     boundaries, the learner trains each B complete groups as soon as they exist, weight updates pause the engines
     and running samples go on under the new weights; no token is more than ``max_age`` updates old; ``elastic``
     re-plans the split between batches. ``tail_prepare`` (sync): a GPU whose engine has decoded its last token of the
-    step scores complete groups while the others finish (``rlhfless_sdk.simulation.tail_prepare``; simulator only).
+    step scores complete groups while the others finish (``rlhfless_sdk.simulation.tail_prepare``; simulator only);
+    ``tail_learn`` has those GPUs learn on them too (forward and backward; the optimizer step still waits).
     A framework adapter's docs name the framework flags each setting models.
     """
 
@@ -78,6 +79,17 @@ class PipelineConfig(Record):
     tail_prepare: bool = Field(
         default=False,
         description="sync: GPUs whose engines are done score complete groups during the generation tail (simulator).",
+    )
+    tail_learn: bool = Field(
+        default=False,
+        description="sync, with tail_prepare: the freed GPUs also run the learner's forward and backward on complete "
+        "groups, in gradient groups of their own, and their gradients join the optimizer step (simulator).",
+    )
+    updates_per_batch: PositiveInt = Field(
+        default=1,
+        description="sync, tail_learn: optimizer steps the learner takes on one batch (the rollout batch's "
+        "samples over the training batch size, times the epochs per batch); only the first's share of the learning "
+        "can move into the tail, since the later ones need the weights it makes.",
     )
     kv_slots: float | None = Field(
         default=None,
@@ -108,6 +120,10 @@ class PipelineConfig(Record):
             raise ValueError("kv_slots holds back an engine's samples in the stream: it applies to mode: stream only")
         if self.split_schedule is not None and not (self.mode == "stream" and self.elastic):
             raise ValueError("split_schedule pins an elastic split: it applies to mode: stream with elastic: true")
+        if self.tail_learn and not self.tail_prepare:
+            raise ValueError("tail_learn extends tail_prepare: set tail_prepare: true with it")
+        if self.updates_per_batch != 1 and not self.tail_learn:
+            raise ValueError("updates_per_batch bounds what tail_learn moves: it applies with tail_learn: true only")
         if self.mode != "sync" and self.tail_prepare:
             raise ValueError("tail_prepare applies to mode: sync only (a pipeline scores on its learner's GPUs)")
         if self.mode == "stream" and (self.partial_rollout or self.queue_size != 1):

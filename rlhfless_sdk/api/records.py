@@ -506,6 +506,10 @@ class ActorProgress(Record):
     running: NonNegativeInt = Field(description="Samples decoding on this actor now.")
     waiting: NonNegativeInt = Field(default=0, description="Samples queued on this actor, not started yet.")
     free_slots: NonNegativeInt = Field(description="How many more sequences it can take now.")
+    context_tokens: NonNegativeInt = Field(
+        default=0, description="KV its running samples hold now: their prompts and the tokens generated so far."
+    )
+    kv_capacity_tokens: NonNegativeInt = Field(default=0, description="Tokens its KV cache holds (0: not known).")
 
     @property
     def done_fraction(self) -> float:

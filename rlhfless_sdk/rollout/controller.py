@@ -191,6 +191,7 @@ class RolloutBackend(Protocol):
 
     max_num_seqs: int  # sequences one engine runs at once (free slots in progress snapshots)
     max_tokens: int  # the most response tokens a sample may have
+    kv_capacity_tokens: int  # tokens one engine's KV cache holds (0: not known), in progress snapshots
 
     def engines(self) -> list[int]:
         """Engines that can take work now, in order (the plan's actor a runs on ``engines()[a % len]``)."""
@@ -493,10 +494,12 @@ class StepController:
     def snapshot(self, status: dict[int, EngineStatus]) -> StepProgress:
         """The progress the migrator sees: every live engine, every running sample."""
         uids, cap = self.batch.uids, max(int(self.backend.max_tokens), 1)
+        plens, kv = self.batch.prompt_lengths, int(self.backend.kv_capacity_tokens)
         actors, unfinished, prompts = [], [], set()
         for e, st in status.items():
             pending = self.pending.get(e, 0)
             running = len(st.running)
+            context = sum(int(plens[self.prompt[sid]]) + tokens for sid, tokens in st.running.items())
             actors.append(
                 ActorProgress.model_construct(
                     actor_id=e,
@@ -505,6 +508,8 @@ class StepController:
                     running=running,
                     waiting=max(pending - running, 0),
                     free_slots=max(0, self.backend.max_num_seqs - pending),
+                    context_tokens=context,
+                    kv_capacity_tokens=kv,
                 )
             )
             for sid, tokens in st.running.items():

@@ -81,7 +81,14 @@ from rlhfless_sdk.rollout.stream import (
 from rlhfless_sdk.simulation.bound import WorkBound, work_bound
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
 from rlhfless_sdk.simulation.stream import SimulatedStream
-from rlhfless_sdk.simulation.tail_prepare import score_in_tail, scoring_switch_s
+from rlhfless_sdk.simulation.tail_prepare import (
+    gradient_reduce_s,
+    group_gpus,
+    in_groups,
+    learning_switch_s,
+    score_in_tail,
+    scoring_switch_s,
+)
 from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
 
 
@@ -175,6 +182,7 @@ class SimulatedBackend:
         self.s = s = EngineSamples.of_batch(ws.batch, ws.lengths, plan.predicted_lengths, plan.assignment, plan.prefill)
         s.prefix_cache = prefix_caching
         self.max_num_seqs = profile.max_num_seqs
+        self.kv_capacity_tokens = profile.kv_capacity_tokens
         self.max_tokens = max_tokens or int(max(s.target, default=1)) or 1
         self.migrates = migrates
         self.pulls = plan.pull_buffer is not None  # the controller feeds engines from a shared queue as they free
@@ -1012,13 +1020,24 @@ class Simulator:
         """``usage`` of a synchronous step with ``tail_prepare``: the fleet's GPUs whose engines are done score the
         complete groups that train while the others generate (``score_in_tail``); the scoring left is spread over
         every GPU after generation, and the GPUs that switched are billed from their switch to its end. Burst
-        engines' GPUs are not the learner's: they never score. Without ``tail_prepare``: ``usage`` as it is."""
+        engines' GPUs are not the learner's: they never score. With ``tail_learn`` they also learn, in gradient
+        groups (``group_gpus``, formed as GPUs free: ``in_groups``), the first optimizer step's share of each group;
+        the gradient reduce is charged once any did. Without ``tail_prepare``: ``usage`` as it is."""
         if not planner.config.pipeline.tail_prepare or driven.ran.finish_s is None:
             return usage
         g, gpa = usage.gpus, usage.gpus_per_engine
         free = [e.last_s if e.first_s is not None else 0.0 for e in usage.engines if not e.burst for _ in range(gpa)]
         free = (free + [0.0] * g)[:g]
-        rate = self.profile.learner_rates(self.run_algo)[0]
+        learn = planner.config.pipeline.tail_learn
+        prepare, learning = self.profile.learner_rates(self.run_algo)
+        # of k optimizer steps on the batch, only the first's learning can run before the batch is complete: the
+        # tail learns 1/k of every group (a fluid stand-in for the first update's groups, the earliest complete)
+        rate = prepare + learning / planner.config.pipeline.updates_per_batch if learn else prepare
+        switch = scoring_switch_s(self.profile)
+        if learn:
+            size = group_gpus(self.dedicated, self.run_algo)
+            free = in_groups(free, size, usage.generation_s)
+            switch = learning_switch_s(self.dedicated, self.run_algo, size)
         batch, samples, finish = driven.batch, driven.outcome.samples, driven.ran.finish_s
         starts = np.concatenate([[0], np.cumsum(batch.n_samples)])
         ready = []
@@ -1026,9 +1045,21 @@ class Simulator:
             sids = range(int(starts[row]), int(starts[row + 1]))
             tokens = sum(samples[i].prompt_length + samples[i].response_length for i in sids)
             ready.append((max(float(finish[i]) for i in sids), tokens * rate))
-        scored = score_in_tail(free, ready, usage.generation_s, scoring_switch_s(self.profile))
+        scored = score_in_tail(free, ready, usage.generation_s, switch)
         extra = {**usage.extra, "tail_scored_gpu_s": scored.done_gpu_s, "tail_scorers": scored.scorers}
-        return replace(usage, prepare_s=scored.left_gpu_s / g, tail_scoring_gpu_s=scored.held_gpu_s, extra=extra)
+        if not learn:
+            return replace(usage, prepare_s=scored.left_gpu_s / g, tail_scoring_gpu_s=scored.held_gpu_s, extra=extra)
+        # what the tail did is scoring and learning in proportion; the rest of both is left for every GPU, and the
+        # tail groups' gradients join the learner's before its first optimizer step
+        prep_done = scored.done_gpu_s * prepare / rate
+        reduce_s = gradient_reduce_s(self.profile) if scored.done_gpu_s > 0 else 0.0
+        return replace(
+            usage,
+            prepare_s=usage.prepare_s - prep_done / g,
+            learn_s=usage.learn_s - (scored.done_gpu_s - prep_done) / g + reduce_s,
+            tail_scoring_gpu_s=scored.held_gpu_s,
+            extra=extra,
+        )
 
     def _learning(self, tokens: float, gpus: int) -> tuple[float, float]:
         """(scoring, learning) seconds of ``tokens`` (prompt + response) on ``gpus`` GPUs, for the run's algorithm."""

@@ -25,6 +25,7 @@ every GPU), so this needs a scorer that can run on part of the GPUs; the OpenRLH
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -89,3 +90,60 @@ def score_in_tail(
         left_gpu_s=max(total - done, 0.0),
         scorers=len(joins),
     )
+
+
+# -- learning in the tail (``tail_learn``) ----------------------------------------------------------------------
+#: models a gradient group holds, in multiples of the policy's bf16 weights: the policy (bf16 weights, fp32
+#: gradients: 3x) and the reference (1x) for GRPO; PPO adds the critic (3x) and the reward model (1x)
+GROUP_MODELS = {"grpo": 4.0, "ppo": 8.0}
+#: GB per GPU a gradient group keeps for activations (checkpointed) and buffers, as the profiles' engines do
+GROUP_ACTIVATIONS_GB = 2.0
+
+
+def weights_gb(profile: TimePerTokenProfile) -> float:
+    """The policy's bf16 weights in GB: what a weight sync moves (``weight_sync_s`` at ``inter_node_gbps``)."""
+    return profile.weight_sync_s * profile.inter_node_gbps
+
+
+def gpu_memory_gb(dedicated: TimePerTokenProfile) -> float:
+    """One GPU's memory, from a dedicated profile's KV capacity as every shipped profile derives it: the KV cache
+    gets 90% of memory less the weights and 2 GB of activations per GPU."""
+    kv_gb = dedicated.kv_capacity_tokens * dedicated.kv_bytes_per_token / 1e9
+    return (kv_gb + weights_gb(dedicated) + 2.0 * dedicated.gpus_per_actor) / 0.9 / dedicated.gpus_per_actor
+
+
+def group_gpus(dedicated: TimePerTokenProfile, algo: str) -> int:
+    """The fewest GPUs of one gradient group: its models (``GROUP_MODELS``) ZeRO-3-sharded over them fit in 90% of
+    each GPU's memory beside ``GROUP_ACTIVATIONS_GB``."""
+    room = 0.9 * gpu_memory_gb(dedicated) - GROUP_ACTIVATIONS_GB
+    need = GROUP_MODELS[algo] * weights_gb(dedicated)
+    if room <= 0:
+        raise ValueError(f"profile {dedicated.name!r}: no room on a GPU for a gradient group")
+    return max(1, math.ceil(need / room))
+
+
+def learning_switch_s(dedicated: TimePerTokenProfile, algo: str, size: int) -> float:
+    """A freed GPU's switch into a gradient group of ``size``: the scoring switch (``scoring_switch_s``) plus its
+    shard of the group's models in over the host link."""
+    shard_gb = GROUP_MODELS[algo] * weights_gb(dedicated) / size
+    return scoring_switch_s(dedicated) + shard_gb / dedicated.intra_node_gbps
+
+
+def gradient_reduce_s(profile: TimePerTokenProfile) -> float:
+    """The tail groups' fp32 gradients reduced into the learner's before its optimizer step: twice the weights'
+    bytes at the weight sync's bandwidth."""
+    return 2.0 * profile.weight_sync_s
+
+
+def in_groups(free_s: Sequence[float], size: int, never: float) -> list[float]:
+    """When each GPU can start in a gradient group: GPUs form groups of ``size`` in the order they free, a group
+    once its last member is free (a ZeRO group's members are fixed once it forms); GPUs of an incomplete last
+    group get ``never``. Same order as ``free_s``."""
+    order = sorted(range(len(free_s)), key=lambda i: free_s[i])
+    out = [never] * len(free_s)
+    for k in range(len(order) // size):
+        members = order[k * size : (k + 1) * size]
+        formed = free_s[members[-1]]
+        for i in members:
+            out[i] = formed
+    return out
