@@ -165,3 +165,34 @@ def test_learning_in_the_tail_of_a_consolidated_step_is_on_policy_and_bills_its_
             assert b.usage.tail_scoring_gpu_s >= done
         assert rb.stale_token_fraction == 0.0 and rb.max_token_age_steps == 0
     assert learned
+
+
+def test_a_tail_too_short_to_consolidate_is_left_alone_and_frees_no_gpu_to_learn():
+    """n=4 synthetic steps: no sample may still decode ``min_tail_tokens`` when a fifth are left, so nothing moves
+    and no GPU joins the tail: the step is billed exactly as without tail work. On long reasoning the GPUs that
+    learn in the tail were freed by the consolidation or after it, never before it (they were released)."""
+    registry = get_plugin_manager().registry
+    profile = load_profile("qwen2.5-7b-l40s")
+    tail = registry.scheduler("rlhfless-onpolicy-tail")
+    plain = tail.derive(name="no-tail-work", pipeline={"tail_prepare": False, "tail_learn": False})
+    short = synthetic_workload(SyntheticWorkload(num_prompts=64, n_samples=4), steps=2)
+    reports = {}
+    for config in (tail, plain):
+        sim = Simulator(profile, Cluster.of_gpus(8, 8), registry=registry, algo="grpo")
+        reports[config.name] = [s.report for s in sim.run(config, short).steps]
+    for a, b in zip(reports[tail.name], reports[plain.name], strict=True):
+        assert a.migrations == 0
+        assert (a.time_s, a.gpu_seconds, a.prepare_s, a.learn_s) == (
+            b.time_s,
+            b.gpu_seconds,
+            b.prepare_s,
+            b.learn_s,
+        )
+    shape = SyntheticWorkload(num_prompts=64, median_length=1500, sample_sigma=0.5, max_length=8192, runaway=0.03)
+    sim = Simulator(profile, Cluster.of_gpus(8, 8), registry=registry, algo="grpo")
+    for step in sim.run(tail, synthetic_workload(shape, steps=2)).steps:
+        extra = step.usage.extra
+        joined = [
+            i for i, e in enumerate(step.usage.engines) if i in extra["cut_engines"] or e.last_s >= extra["first_cut_s"]
+        ]
+        assert step.report.migrations > 0 and extra["tail_scorers"] <= len(joined) * step.usage.gpus_per_engine

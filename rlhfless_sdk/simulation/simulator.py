@@ -204,6 +204,8 @@ class SimulatedBackend:
         self.next_check_s = float(start.max(initial=0.0)) + self.interval
         self.checks = 0
         self._now = 0.0
+        self.first_cut_s = math.inf  # when the controller first cut a sample off its engine (inf: never)
+        self.cut_engines: set[int] = set()  # engines a sample was cut off
 
     def _prefill(self, n: int) -> np.ndarray:
         """When each decode actor can start; sets ``prefill_s``, the prefill actor's busy time."""
@@ -314,6 +316,8 @@ class SimulatedBackend:
         if s.state[sample] != RUNNING or s.actor[sample] != engine:
             return None
         s.cut_from[sample] = engine
+        self.first_cut_s = min(self.first_cut_s, self._now)
+        self.cut_engines.add(engine)
         return self.actors[engine]._remove_running(s, sample)
 
     def cut_all(self, running: Sequence[tuple[int, int]]) -> list[int | None]:
@@ -362,7 +366,11 @@ class SimulatedBackend:
             prepare_s=tokens * self.rates[0] / g,
             learn_s=tokens * self.rates[1] / g,
             sync_s=prof.weight_sync_s,
-            extra={"preemptions": sum(a.preemptions for a in self.actors)},
+            extra={
+                "preemptions": sum(a.preemptions for a in self.actors),
+                "first_cut_s": self.first_cut_s,
+                "cut_engines": sorted(self.cut_engines),
+            },
         )
 
 
@@ -1026,9 +1034,18 @@ class Simulator:
         if not planner.config.pipeline.tail_prepare or driven.ran.finish_s is None:
             return usage
         g, gpa = usage.gpus, usage.gpus_per_engine
-        free = [e.last_s if e.first_s is not None else 0.0 for e in usage.engines if not e.burst for _ in range(gpa)]
-        free = (free + [0.0] * g)[:g]
         learn = planner.config.pipeline.tail_learn
+        # with tail_learn only a consolidated tail is worth joining: a GPU joins if its engine was cut by the
+        # consolidation or freed after the step's first cut; GPUs freed before it were released (a short tail
+        # never consolidates, and then nothing joins)
+        cut, cut_from = usage.extra.get("first_cut_s", math.inf), set(usage.extra.get("cut_engines", ()))
+
+        def freed(i: int, e: EngineUsage) -> float:
+            f = e.last_s if e.first_s is not None else 0.0
+            return f if not learn or i in cut_from or f >= cut else usage.generation_s
+
+        free = [freed(i, e) for i, e in enumerate(usage.engines) if not e.burst for _ in range(gpa)]
+        free = (free + [usage.generation_s if learn else 0.0] * g)[:g]
         prepare, learning = self.profile.learner_rates(self.run_algo)
         # of k optimizer steps on the batch, only the first's learning can run before the batch is complete: the
         # tail learns 1/k of every group (a fluid stand-in for the first update's groups, the earliest complete)
