@@ -550,6 +550,58 @@ def test_the_tau_migrator_fires_once_an_engine_has_done_tau_of_its_planned_token
         assert later[0].tokens_generated >= gen.last_cuts[0][2].partial.__len__()
 
 
+def _global_recorded():
+    from rlhfless_policies.migrators import GlobalMigrator
+
+    return type("GlobalRecorded", (_Recorder, GlobalMigrator), {"seen": []})
+
+
+@pytest.mark.parametrize("kv", ["holds-the-tail", "holds-one-sample"])
+def test_kv_consolidation_moves_the_tail_only_where_the_kv_holds_it(stack, registry_with, kv):
+    """The global migrator with ``kv_fill`` on real engines (what ``rlhfless-onpolicy-tail`` consolidates with):
+    each snapshot carries every engine's KV, its running samples' prompts and tokens, against the profile's
+    capacity. With a capacity that holds the whole tail on one engine, the other engine's samples all move to that
+    one, once, and every sample ends with all its tokens and their logprobs; with one that holds less than one
+    sample at ``kv_fill``, nothing moves (where the capacity is not known, 0, it would move by free slots)."""
+    from rlhfless_policies.migrators import GlobalParams
+
+    from rlhfless_sdk.api.profiles import load_profile
+
+    recorder = _global_recorded()
+    spec = PolicySpec(name="global-recorded", factory=recorder, params=GlobalParams)
+    reg = registry_with(**{"global-recorded-plugin": H.policy_plugin(migrator=spec)})
+    params = {"threshold": 1.0, "kv_fill": 0.8, "min_tail_tokens": 0}  # consolidate from the first check
+    config = reg.scheduler("openrlhf").derive(name=f"kv-{kv}", migrator={"name": "global-recorded", "params": params})
+    capacity = 100_000 if kv == "holds-the-tail" else 200  # 0.8 x 200 = 160 tokens < any sample's prompt + 160
+    profile = load_profile("qwen2.5-3b-l40s").model_copy(update={"kv_capacity_tokens": capacity})
+    gen = make_generator(stack, config, registry=reg, num_prompts=4, check_interval_s=0.1, profile=profile)
+    max_new = 160
+    kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
+    experiences, *_ = gen.generate_samples(**kwargs)
+    assert_groups(experiences, PROMPTS[:4], N_SAMPLES, max_new)
+    assert all(int(e.response_length[0]) == max_new for e in experiences)
+    assert all(e.rollout_log_probs.shape[1] == e.action_mask.shape[1] for e in experiences)
+    assert recorder.seen
+    for progress, _ in recorder.seen:
+        for a in progress.actors:
+            assert a.kv_capacity_tokens == capacity
+            mine = [s for s in progress.unfinished if s.actor_id == a.actor_id]
+            assert a.context_tokens >= sum(s.tokens_generated for s in mine) + len(mine)  # prompts hold KV too
+    moves = [d for _, decisions in recorder.seen for d in decisions]
+    if kv == "holds-one-sample":
+        assert moves == [] and gen.last_report.migrations == 0
+        return
+    assert moves and gen.last_report.migrations == len(moves)
+    first, decisions = next((p, d) for p, d in recorder.seen if d)
+    kept = {d.to_actor for d in decisions}
+    assert len(kept) == 1 and {d.from_actor for d in decisions}.isdisjoint(kept)
+    # every sample of the engine it empties, and only those, moves, each once
+    (source,) = {d.from_actor for d in decisions}
+    assert sorted((d.uid, d.sample_index) for d in moves) == sorted(
+        (s.uid, s.sample_index) for s in first.unfinished if s.actor_id == source
+    )
+
+
 def test_a_twice_cut_sample_completes_with_each_pieces_logprobs(stack, registry_with):
     MoveTwiceRecorded.seen.clear()
     max_new = 200
