@@ -24,6 +24,8 @@ from rlhfless_sdk.simulation.traces import synthetic_workload
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
 times = st.floats(0.0, 100.0, allow_nan=False)
+#: long reasoning at a test's scale: 64 prompts of 8 samples, median 1,500 tokens, 3% running away to the 8,192 cap
+LONG_REASONING = SyntheticWorkload(num_prompts=64, median_length=1500, sample_sigma=0.5, max_length=8192, runaway=0.03)
 
 
 def processed(free, ready, end, switch):
@@ -83,8 +85,7 @@ def test_scoring_in_the_tail_shortens_a_step_without_stale_tokens_and_bills_its_
     generation shorter, the scorers billed, no stale token."""
     registry = get_plugin_manager().registry
     profile = load_profile("qwen2.5-7b-l40s")
-    shape = SyntheticWorkload(num_prompts=64, median_length=1500, sample_sigma=0.5, max_length=8192, runaway=0.03)
-    work = synthetic_workload(shape, steps=2)
+    work = synthetic_workload(LONG_REASONING, steps=2)
     base = registry.scheduler("rlhfless-onpolicy")
     runs = {}
     for tail in (False, True):
@@ -142,8 +143,7 @@ def test_learning_in_the_tail_of_a_consolidated_step_is_on_policy_and_bills_its_
     learning moves into the tail."""
     registry = get_plugin_manager().registry
     profile = load_profile("qwen2.5-7b-l40s")
-    shape = SyntheticWorkload(num_prompts=64, median_length=1500, sample_sigma=0.5, max_length=8192, runaway=0.03)
-    work = synthetic_workload(shape, steps=2)
+    work = synthetic_workload(LONG_REASONING, steps=2)
     tail = registry.scheduler("rlhfless-onpolicy-tail")
     runs = {}
     for k in (0, 1, 2):  # no tail work; one optimizer step a batch; two
@@ -188,9 +188,8 @@ def test_a_tail_too_short_to_consolidate_is_left_alone_and_frees_no_gpu_to_learn
             b.prepare_s,
             b.learn_s,
         )
-    shape = SyntheticWorkload(num_prompts=64, median_length=1500, sample_sigma=0.5, max_length=8192, runaway=0.03)
     sim = Simulator(profile, Cluster.of_gpus(8, 8), registry=registry, algo="grpo")
-    for step in sim.run(tail, synthetic_workload(shape, steps=2)).steps:
+    for step in sim.run(tail, synthetic_workload(LONG_REASONING, steps=2)).steps:
         extra = step.usage.extra
         joined = [
             i for i, e in enumerate(step.usage.engines) if i in extra["cut_engines"] or e.last_s >= extra["first_cut_s"]
