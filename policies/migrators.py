@@ -115,19 +115,21 @@ class GlobalParams(Record):
 
 class _KvDestinations:
     """Keepers' room: a free slot and KV for the sample's context within ``fill`` of the keeper's capacity; each
-    take goes to the keeper with the most KV room left."""
+    take goes to the keeper with the most KV room left (ties: the lowest id). A heap, so a take is O(log keepers)."""
 
     def __init__(self, actors: Iterable[ActorProgress], fill: float) -> None:
         self.slots = {a.actor_id: a.free_slots for a in actors}
-        self.room = {a.actor_id: fill * a.kv_capacity_tokens - a.context_tokens for a in actors}
+        self.heap = [(-(fill * a.kv_capacity_tokens - a.context_tokens), a.actor_id) for a in actors]
+        heapq.heapify(self.heap)
 
     def take(self, context: float) -> int | None:
-        fits = [a for a, r in self.room.items() if self.slots[a] > 0 and r >= context]
-        if not fits:
+        while self.heap and self.slots[self.heap[0][1]] <= 0:  # full keepers leave for good
+            heapq.heappop(self.heap)
+        if not self.heap or -self.heap[0][0] < context:  # the roomiest keeper cannot hold it: none can
             return None
-        to = max(fits, key=lambda a: (self.room[a], -a))
+        room, to = heapq.heappop(self.heap)
         self.slots[to] -= 1
-        self.room[to] -= context
+        heapq.heappush(self.heap, (room + context, to))
         return to
 
 
@@ -189,20 +191,21 @@ class GlobalMigrator:
         total = sum(a.context_tokens for a in busy)
         order = sorted(busy, key=lambda a: (a.waiting == 0, -a.context_tokens, a.actor_id))
         keepers: list[ActorProgress] = []
-        for a in order:
-            if keepers and a.waiting == 0:  # the actors with queued samples come first and are all kept
-                room = sum(fill * k.kv_capacity_tokens for k in keepers)
-                slots = sum(k.free_slots for k in keepers)
-                moving = sum(len(by_actor[b.actor_id]) for b in order if b not in keepers)
-                if room >= total and slots >= moving:
-                    break
+        room, slots, moving = 0.0, 0, sum(len(by_actor[a.actor_id]) for a in busy)
+        for a in order:  # the actors with queued samples come first and are all kept
+            if keepers and a.waiting == 0 and room >= total and slots >= moving:
+                break
             keepers.append(a)
+            room += fill * a.kv_capacity_tokens
+            slots += a.free_slots
+            moving -= len(by_actor[a.actor_id])
         if len(keepers) == len(busy):
             return []
         dests = _KvDestinations(keepers, fill)
+        kept = {k.actor_id for k in keepers}
         out = []
         for a in busy:
-            if a in keepers:
+            if a.actor_id in kept:
                 continue
             samples = by_actor[a.actor_id]
             prompt = max(a.context_tokens - sum(s.tokens_generated for s in samples), 0) / max(len(samples), 1)
