@@ -1268,7 +1268,11 @@ def test_length_replay_stops_every_sample_at_its_trace_length_carried_pieces_inc
     from rlhfless_sdk.simulation.replay import long_reasoning_workload
 
     cap, b = 48, 2
-    replay = _RecordingReplay.make(long_reasoning_workload(cap, prompts=16, samples=N_SAMPLES, steps=2), cap)
+    # Seed 270 draws two short groups (every sample <= 8 tokens) then groups holding a runaway at the cap: B groups
+    # complete some 40 decode steps before the rest, so the cut carries samples even on a loaded machine (a draw of
+    # near-equal groups could see every group finish between two progress polls and carry nothing).
+    workload = long_reasoning_workload(cap, prompts=16, samples=N_SAMPLES, steps=2, seed=270)
+    replay = _RecordingReplay.make(workload, cap)
     prompts = VARIED[: 2 * b + 1]
     gen = _carry_generator(stack, 1.0, replay=replay)
     steps = _run_carrying(gen, prompts, b, 400)
