@@ -137,6 +137,41 @@ def _resolve(e: Expect) -> Callable:
     return obj  # type: ignore[return-value]
 
 
+def unshippable_methods(cls: type) -> list[str]:
+    """The methods of ``cls`` that Ray cannot ship to a worker: those that call ``super()`` and are inherited from
+    an OpenRLHF class its module no longer names (``@ray.remote`` put an ``ActorClass`` under the name). Ray ships
+    an actor class by value with every method on it; such a method's ``super()`` cell then holds a copy of its
+    class, not a base of the actor built from the real one, and the call fails with ``TypeError: super(type, obj):
+    obj must be an instance or subtype of type`` (OpenRLHF 0.11.2's ``TrainingActor.__init__`` under Ray 2.55). A
+    method defined here and calling ``super()`` from here is looked up at run time instead. The launcher's
+    classes must have none (``check_internals`` checks them)."""
+    out = []
+    for name in dir(cls):
+        fn = getattr(cls, name, None)
+        code = getattr(fn, "__code__", None)
+        if code is None or "__class__" not in code.co_freevars:
+            continue
+        owner = next(c for c in cls.__mro__ if name in vars(c))
+        module = importlib.import_module(owner.__module__)
+        if getattr(module, owner.__qualname__, None) is not owner:
+            out.append(f"{owner.__module__}.{owner.__qualname__}.{name}")
+    return out
+
+
+
+def swapped_classes() -> list[type]:
+    """Every class the launcher swaps into OpenRLHF that Ray builds as an actor (needs the learning side)."""
+    from rlhfless_openrlhf import engine_actor, trainer
+
+    return [
+        trainer.RlhflessPPOTrainerImpl,
+        trainer.RlhflessPPOTrainerAsyncImpl,
+        trainer.RlhflessGenerateSamplesActorImpl,
+        trainer.RlhflessTrainingActorImpl,
+        engine_actor.RlhflessRolloutActorImpl,
+    ]
+
+
 def check_internals(*, learning: bool = False) -> list[str]:
     """Check the version and every expected name and signature; returns what was checked.
 
@@ -174,6 +209,13 @@ def check_internals(*, learning: bool = False) -> list[str]:
             missing = [n for n in names if n not in used]
             if missing:
                 problems.append(f"{module}.{qualname}: no longer looks up {missing} when it runs")
+    if learning and not problems:
+        for cls in swapped_classes():
+            for method in unshippable_methods(cls):
+                problems.append(
+                    f"{cls.__module__}.{cls.__qualname__} inherits {method}, which calls super() from a class Ray "
+                    "ships by value: the actor cannot be built or the call fails; override it in the adapter"
+                )
     if problems:
         raise OpenRLHFMismatch(
             "the installed OpenRLHF does not have what the rlhfless adapter relies on:\n  " + "\n  ".join(problems)

@@ -171,6 +171,10 @@ class RlhflessGenerateSamplesActorImpl(ppo_trainer_async.GenerateSamplesActor.__
 
 
 class RlhflessTrainingActorImpl(ppo_trainer_async.TrainingActor.__ray_actor_class__):  # type: ignore[misc]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """OpenRLHF's, called from here (``rlhfless_openrlhf.internals.unshippable_methods`` says why)."""
+        super().__init__(*args, **kwargs)
+
     def broadcast_to_vllm(self) -> None:
         check_engines_alive(self.vllm_engines)
         return super().broadcast_to_vllm()
