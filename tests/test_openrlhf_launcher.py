@@ -593,7 +593,8 @@ def _cpu_launch(tmp_path, *extra: str, scheduler: str = "rlhfless") -> tuple[int
 
 BUILT = {
     "sync": "built through Ray: RlhflessPPOTrainerImpl",
-    "async": "built through Ray: RlhflessPPOTrainerAsyncImpl, RlhflessGenerateSamplesActorImpl, RlhflessTrainingActorImpl",
+    "async": "built through Ray: "
+    + ", ".join(["RlhflessPPOTrainerAsyncImpl", "RlhflessGenerateSamplesActorImpl", "RlhflessTrainingActorImpl"]),
 }
 
 

@@ -158,7 +158,6 @@ def unshippable_methods(cls: type) -> list[str]:
     return out
 
 
-
 def swapped_classes() -> list[type]:
     """Every class the launcher swaps into OpenRLHF that Ray builds as an actor (needs the learning side)."""
     from rlhfless_openrlhf import engine_actor, trainer
