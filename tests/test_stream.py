@@ -520,57 +520,63 @@ def test_the_drain_split_is_the_argmin_it_claims(seen, running, gpus, current, s
     max_age=st.integers(0, 3),
     queue=st.integers(1, 3),
     slots=st.integers(1, 12),
+    epochs=st.integers(1, 3),
 )
 def test_an_open_stream_drawn_as_it_goes_trains_every_group_once_within_the_age_bound(
-    data, prompts, n, batch_groups, max_age, queue, slots
+    data, prompts, n, batch_groups, max_age, queue, slots, epochs
 ):
     """The book as the OpenRLHF adapter drives it (``rlhfless_openrlhf.stream``): groups added as the dataloader is
     drawn (only when a slot is free and the admission rule lets a group start), the book closed when it runs dry;
     samples finishing in any order; OpenRLHF's async loop forming batch k only while at most ``queue`` batches wait
-    for the learner, whose update after each batch advances the version. Every group trains exactly once, whole, B
-    a batch but the last; no group is older than ``max_age`` when it trains; and the run never stalls."""
-    book = GroupBook([], batch_groups, max_age, closed=False)
-    drawn, version, formed = 0, 0, 0
-    running: list[int] = []
-    dispatched_under: dict[int, int] = {}
-    batches: list[list[int]] = []
-    for _ in range(20_000):
-        while len(running) < slots:  # the free slots get the stream's next samples
-            if book.next_sample >= book.samples and not book.closed and book.may_start(version) > 0:
-                if drawn < prompts:
-                    book.add(n)
-                    drawn += 1
-                else:
-                    book.close()
-            got = book.take(1, version)
-            if not got:
+    for the learner, whose update after each batch advances the version; ``epochs`` passes over the prompts, each a
+    new book numbering its batches on from the last. In every epoch every group trains exactly once, whole, B a
+    batch but the epoch's last (more only for groups that cannot wait); no more than ``max_age + 1`` batches' worth
+    of groups are in flight at once; no group is older than ``max_age`` when it trains; and the run never stalls."""
+    version, formed = 0, 0
+    for _epoch in range(epochs):
+        book = GroupBook([], batch_groups, max_age, closed=False, first_batch=formed)
+        drawn = 0
+        running: list[int] = []
+        dispatched_under: dict[int, int] = {}
+        batches: list[list[int]] = []
+        for _ in range(20_000):
+            while len(running) < slots:  # the free slots get the stream's next samples
+                if book.next_sample >= book.samples and not book.closed and book.may_start(version) > 0:
+                    if drawn < prompts:
+                        book.add(n)
+                        drawn += 1
+                    else:
+                        book.close()
+                got = book.take(1, version)
+                if not got:
+                    break
+                running.append(got[0])
+                dispatched_under[got[0]] = version
+            assert book.started - book.trained <= (max_age + 1) * batch_groups
+            if formed - version <= queue:  # a queue slot is free (one batch may be training besides)
+                untrained = [g for g in book.groups if g.batch < 0]
+                must = sum(0 <= g.version <= formed - max_age for g in untrained)
+                size = min(batch_groups, len(untrained)) if book.closed else batch_groups
+                chosen = book.form(formed)
+                if chosen is not None:
+                    assert len(chosen) == max(size, must)  # B, more only for groups that cannot wait
+                    for g in chosen:
+                        assert book.groups[g].complete
+                        assert all(formed - dispatched_under[s] <= max_age for s in book.groups[g].samples)
+                    batches.append(chosen)
+                    formed += 1
+                    continue
+            if book.closed and not book.untrained:
                 break
-            running.append(got[0])
-            dispatched_under[got[0]] = version
-        if formed - version <= queue:  # a queue slot is free (one batch may be training besides)
-            untrained = [g for g in book.groups if g.batch < 0]
-            must = sum(0 <= g.version <= formed - max_age for g in untrained)
-            size = min(batch_groups, len(untrained)) if book.closed else batch_groups
-            chosen = book.form(formed)
-            if chosen is not None:
-                assert len(chosen) == max(size, must)  # B, more only for groups that cannot wait
-                for g in chosen:
-                    assert book.groups[g].complete
-                    assert all(formed - dispatched_under[s] <= max_age for s in book.groups[g].samples)
-                batches.append(chosen)
-                formed += 1
-                continue
-        if book.closed and not book.untrained:
-            break
-        moves = (["finish"] if running else []) + (["update"] if version < formed else [])
-        assert moves, f"stalled: version {version}, formed {formed}, started {book.started}, running {running}"
-        if data.draw(st.sampled_from(moves)) == "finish":
-            sid = running.pop(data.draw(st.integers(0, len(running) - 1)))
-            book.finish(sid, 0.0)
+            moves = (["finish"] if running else []) + (["update"] if version < formed else [])
+            assert moves, f"stalled: version {version}, formed {formed}, started {book.started}, running {running}"
+            if data.draw(st.sampled_from(moves)) == "finish":
+                sid = running.pop(data.draw(st.integers(0, len(running) - 1)))
+                book.finish(sid, 0.0)
+            else:
+                version += 1  # the learner trained the oldest waiting batch and broadcast its weights
         else:
-            version += 1  # the learner trained the oldest waiting batch and broadcast its weights
-    else:
-        raise AssertionError("the stream did not end")
-    trained = [g for b in batches for g in b]
-    assert sorted(trained) == list(range(prompts))  # every group once
-    assert all(len(b) >= batch_groups for b in batches[:-1])
+            raise AssertionError("the stream did not end")
+        trained = [g for b in batches for g in b]
+        assert sorted(trained) == list(range(prompts))  # every group once
+        assert all(len(b) >= batch_groups for b in batches[:-1])

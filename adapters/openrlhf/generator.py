@@ -610,7 +610,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             stats = self.pool.stats(self.pool.live())
             self._stream_base = min((s.weights_version for s in stats.values()), default=0)
             self._stream_mark = (time.time(), {e: s.busy_s for e, s in stats.items()})
-        book = GroupBook([], b, int(pipeline.max_age), closed=False)
+        book = GroupBook([], b, int(pipeline.max_age), closed=False, first_batch=self._stream_batches)
         self.stream = st = EngineStream(
             self.pool,
             book,

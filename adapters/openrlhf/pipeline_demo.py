@@ -206,19 +206,28 @@ def pooled(runs: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]
 
 
 def generate_actor(
-    gen: Any, generate_kwargs: dict[str, Any], *, lock: Any, rollout: Any, slots: Any, partial: bool, loader: Any = None
+    gen: Any,
+    generate_kwargs: dict[str, Any],
+    *,
+    lock: Any,
+    rollout: Any,
+    slots: Any,
+    partial: bool,
+    loader: Any = None,
+    episodes: int = 1,
 ) -> Any:
     """OpenRLHF's ``GenerateSamplesActor`` (RLHFless's subclass) in this process, over ``gen``: the state its own
     ``fit`` reads, set without the actor's constructor (which builds a tokenizer and a dataloader from a training
     strategy). ``lock``: OpenRLHF's ``VLLMLock`` (or what answers its ``acquire``/``release``); ``rollout`` and
     ``slots``: its queues, the rollout queue carrying the generator's checkpoint state as RLHFless's actor does;
-    ``loader``: the dataloader ``fit`` reads its length and state from (default: ``gen``'s)."""
+    ``loader``: the dataloader ``fit`` reads its length and state from (default: ``gen``'s); ``episodes``: passes
+    over the prompts (``--train.num_episodes``)."""
     from types import SimpleNamespace
 
     from rlhfless_openrlhf.trainer import CarryingQueue, RlhflessGenerateSamplesActorImpl
 
     actor = RlhflessGenerateSamplesActorImpl.__new__(RlhflessGenerateSamplesActorImpl)
-    actor.args = SimpleNamespace(train=SimpleNamespace(num_episodes=1), eval=SimpleNamespace(steps=float("inf")))
+    actor.args = SimpleNamespace(train=SimpleNamespace(num_episodes=episodes), eval=SimpleNamespace(steps=float("inf")))
     actor.samples_generator, actor.eval_dataloader = gen, None
     actor.generate_kwargs = generate_kwargs
     actor.prompts_dataloader = gen.prompts_dataloader if loader is None else loader

@@ -80,15 +80,21 @@ class StreamStats:
 class GroupBook:
     """The groups of a stream: which started under which weights, which are complete, which batch trains each."""
 
-    def __init__(self, sizes: Sequence[int], batch_groups: int, max_age: int, *, closed: bool = True) -> None:
+    def __init__(
+        self, sizes: Sequence[int], batch_groups: int, max_age: int, *, closed: bool = True, first_batch: int = 0
+    ) -> None:
         """``sizes``: each group's samples, in stream order. ``closed=False``: an open stream (a dataloader), whose
         groups are ``add``-ed as they are drawn and which ends at ``close``; until then no batch takes fewer than B
-        groups, and the admission rule is not capped by the groups known so far."""
+        groups, and the admission rule is not capped by the groups known so far. ``first_batch``: the run's number
+        of this stream's first batch (a later epoch's stream goes on numbering batches, and weights versions, from
+        the one before: batch k still trains with version k)."""
         if batch_groups <= 0:
             raise RlhflessError(f"a streaming batch needs at least one group; got {batch_groups}")
         if max_age < 0:
             raise RlhflessError(f"max_age must be at least 0; got {max_age}")
-        self.B, self.max_age = batch_groups, max_age
+        if first_batch < 0:
+            raise RlhflessError(f"first_batch must be at least 0; got {first_batch}")
+        self.B, self.max_age, self.first_batch = batch_groups, max_age, first_batch
         self.closed = True
         self.groups: list[StreamGroup] = []
         self.group_of: dict[int, int] = {}
@@ -127,8 +133,9 @@ class GroupBook:
         return len(self.groups) - self.trained
 
     def may_start(self, version: int) -> int:
-        """Groups that may still start under weights ``version`` (the admission rule)."""
-        limit = (version + self.max_age + 1) * self.B
+        """Groups that may still start under weights ``version`` (the admission rule: group i trains in batch
+        ``first_batch + i // B`` at the earliest, which must be at most ``version + max_age``)."""
+        limit = max(version - self.first_batch + self.max_age + 1, 0) * self.B
         return max(0, (min(limit, len(self.groups)) if self.closed else limit) - self.started)
 
     def take(self, want: int, version: int) -> list[int]:
