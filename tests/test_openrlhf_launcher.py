@@ -396,6 +396,12 @@ def test_the_stream_runs_only_in_openrlhfs_async_loop_with_partial_rollout_broad
     assert any("no token more than 2 weight updates old" in line for line in said)
     assert any("elastic split is not applied" in line for line in said)
     assert any("up to 2 weight updates stale" in line and "correction on" in line for line in said)
+    assert any("queue 1)" in line and "up to 1 batch(es) ahead of training" in line for line in said)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):  # a deeper queue than the age bound uses
+        _hierarchized(**{"train.async_enable": True, "train.async_queue_size": 3})
+    said = [r.getMessage() for r in caplog.records]
+    assert any("up to 2 batch(es) ahead" in line and "a queue above 2 adds nothing" in line for line in said)
 
 
 def test_the_fixed_split_stream_runs_in_openrlhfs_async_loop_at_the_split_launched(monkeypatch, caplog):

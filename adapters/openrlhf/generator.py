@@ -652,6 +652,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
 
         t0 = time.time()
         quiet_since = time.time()
+        told = False
         while True:
             version = st.version()
             if st.dispatch(version, submit):
@@ -663,7 +664,19 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                 self.stream = None
                 return [], self._tail_drawn - drawn, True
             if not st.running() and time.time() - quiet_since > self.carry_timeout_s:
-                raise stall_error(time.time() - quiet_since, version, book, k)
+                if version >= k:  # every batch handed to training has updated the weights: nothing will come
+                    raise stall_error(time.time() - quiet_since, version, book, k)
+                if not told:  # batches wait for (or are in) training: its next update lets new groups start
+                    told = True
+                    log.info(
+                        "rlhfless: the stream waits for the learner: batch %d may take only groups that start after "
+                        "its next weight update (engines at version %d, %d batch(es) handed to training, at most "
+                        "%d update(s) old)",
+                        k,
+                        version,
+                        k,
+                        book.max_age,
+                    )
             if st.wait(self.check_interval_s):
                 quiet_since = time.time()
         experiences, runs, groups = [], [], []

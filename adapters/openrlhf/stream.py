@@ -181,10 +181,11 @@ def response_runs(response: dict[str, Any]) -> list[tuple[int, int]]:
 
 
 def stall_error(waited_s: float, version: int, book: GroupBook, batch: int) -> RlhflessError:
-    """Why a stream gave up waiting: nothing ran and the batch could not form for ``waited_s`` seconds."""
+    """Why a stream gave up waiting: nothing ran and the batch could not form for ``waited_s`` seconds, with no
+    weight update to wait for (while batches wait for the learner, the stream waits as long as it takes)."""
     return RlhflessError(
-        f"rlhfless: the stream cannot form batch {batch}: no sample is running and no weight update came for "
-        f"{waited_s:.0f} s (engines at version {version}; {book.started} groups started, {book.trained} trained, "
-        f"{book.B} a batch, at most {book.max_age} updates old). New groups wait for the learner's next update: is "
-        "OpenRLHF's async loop (--train.async_enable --train.partial_rollout_enable) broadcasting the weights?"
+        f"rlhfless: the stream cannot form batch {batch}: no sample has run for {waited_s:.0f} s although every "
+        f"batch handed to training has updated the weights (engines at version {version}; {book.started} groups "
+        f"started, {book.trained} trained, {book.B} a batch, at most {book.max_age} updates old); this is a bug in "
+        "the stream's admission, please report it with this line"
     )

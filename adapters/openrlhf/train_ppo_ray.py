@@ -286,12 +286,15 @@ def check_stream(args: Any, settings: dict[str, Any]) -> None:
             name,
             _flag(args, "vllm", "num_engines"),
         )
+    max_age = int(pipeline.get("max_age", 1))
     log.info(
         "rlhfless: scheduler %r streams in OpenRLHF's async loop (queue %d): batches of B complete groups, no "
-        "token more than %d weight updates old",
+        "token more than %d weight updates old; the generator forms up to %d batch(es) ahead of training%s",
         name,
         queue,
-        int(pipeline.get("max_age", 1)),
+        max_age,
+        min(queue, max_age),
+        f" (the age bound holds it there: a queue above {max_age} adds nothing)" if queue > max_age else "",
     )
 
 
