@@ -486,6 +486,26 @@ def test_an_explicit_correction_off_is_refused_through_openrlhfs_own_cli(monkeyp
     assert not ray.is_initialized()
 
 
+@pytest.mark.parametrize("preset", ["rlhfless-fast", "rlhfless-onpolicy", "rlhfless-stream", "rlhfless-stream-fixed"])
+def test_oversampling_is_refused_for_a_scheduler_that_carries_work_or_streams(monkeypatch, preset):
+    """OpenRLHF's ``--rollout.vllm_generate_batch_size`` above ``--rollout.batch_size`` (async only) trains the groups
+    beyond a batch from a buffer a weight update later and leaves that buffer out of its checkpoints: a scheduler
+    that carries samples or deferred prompts, or streams, is refused in one line naming both flags, before Ray
+    starts. ``rlhfless`` (nothing carried) runs it as OpenRLHF does; so does any scheduler at equal sizes."""
+    over = {"train.async_enable": True, "rollout.batch_size": 8, "rollout.vllm_generate_batch_size": 16}
+    _hooked(monkeypatch, preset, [])
+    with pytest.raises(SystemExit) as refused:
+        _hierarchized(**over)
+    message = str(refused.value.code)
+    assert message.startswith(
+        f"error: --rollout.vllm_generate_batch_size 16 > --rollout.batch_size 8 cannot run with scheduler '{preset}'"
+    )
+    assert "\n" not in message and "--scheduler rlhfless" in message
+    _hierarchized(**{**over, "rollout.vllm_generate_batch_size": 8})  # equal sizes: no oversampling
+    _hooked(monkeypatch, "rlhfless", [])
+    assert _hierarchized(**over).rollout.vllm_generate_batch_size == 16
+
+
 def test_the_placer_keeps_the_learners_real_size_free():
     from rlhfless_openrlhf.engine_factory import learner_gpus
 

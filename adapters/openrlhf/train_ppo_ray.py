@@ -197,6 +197,8 @@ def check_modes(args: Any, settings: dict[str, Any] | None = None, argv: Sequenc
     if settings and settings.get("profile"):
         match_profile(args, settings)
     streams = ((settings or {}).get("scheduler") or {}).get("pipeline", {}).get("mode") == "stream"
+    if settings and (straggler != "none" or streams):
+        check_oversampling(args, settings["scheduler"]["name"], straggler, streams)
     if streams:
         check_stream(args, settings)
     if (settings or {}).get("keeps_tokens"):
@@ -212,6 +214,30 @@ def check_modes(args: Any, settings: dict[str, Any] | None = None, argv: Sequenc
             queue + 1,
             args.algo.advantage.is_correction_level,
         )
+
+
+def check_oversampling(args: Any, name: str, straggler: str, streams: bool) -> None:
+    """Refuse ``--rollout.vllm_generate_batch_size`` above ``--rollout.batch_size`` (OpenRLHF's oversampling, async
+    only) for a scheduler that carries work between steps or streams: OpenRLHF keeps the groups one generation makes
+    beyond a batch in a buffer and trains them a weight update later (so a carried token would be one update older
+    than the launcher says) and its checkpoints do not keep that buffer (a resumed run would lose those groups). A
+    stream forms batches of B groups itself: the flag would do nothing."""
+    batch = int(_flag(args, "rollout", "batch_size") or 0)
+    generate = int(_flag(args, "rollout", "vllm_generate_batch_size") or 0)
+    if generate <= batch:
+        return
+    why = (
+        "a stream forms batches of B = --rollout.batch_size groups itself, so the flag would do nothing"
+        if streams
+        else "OpenRLHF trains the groups beyond a batch from a buffer a weight update later than the scheduler's "
+        f"age bound says, and its checkpoints do not keep that buffer, so a resumed run would lose them (the "
+        f"straggler policy {straggler!r} carries work between steps)"
+    )
+    raise SystemExit(
+        f"error: --rollout.vllm_generate_batch_size {generate} > --rollout.batch_size {batch} cannot run with "
+        f"scheduler {name!r} ({why}); drop --rollout.vllm_generate_batch_size (each step generates B groups) or use "
+        "--scheduler rlhfless"
+    )
 
 
 def match_profile(args: Any, settings: dict[str, Any]) -> None:
