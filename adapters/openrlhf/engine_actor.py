@@ -400,7 +400,25 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
             generated_tokens=self._rl_generated,
             dedup_saved_tokens=self._rl_dedup_saved,
             weights_version=self._rl_version,
+            engine_alive=self.rl_alive(),
+            **self.rl_capacity(),
         )
+
+    def rl_capacity(self) -> dict[str, int]:
+        """What this engine holds, as vLLM sized it at start-up (the GPU, ``--vllm.gpu_memory_utilization``, the
+        model): KV tokens (blocks x block size; under tensor parallelism each shard holds every token's heads of its
+        share, so the engine holds this many tokens) and sequences at once."""
+        config = self.llm.vllm_config
+        blocks = int(config.cache_config.num_gpu_blocks or 0)
+        return {
+            "kv_capacity_tokens": blocks * int(config.cache_config.block_size or 0),
+            "max_num_seqs": int(config.scheduler_config.max_num_seqs or 0),
+        }
+
+    def rl_alive(self) -> bool:
+        """Whether vLLM's EngineCore is up. OpenRLHF's ``get_num_unfinished_requests`` still answers when it died
+        (a count kept in this process), so it cannot tell; vLLM's own ``errored`` can."""
+        return not self.llm.errored
 
     def rl_reset_stats(self) -> None:
         self._rl_busy, self._rl_first, self._rl_last = 0.0, None, None

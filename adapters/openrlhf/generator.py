@@ -282,6 +282,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self._stream_base: int | None = None
         self._stream_batches = 0
         self._stream_mark: tuple[float, dict[int, float]] | None = None  # (time, engine busy s) at the last batch
+        self._engine_profile: TimePerTokenProfile | None = None  # ``engine_profile``, read from the engines once
 
     @property
     def backend_settings(self) -> BackendSettings:
@@ -292,9 +293,35 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             check_interval_s=self.check_interval_s,
             carry_timeout_s=self.carry_timeout_s,
             gpus_per_engine=engine_gpus(self.args),
-            max_num_seqs=self.profile.max_num_seqs,
-            kv_capacity_tokens=self.profile.kv_capacity_tokens,
+            max_num_seqs=self.engine_profile.max_num_seqs,
+            kv_capacity_tokens=self.engine_profile.kv_capacity_tokens,
         )
+
+    @property
+    def engine_profile(self) -> TimePerTokenProfile:
+        """The profile with the KV capacity and sequences at once of the engines themselves (read from them once,
+        the least of the live ones), not the profile's: on another GPU, ``--vllm.gpu_memory_utilization`` or model
+        the profile's could be off by 2x. What the stream holds each engine to (``KvSlots``) and what the KV-aware
+        consolidation moves by come from here; an engine that does not say keeps the profile's figure."""
+        if self._engine_profile is None:
+            stats = self.pool.stats(self.pool.live())
+            kv = min((s.kv_capacity_tokens for s in stats.values() if s.kv_capacity_tokens > 0), default=0)
+            seqs = min((s.max_num_seqs for s in stats.values() if s.max_num_seqs > 0), default=0)
+            prof = self.profile
+            update = {
+                "kv_capacity_tokens": kv or prof.kv_capacity_tokens,
+                "max_num_seqs": seqs or prof.max_num_seqs,
+            }
+            if kv and abs(kv - prof.kv_capacity_tokens) > 0.1 * prof.kv_capacity_tokens:
+                log.info(
+                    "rlhfless: the engines' KV caches hold %d tokens each (profile %r: %d); the in-flight cap and "
+                    "KV-aware moves follow the engines",
+                    kv,
+                    prof.name,
+                    prof.kv_capacity_tokens,
+                )
+            self._engine_profile = prof.model_copy(update=update)
+        return self._engine_profile
 
     def shared_tokenizer(self) -> SharedTokenizer:
         """The tokenizer in Ray's object store, put there once per tokenizer (see ``SharedTokenizer``): the engine
@@ -616,11 +643,11 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             book,
             draw,
             n=n,
-            slots=self.profile.max_num_seqs,
+            slots=self.engine_profile.max_num_seqs,
             base=self._stream_base,
             source=dataloader_iter,
             uids=taken,
-            kv=KvSlots(self.profile, pipeline.kv_slots) if pipeline.kv_slots is not None else None,
+            kv=KvSlots(self.engine_profile, pipeline.kv_slots) if pipeline.kv_slots is not None else None,
         )
         return st
 

@@ -22,6 +22,9 @@ class EngineStats:
     generated_tokens: int  # response tokens of the step's finished (or cut) pieces on this engine
     dedup_saved_tokens: int = 0  # of the cached tokens, those within a prefix the dedup plan warmed here
     weights_version: int = 0  # weight updates resumed from so far (never reset: a run's count)
+    engine_alive: bool = True  # vLLM's EngineCore is up (False: it died under this live actor, e.g. CUDA OOM)
+    kv_capacity_tokens: int = 0  # tokens this engine's KV cache holds (vLLM's blocks x block size; 0: not known)
+    max_num_seqs: int = 0  # sequences it runs at once (vLLM's scheduler setting; 0: not known)
 
 
 @dataclass

@@ -27,6 +27,15 @@ from rlhfless_sdk.rollout.controller import EngineStatus, EngineUsage, Finished,
 log = logging.getLogger("rlhfless.openrlhf")
 
 _DEAD = (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError)
+#: What an engine call raises when the engine is gone: its actor died, or (a ``RayTaskError`` that ``engine_lost``
+#: tells from a bug) vLLM's EngineCore died under a live actor (CUDA OOM, a GPU fault).
+ENGINE_ERRORS = (*_DEAD, ray.exceptions.RayTaskError)
+
+
+def engine_lost(exc: BaseException) -> bool:
+    """Whether an engine call failed because the engine is gone (its actor, or its EngineCore under a live actor),
+    not because of a bug, which must surface."""
+    return isinstance(exc, _DEAD) or (isinstance(exc, ray.exceptions.RayTaskError) and _engine_dead(exc))
 
 
 class RolloutEngineLost(RuntimeError):
@@ -48,24 +57,35 @@ class EnginePool:
         """``method(*args)`` on ``engine``, waited for; None if the engine died (it is marked dead)."""
         try:
             return ray.get(getattr(self.handles[engine], method).remote(*args))
-        except _DEAD as exc:
+        except ENGINE_ERRORS as exc:
+            if not engine_lost(exc):
+                raise
             self.mark_dead(engine, exc)
             return None
 
-    def mark_dead(self, engine: int, exc: BaseException) -> None:
+    def mark_dead(self, engine: int, exc: BaseException | str) -> None:
         if engine not in self.dead:
             self.dead.add(engine)
-            log.warning("rollout engine %d died (%s); its prompts go to the other engines", engine, type(exc).__name__)
+            why = exc if isinstance(exc, str) else type(exc).__name__
+            log.warning("rollout engine %d died (%s); its prompts go to the other engines", engine, why)
 
     def stats(self, engines: Sequence[int]) -> dict[int, EngineStats]:
-        """Each of ``engines``' stats, asked of all at once; a dead one is marked and left out."""
+        """Each of ``engines``' stats, asked of all at once; a dead one (its actor, or its vLLM EngineCore under a
+        live actor: the actor still answers, from its client-side state) is marked and left out."""
         refs = {e: self.handles[e].rl_stats.remote() for e in engines}
         out: dict[int, EngineStats] = {}
         for e, ref in refs.items():
             try:
-                out[e] = ray.get(ref)
-            except _DEAD as exc:
+                st = ray.get(ref)
+            except ENGINE_ERRORS as exc:
+                if not engine_lost(exc):
+                    raise
                 self.mark_dead(e, exc)
+                continue
+            if st.engine_alive:
+                out[e] = st
+            else:
+                self.mark_dead(e, "its vLLM EngineCore died")
         return out
 
     def begin_step(self, live: list[int]) -> None:
@@ -78,7 +98,9 @@ class EnginePool:
         for e, ref in refs.items():
             try:
                 awake = ray.get(ref)
-            except _DEAD as exc:
+            except ENGINE_ERRORS as exc:
+                if not engine_lost(exc):
+                    raise
                 self.mark_dead(e, exc)
                 continue
             if not awake:
@@ -253,8 +275,8 @@ class RayBackend:
         call = self.pending.pop(ref)
         try:
             return call, ray.get(ref)
-        except (*_DEAD, ray.exceptions.RayTaskError) as exc:
-            if isinstance(exc, ray.exceptions.RayTaskError) and not _engine_dead(exc):
+        except ENGINE_ERRORS as exc:
+            if not engine_lost(exc):
                 raise
             self.pool.mark_dead(call.engine, exc)
             return call, None
@@ -337,13 +359,17 @@ class RayBackend:
         calls = [(e, sid, key, self.handles[e].cut.remote(key)) for e, sid, key in work if key is not None]
         try:
             infos = dict(zip([sid for _e, sid, _k, _r in calls], ray.get([r for *_x, r in calls]), strict=True))
-        except _DEAD:  # an engine died: its cuts come back empty, the others' as they are
+        except ENGINE_ERRORS as exc:  # an engine died: its cuts come back empty, the others' as they are
+            if not engine_lost(exc):
+                raise
             infos = {}
             for e, sid, _key, ref in calls:
                 try:
                     infos[sid] = ray.get(ref)
-                except _DEAD as exc:
-                    self.pool.mark_dead(e, exc)
+                except ENGINE_ERRORS as exc2:
+                    if not engine_lost(exc2):
+                        raise
+                    self.pool.mark_dead(e, exc2)
                     infos[sid] = None
         return [self._kept_after(sid, e, key, infos.get(sid)) for e, sid, key in work]
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from rlhfless_openrlhf.ray_backend import _DEAD, EnginePool
+from rlhfless_openrlhf.ray_backend import ENGINE_ERRORS, EnginePool, engine_lost
 
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.rollout.stream import GroupBook, KvSlots, version_runs
@@ -130,7 +130,14 @@ class EngineStream:
 
     def wait(self, timeout_s: float) -> list[int]:
         """Wait up to ``timeout_s`` for a sample to finish; returns every finished one (the book told). A sample
-        whose engine died goes back to be regenerated from scratch on another (nothing lost, nothing twice)."""
+        whose engine died (its actor, or its vLLM EngineCore under a live actor) goes back to be regenerated from
+        scratch on another (nothing lost, nothing twice)."""
+        for ref, (sid, engine) in list(self.pending.items()):  # marked dead elsewhere (e.g. its EngineCore died)
+            if engine in self.pool.dead:
+                del self.pending[ref]  # never read: a late answer cannot make the sample twice
+                self.load[engine] -= 1
+                self.retry.append(sid)
+                self.redone += 1
         refs = list(self.pending)
         if not refs:
             time.sleep(timeout_s)
@@ -144,7 +151,9 @@ class EngineStream:
             self.load[engine] -= 1
             try:
                 (response,) = ray.get(ref)
-            except _DEAD as exc:
+            except ENGINE_ERRORS as exc:
+                if not engine_lost(exc):
+                    raise
                 self.pool.mark_dead(engine, exc)
                 self.retry.append(sid)
                 self.redone += 1

@@ -71,15 +71,18 @@ def add_carry(generator: Any, client_states: dict | None) -> dict:
 
 
 def check_engines_alive(engines: list | None) -> None:
-    """Raise, naming them, if any rollout engine is dead: a weight broadcast to it would hang in NCCL."""
+    """Raise, naming them, if any rollout engine is dead (its actor, or vLLM's EngineCore under a live actor) or
+    does not answer: a weight broadcast to it would hang in NCCL."""
     if not engines:
         return
-    refs = [e.get_num_unfinished_requests.remote() for e in engines]
+    refs = [e.rl_alive.remote() for e in engines]
     dead = []
     for i, ref in enumerate(refs):
         try:
-            ray.get(ref, timeout=60)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            alive = ray.get(ref, timeout=60)
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError):
+            alive = False
+        if not alive:
             dead.append(i)
     if dead:
         raise RuntimeError(
