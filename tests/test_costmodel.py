@@ -204,3 +204,37 @@ def test_the_tensor_parallel_tail_example_prints_every_engine_shape():
     assert len(rows) == 11 and rows[0][0].startswith("16 one-GPU engines") and rows[0][2:] == ["1.000", "1.000"]
     assert sum(r[0].startswith("one-GPU, then TP") for r in rows) == 6
     assert all(float(r[1]) > 0 for r in rows)
+
+
+@given(
+    lengths=st.lists(st.integers(1, 400), min_size=1, max_size=24),
+    prompt=st.integers(1, 300),
+    frac=st.floats(0.05, 0.95),
+)
+def test_a_pause_that_frees_the_kv_preempts_every_running_sample_and_loses_no_token(lengths, prompt, frac):
+    """OpenRLHF's partial-rollout pause (vLLM's ``clear_cache=True``) in the engine model: every sample running at
+    the pause is preempted with the tokens it has (none lost), re-prefills its prompt and tokens when admitted
+    again, and every sample still ends at exactly its length; the same run without the pause ends no later."""
+    import math
+
+    from rlhfless_sdk.planning.engine_model import DONE, EngineModel, EngineSamples
+
+    def samples() -> EngineSamples:
+        n = len(lengths)
+        return EngineSamples(range(n), [0] * n, [prompt] * n, [0] * n, lengths, [float(x) for x in lengths], [0] * n)
+
+    plain_s, plain = samples(), EngineModel(0, PROFILE, "", 0.0)
+    plain.waiting.extend(range(len(lengths)))
+    plain.run_until(plain_s, math.inf)
+    end = plain.t
+    s, eng = samples(), EngineModel(0, PROFILE, "", 0.0)
+    eng.waiting.extend(range(len(lengths)))
+    eng.run_until(s, frac * end)
+    running = {sid: eng.gen_now(s, sid) for sid in eng.stack}
+    assert eng.free_kv(s) == len(running) and eng.B == 0 and eng.ctx == 0
+    assert {sid: s.generated[sid] for sid in running} == running  # every token kept
+    assert list(eng.waiting)[: len(running)] == sorted(running)  # at the head of the queue, oldest first
+    eng.run_until(s, math.inf)
+    assert s.state == [DONE] * len(lengths) and s.generated == list(lengths)
+    assert eng.preemptions == len(running)
+    assert eng.t >= end - 1e-9 * max(end, 1.0)

@@ -721,10 +721,19 @@ def test_no_work_reaches_a_sleeping_engine(stack):
 def test_keyed_requests_survive_openrlhfs_pause_around_a_weight_broadcast(stack):
     """``--train.async_enable --train.partial_rollout_enable``: OpenRLHF pauses every engine (vLLM's pause, mode
     "keep") around the weight broadcast while the generator's requests are in flight, then resumes them. RLHFless's
-    keyed requests wait through it and complete; nothing is lost or restarted."""
+    keyed requests wait through it and complete; nothing is lost or restarted, and the pause keeps their KV cache:
+    vLLM preempts none of them (its own ``vllm:num_preemptions`` counter; vLLM's default pause, which OpenRLHF's
+    engine class calls, preempted 4 of 4 running requests here and re-prefilled them after the update)."""
     ray, engines = stack.ray, stack.engines
     gen = make_generator(stack, "openrlhf", num_prompts=4)
     paused = {}
+
+    def preempted(actor) -> float:  # runs in the engine's actor (local: Ray ships it by value)
+        from prometheus_client import REGISTRY
+
+        return sum(s.value for m in REGISTRY.collect() for s in m.samples if s.name == "vllm:num_preemptions_total")
+
+    before = ray.get([e.__ray_call__.remote(preempted) for e in engines])
 
     def pause():
         ray.get([e.pause_generation.remote() for e in engines])
@@ -742,6 +751,7 @@ def test_keyed_requests_survive_openrlhfs_pause_around_a_weight_broadcast(stack)
     assert_groups(experiences, PROMPTS[:4], N_SAMPLES, max_new)
     assert all(int(e.response_length[0]) == max_new for e in experiences)
     assert gen.last_report.fallbacks == [] and gen.dead == set()
+    assert ray.get([e.__ray_call__.remote(preempted) for e in engines]) == before  # no request lost its KV
 
 
 # -- partial rollouts on real engines (partial-batch: cut when B groups are complete, carry the rest) --

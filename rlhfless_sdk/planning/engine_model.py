@@ -180,6 +180,19 @@ class EngineModel:
         self.stack.remove(sid)
         return g
 
+    def free_kv(self, s: EngineSamples) -> int:
+        """A pause that frees the KV cache (vLLM's ``pause_generation`` with ``clear_cache=True``): every running
+        sample is preempted, oldest first at the head of the queue, and re-prefills its prompt and tokens when it is
+        admitted again; the prefix cache is emptied. Returns how many were preempted."""
+        running = list(self.stack)
+        for sid in running:
+            self._remove_running(s, sid)
+        self.waiting.extendleft(reversed(running))
+        self.preemptions += len(running)
+        self.blocked = False
+        self.cached_prompts.clear()
+        return len(running)
+
     def idle(self) -> bool:
         return self.B == 0 and not self.waiting
 

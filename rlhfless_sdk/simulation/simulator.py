@@ -169,15 +169,20 @@ class SimulatedBackend:
         warm_prefill: bool = False,
         algo: str = "ppo",
         pauses: Sequence[tuple[float, float]] = (),
+        pause_frees_kv: bool = False,
         burst_profile: TimePerTokenProfile | None = None,
         prefix_caching: bool = False,
     ) -> None:
         """``burst_profile``: the engine model of burst engines (GPUs of their own: dedicated memory); default
-        ``profile``. ``prefix_caching``: vLLM's prefix cache is on (a group's prompt is prefilled once an engine)."""
+        ``profile``. ``prefix_caching``: vLLM's prefix cache is on (a group's prompt is prefilled once an engine).
+        ``pause_frees_kv``: each pause in ``pauses`` frees the KV cache (vLLM's ``pause_generation`` with its default
+        ``clear_cache=True``, as OpenRLHF's engines pause): every running sample is preempted and re-prefills its
+        prompt and tokens after the pause, and the prefix cache starts empty."""
         self.profile, self.cluster, self.ws, self.plan = profile, cluster, ws, plan
         self.warm, self.warm_prefill = warm, warm_prefill
         self.rates = profile.learner_rates(algo)
         self.pauses = deque(sorted(pauses))  # (at, seconds): every engine stops for a weight broadcast
+        self.pause_frees_kv = pause_frees_kv
         self.tokens_before_pauses: list[int] = []  # tokens generated when each pause began
         self.s = s = EngineSamples.of_batch(ws.batch, ws.lengths, plan.predicted_lengths, plan.assignment, plan.prefill)
         s.prefix_cache = prefix_caching
@@ -266,6 +271,8 @@ class SimulatedBackend:
             self.tokens_before_pauses.append(sum(a.generated for a in self.actors))
             for actor in self.actors:
                 if not actor.idle():
+                    if self.pause_frees_kv:
+                        actor.free_kv(self.s)
                     actor.t = max(actor.t, at) + seconds
 
     def poll(self) -> Poll:
@@ -802,7 +809,8 @@ class Simulator:
 
         def generate(k: int, start: float, pauses: list[tuple[float, float]]) -> float:
             relative = [(max(a - start, 0.0), b - max(a, start)) for a, b in pauses if b > start]
-            io.backend_kw = {"cluster": gen_cluster, "pauses": relative, "profile": prof}
+            # OpenRLHF's partial-rollout broadcast pauses its engines with vLLM's default, which frees the KV cache
+            io.backend_kw = {"cluster": gen_cluster, "pauses": relative, "pause_frees_kv": True, "profile": prof}
             if session is None:  # the batch the workload gives, every sample to its end
                 ws = workload.steps[k]
                 io.begin(ws.step)
@@ -1155,10 +1163,12 @@ class Simulator:
         *,
         cluster: Cluster | None = None,
         pauses: Sequence[tuple[float, float]] = (),
+        pause_frees_kv: bool = False,
         profile: TimePerTokenProfile | None = None,
     ) -> SimulatedBackend:
         """The simulated engines for one step of ``plan``, warm where the previous step left them (``profile``:
-        the engines' model, default the synchronous engines')."""
+        the engines' model, default the synchronous engines'; ``pauses``, ``pause_frees_kv``: as
+        ``SimulatedBackend`` takes them)."""
         return SimulatedBackend(
             profile or self.profile,
             cluster or self.cluster,
@@ -1171,6 +1181,7 @@ class Simulator:
             warm_prefill=self.warm_prefill,
             algo=self.run_algo,
             pauses=pauses,
+            pause_frees_kv=pause_frees_kv,
             burst_profile=self.dedicated,
             prefix_caching=self.prefix_caching,
         )
