@@ -1423,14 +1423,15 @@ def test_partial_rollouts_run_in_openrlhfs_async_loop_with_a_broadcast_between_b
     assert checked > 0  # some sample really carried tokens across a broadcast
 
 
-def _stream_in_async_loop(stack, prompts, b, *, queue_size=1, episodes=1, learn_s=1.0, **gen_kw):
+def _stream_in_async_loop(stack, prompts, b, *, queue_size=1, episodes=1, learn_s=1.0, prepare=None, **gen_kw):
     """``rlhfless-stream`` over ``prompts`` (B = ``b``) through OpenRLHF's own ``GenerateSamplesActor.fit``
     (RLHFless's subclass) in a thread, with ``--train.partial_rollout_enable`` (the generator holds no lock), its
     queues sized as ``PPOTrainerAsync`` sizes them for ``--train.async_queue_size``, for ``episodes`` epochs. Stood
     in for: the learner, as OpenRLHF's ``TrainingActor.fit`` orders it (take a batch, free its slot, "train" for
     ``learn_s`` seconds) and its weight broadcast (OpenRLHF's partial-rollout broadcast as it calls the engines:
     every engine paused between decode iterations, then resumed; no weights change on a CPU). Returns the generator
-    and, per batch: its experiences, report, epoch, the snapshot its client states hold and the groups in flight."""
+    and, per batch: its experiences, report, epoch, the snapshot its client states hold and the groups in flight.
+    ``prepare(gen)``: called on the generator before the loop starts."""
     import queue
 
     from rlhfless_openrlhf.pipeline_demo import fit_in_thread, generate_actor
@@ -1439,6 +1440,8 @@ def _stream_in_async_loop(stack, prompts, b, *, queue_size=1, episodes=1, learn_
     ray, engines = stack.ray, stack.engines
     gen = make_generator(stack, "rlhfless-stream", prompts=prompts, args={"batch_size": b}, **gen_kw)
     gen.args.train = SimpleNamespace(async_enable=True, async_queue_size=queue_size, partial_rollout_enable=True)
+    if prepare is not None:
+        prepare(gen)
     rollout, slots = queue.Queue(maxsize=queue_size), queue.Queue(maxsize=queue_size)
     for _ in range(queue_size):
         slots.put(0)
@@ -1557,6 +1560,52 @@ def test_the_stream_waits_for_the_learner_at_any_queue_size_without_calling_it_a
         stack, prompts, b, queue_size=queue_size, learn_s=1.5, carry_timeout_s=1.0, check_interval_s=0.1
     )
     _check_stream_batches(batches, prompts, b)
+
+
+def test_the_stream_keeps_the_engines_fed_while_openrlhfs_actor_waits(stack, openrlhf_learning):
+    """Between the generator's calls OpenRLHF's actor waits for a queue slot (here through each 2 s learning step);
+    the stream's feeder keeps dispatching meanwhile, so a sample that finishes frees its slot for the next one then,
+    not at the next call (engines of 2 slots each here, so that slots, not the age bound, hold samples back). Every
+    group still trains once, B a batch, within the age bound; the prompts each checkpoint keeps are those drawn
+    and not trained (the feeder draws nothing between calls)."""
+    from rlhfless_openrlhf.stream import EngineStream
+
+    from rlhfless_sdk.api.profiles import load_profile
+
+    calls, fed = [], []
+    dispatch = EngineStream.dispatch
+
+    def counted(self, version, submit):
+        sent = dispatch(self, version, submit)
+        if sent:
+            fed.append((time.time(), sent))
+        return sent
+
+    def prepare(gen):
+        gen._engine_profile = load_profile("qwen2.5-3b-l40s").model_copy(update={"max_num_seqs": 2})
+        real = gen.generate_samples
+
+        def timed(**kw):
+            start = time.time()
+            try:
+                return real(**kw)
+            finally:
+                calls.append((start, time.time()))
+
+        gen.generate_samples = timed
+
+    b = 1
+    prompts = VARIED[:5]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(EngineStream, "dispatch", counted)
+        _gen, batches = _stream_in_async_loop(stack, prompts, b, learn_s=2.0, prepare=prepare)
+    _check_stream_batches(batches, prompts, b)
+    waits = [(calls[i][1], calls[i + 1][0]) for i in range(len(calls) - 1)]  # the actor outside the generator
+    between = sum(sent for t, sent in fed if any(a < t < z for a, z in waits))
+    assert between > 0, (waits, fed)
+    for st in batches:
+        if st["in_flight"]:
+            assert [d[0] for d in st["held"]["deferred"]] == st["in_flight"]
 
 
 def test_the_stream_and_the_kv_moves_size_by_the_engines_own_kv_cache(stack):

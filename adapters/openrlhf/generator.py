@@ -449,7 +449,8 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         book = self.book
         waiting = ([] if self.tail is None else self.tail.waiting()) + self._tail_pending
         if self.stream is not None:  # the stream's groups in flight: re-run from scratch on a resume
-            waiting += self.stream.untrained_prompts()
+            with self.stream.cond:  # its feeder draws nothing between the generator's calls; held all the same
+                waiting += self.stream.untrained_prompts()
         if not book.groups and not waiting and not self._held:
             return None
         snapshot: dict[str, Any] = {"version": 1, "step": self.step}
@@ -617,6 +618,8 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         st = self.stream
         if st is not None and st.source is dataloader_iter:
             return st
+        if st is not None:
+            st.stop()
         left = list(self._tail_pending) + ([] if st is None else st.untrained_prompts())
         self._tail_pending = []
         prompts = iter(left)
@@ -678,52 +681,62 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             )
 
         t0 = time.time()
-        quiet_since = time.time()
         told = False
-        while True:
-            version = st.version()
-            if st.dispatch(version, submit):
-                quiet_since = time.time()
-            chosen = book.form(k)
-            if chosen is not None:
-                break
-            if book.closed and not book.untrained:
-                self.stream = None
-                return [], self._tail_drawn - drawn, True
-            if not st.running() and time.time() - quiet_since > self.carry_timeout_s:
-                if version >= k:  # every batch handed to training has updated the weights: nothing will come
-                    raise stall_error(time.time() - quiet_since, version, book, k)
-                if not told:  # batches wait for (or are in) training: its next update lets new groups start
-                    told = True
-                    log.info(
-                        "rlhfless: the stream waits for the learner: batch %d may take only groups that start after "
-                        "its next weight update (engines at version %d, %d batch(es) handed to training, at most "
-                        "%d update(s) old)",
-                        k,
-                        version,
-                        k,
-                        book.max_age,
-                    )
-            if st.wait(self.check_interval_s):
-                quiet_since = time.time()
+        st.feed(submit, self.check_interval_s)  # the feeder keeps the engines busy, in and between these calls
+        with st.cond:
+            st.drawing = True
+            while True:
+                st.check()
+                chosen = book.form(k)
+                if chosen is not None:
+                    break
+                if book.closed and not book.untrained:
+                    st.stop()
+                    self.stream = None
+                    return [], self._tail_drawn - drawn, True
+                if not st.running() and time.time() - st.quiet_since > self.carry_timeout_s:
+                    version = st.version()
+                    if version >= k:  # every batch handed to training has updated the weights: nothing will come
+                        raise stall_error(time.time() - st.quiet_since, version, book, k)
+                    if not told:  # batches wait for (or are in) training: its next update lets new groups start
+                        told = True
+                        log.info(
+                            "rlhfless: the stream waits for the learner: batch %d may take only groups that start "
+                            "after its next weight update (engines at version %d, %d batch(es) handed to training, "
+                            "at most %d update(s) old)",
+                            k,
+                            version,
+                            k,
+                            book.max_age,
+                        )
+                st.cond.wait(self.check_interval_s)
+            taken = [
+                (st.prompts.pop(gid), [st.responses.pop(sid) for sid in book.groups[gid].samples]) for gid in chosen
+            ]
+            for prompt, _ in taken:
+                st.uids.discard(prompt.uid)
+                del self.tail_prompts[prompt.prompt_id]
+            # until the next call the feeder draws nothing from the dataloader (a checkpoint's dataloader state and
+            # the prompts it keeps must agree): the groups that may start before then (the engines reach at most
+            # version k + 1 meanwhile: batch k trained) are drawn now
+            st.draw_ahead(k + 1)
+            st.drawing = False
+            consumed = self._tail_drawn - drawn
         experiences, runs, groups = [], [], []
-        for gid in chosen:
-            prompt = st.prompts.pop(gid)
-            responses = [st.responses.pop(sid) for sid in book.groups[gid].samples]
+        for prompt, responses in taken:
             for response in responses:
                 runs.append(response_runs(response))
                 experiences.append(self._process_response_into_experience(response, **kw))
             lengths = [response_tokens(r) for r in responses]
             groups.append((prompt.uid, prompt.token_ids, lengths))
-            st.uids.discard(prompt.uid)
-            del self.tail_prompts[prompt.prompt_id]
         self._trace_groups(groups)
         self._stream_batches += 1
         self._finish_stream_batch(st, chosen, groups, batch_ages(runs, st.base + k), t0)
         exhausted = book.closed and not book.untrained
         if exhausted:
+            st.stop()
             self.stream = None
-        return experiences, self._tail_drawn - drawn, exhausted
+        return experiences, consumed, exhausted
 
     def _finish_stream_batch(
         self, st: EngineStream, chosen: list[int], groups: list, ages: tuple[int, int, int], t0: float

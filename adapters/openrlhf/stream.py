@@ -12,12 +12,19 @@ them: the running samples go on under the new weights. Each engine counts those 
 each sample's response says under which version each run of its tokens was generated, so a batch's token ages are
 measured, not assumed.
 
+Between the generator's calls OpenRLHF's actor waits (for a queue slot, for the learner to take a batch), often for
+a whole learning step; the stream keeps the engines fed meanwhile from a feeder thread of its own (``feed``), as
+the simulator's stream dispatches without pause. The feeder draws no prompt from the dataloader itself: the
+generator draws, inside its call, the groups the admission rule may start before its next call (``draw_ahead``),
+so a checkpoint's dataloader state and the prompts it keeps always agree.
+
 OpenRLHF's learner holds the GPUs it was launched with, so the split between generation and learning is the one
 launched; the elastic split is the simulator's (``rlhfless simulate``).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -82,6 +89,14 @@ class EngineStream:
         self.redone = 0  # samples regenerated after their engine died
         self.uids = set() if uids is None else uids
         self.kv = kv
+        # the feeder thread (``feed``) and the generator's calls share the stream's state under this lock
+        self.cond = threading.Condition()
+        self.drawing = True  # prompts may be drawn from the dataloader now (inside a generator call only)
+        self.submit: Submit | None = None
+        self.quiet_since = time.time()  # the last time a sample was dispatched or finished
+        self.error: BaseException | None = None  # what stopped the feeder, for the generator to raise
+        self._feeder: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def limit(self) -> int:
         """Samples an engine runs at once now: ``slots``, fewer where ``kv`` holds it back."""
@@ -99,14 +114,30 @@ class EngineStream:
         """The stream's next sample under weights ``version``: a started group's next, else a new group's first
         as the admission rule allows (its prompt drawn from the dataloader now); None: none may start."""
         book = self.book
-        if book.next_sample >= book.samples and not book.closed and book.may_start(version) > 0:
-            prompt = self.draw()
-            if prompt is None:
-                book.close()
-            else:
-                self.prompts[book.add(self.n)] = prompt
+        if book.next_sample >= book.samples and not book.closed and book.may_start(version) > 0 and self.drawing:
+            self._draw_one()
         got = book.take(1, version)
         return got[0] if got else None
+
+    def _draw_one(self) -> bool:
+        """The dataloader's next prompt as a new group at the end of the book (False: dry, the book closed)."""
+        prompt = self.draw()
+        if prompt is None:
+            self.book.close()
+            return False
+        self.prompts[self.book.add(self.n)] = prompt
+        return True
+
+    def draw_ahead(self, version: int) -> int:
+        """Draw now the groups the admission rule may start under weights ``version`` (the newest the engines can
+        reach before the generator's next call), so that the feeder has them without touching the dataloader;
+        returns how many were drawn. Called with ``cond`` held."""
+        book, drawn = self.book, 0
+        while not book.closed and len(book.groups) - book.started < book.may_start(version):
+            if not self._draw_one():
+                break
+            drawn += 1
+        return drawn
 
     def dispatch(self, version: int, submit: Submit) -> int:
         """Give every free slot of the live engines a sample (least-loaded engine first); returns how many."""
@@ -128,16 +159,56 @@ class EngineStream:
             self.load[engine] += 1
             sent += 1
 
+    # -- the feeder: engines fed between the generator's calls ------------------------------------------------
+    def feed(self, submit: Submit, interval_s: float) -> None:
+        """Keep every free slot busy from a thread of its own until the stream is done or ``stop`` (started once;
+        ``submit`` is replaced on each call: the generator's sampling settings of its latest call)."""
+        with self.cond:
+            self.submit = submit
+            if self._feeder is not None:
+                return
+            self._feeder = threading.Thread(target=self._feed, args=(interval_s,), name="rlhfless-stream", daemon=True)
+        self._feeder.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _feed(self, interval_s: float) -> None:
+        try:
+            while not self._stop.is_set():
+                with self.cond:
+                    if self.book.closed and not self.book.untrained:
+                        return
+                    if self.dispatch(self.version(), self.submit):
+                        self.quiet_since = time.time()
+                        self.cond.notify_all()
+                    self._drop_dead()
+                    refs = list(self.pending)
+                if not refs:
+                    self._stop.wait(interval_s)
+                    continue
+                ready, _ = ray.wait(refs, num_returns=1, timeout=interval_s)
+                if ready:
+                    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                with self.cond:
+                    if self._collect(ready):
+                        self.quiet_since = time.time()
+                    self.cond.notify_all()
+        except BaseException as exc:  # the generator raises it: a thread's error is nobody's otherwise
+            with self.cond:
+                self.error = exc
+                self.cond.notify_all()
+
+    def check(self) -> None:
+        """Raise what stopped the feeder, if anything did. Called with ``cond`` held."""
+        if self.error is not None:
+            raise self.error
+
     def wait(self, timeout_s: float) -> list[int]:
         """Wait up to ``timeout_s`` for a sample to finish; returns every finished one (the book told). A sample
         whose engine died (its actor, or its vLLM EngineCore under a live actor) goes back to be regenerated from
         scratch on another (nothing lost, nothing twice)."""
-        for ref, (sid, engine) in list(self.pending.items()):  # marked dead elsewhere (e.g. its EngineCore died)
-            if engine in self.pool.dead:
-                del self.pending[ref]  # never read: a late answer cannot make the sample twice
-                self.load[engine] -= 1
-                self.retry.append(sid)
-                self.redone += 1
+        self._drop_dead()
         refs = list(self.pending)
         if not refs:
             time.sleep(timeout_s)
@@ -145,8 +216,24 @@ class EngineStream:
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout_s)
         if ready:
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return self._collect(ready)
+
+    def _drop_dead(self) -> None:
+        """Samples on an engine marked dead elsewhere (e.g. its EngineCore died) go back to be regenerated."""
+        for ref, (sid, engine) in list(self.pending.items()):
+            if engine in self.pool.dead:
+                del self.pending[ref]  # never read: a late answer cannot make the sample twice
+                self.load[engine] -= 1
+                self.retry.append(sid)
+                self.redone += 1
+
+    def _collect(self, ready: list) -> list[int]:
+        """The finished samples among the returned references ``ready`` (the book told); a dead engine's go back
+        to be regenerated."""
         done = []
         for ref in ready:
+            if ref not in self.pending:  # dropped meanwhile: its engine was marked dead
+                continue
             sid, engine = self.pending.pop(ref)
             self.load[engine] -= 1
             try:
