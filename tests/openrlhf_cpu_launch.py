@@ -1,12 +1,12 @@
 """Run the drop-in launcher, and through it OpenRLHF's own CLI, on a machine without a GPU, as far as it goes.
 
 Used by ``test_openrlhf_launcher.py`` in a subprocess: ``python tests/openrlhf_cpu_launch.py <launcher flags>``.
-It starts a local Ray with two logical GPUs, makes OpenRLHF's learning-side modules importable in this process
-and in every Ray worker (``flash_attn_placeholder``: flash-attn cannot be installed without CUDA; its functions
-raise if called), and has the engine builder apply vLLM's CPU settings (``RLHFLESS_CPU_ENGINES=1``). Everything
-else is real: OpenRLHF's argument parser, its ``train()``, the launcher's hooks and class swaps, the engines,
-the trainer actor and its samples generator. The run ends where OpenRLHF first needs CUDA (DeepSpeed's model
-init with NCCL); the caller checks how far it got from the output.
+It starts a local Ray with two logical GPUs (``RLHFLESS_CPU_LAUNCH_GPUS``: another count), makes OpenRLHF's
+learning-side modules importable in this process and in every Ray worker (``flash_attn_placeholder``: flash-attn
+cannot be installed without CUDA; its functions raise if called), and has the engine builder apply vLLM's CPU
+settings (``RLHFLESS_CPU_ENGINES=1``). Everything else is real: OpenRLHF's argument parser, its ``train()``, the
+launcher's hooks and class swaps, the engines, the trainer actor and its samples generator. The run ends where
+OpenRLHF first needs CUDA (DeepSpeed's model init with NCCL); the caller checks how far it got from the output.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ env = {
 os.environ.update(env)
 ray.init(
     num_cpus=8,
-    num_gpus=2,
+    num_gpus=int(os.environ.get("RLHFLESS_CPU_LAUNCH_GPUS", "2")),  # logical: one per learner or engine rank
     include_dashboard=False,
     runtime_env={"env_vars": env, "worker_process_setup_hook": "flash_attn_placeholder.install"},
 )

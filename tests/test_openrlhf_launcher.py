@@ -671,6 +671,124 @@ def test_the_launcher_runs_openrlhfs_cli_with_its_classes_swapped(tmp_path, mode
     assert "importance correction token" in swapped[0], out[-3000:]
 
 
+# The launches a review rebuilt from OpenRLHF's README, each with RLHFless's presets: (name, OpenRLHF flags beyond
+# the common ones, async only, logical GPUs the launch needs). ``{model}``, ``{data}`` and ``{reward}`` are filled in.
+SHAPES = {
+    "ppo-critic-reward-colocate-all": (
+        ["--algo.advantage.estimator", "gae", "--critic.model_name_or_path", "{model}",
+         "--reward.model_name_or_path", "{model}", "--train.colocate_all", "--vllm.num_engines", "2",
+         "--actor.num_gpus_per_node", "2", "--critic.num_gpus_per_node", "2", "--reward.num_gpus_per_node", "2",
+         "--ref.num_gpus_per_node", "2", "--algo.kl.init_coef", "0.01", "--rollout.n_samples_per_prompt", "1"],
+        False, 4,  # async: the engines get GPUs of their own
+    ),
+    "reinforce-baseline-async": (
+        ["--algo.advantage.estimator", "reinforce_baseline", "--reward.remote_url", "{reward}", "--train.async_enable",
+         "--vllm.num_engines", "1", "--actor.num_gpus_per_node", "1", "--algo.kl.init_coef", "0",
+         "--rollout.n_samples_per_prompt", "2"],
+        True, 2,
+    ),
+    "grpo-async-eval-colocate-actor-ref": (
+        ["--algo.advantage.estimator", "group_norm", "--reward.remote_url", "{reward}", "--train.async_enable",
+         "--eval.dataset", "{data}", "--eval.steps", "1", "--train.colocate_actor_ref", "--algo.kl.init_coef", "0.01",
+         "--vllm.num_engines", "1", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+         "--rollout.n_samples_per_prompt", "2"],
+        True, 2,
+    ),
+    "grpo-tensor-parallel-2": (
+        ["--algo.advantage.estimator", "group_norm", "--reward.remote_url", "{reward}", "--vllm.num_engines", "1",
+         "--vllm.tensor_parallel_size", "2", "--actor.num_gpus_per_node", "1", "--algo.kl.init_coef", "0",
+         "--rollout.n_samples_per_prompt", "2"],
+        False, 3,
+    ),
+}  # fmt: skip
+#: The presets OpenRLHF launches, in the modes they launch in.
+LAUNCHED = [
+    ("rlhfless", "sync"),
+    ("rlhfless", "async"),
+    ("rlhfless-fast", "sync"),
+    ("rlhfless-fast", "async"),
+    ("rlhfless-onpolicy", "sync"),
+    ("rlhfless-onpolicy", "async"),
+    ("rlhfless-stream-fixed", "async"),
+]
+#: What CI launches: every shape once and, with the launches above, every preset and mode (``RLHFLESS_LAUNCH_MATRIX=
+#: full`` launches every preset and mode in every shape it runs in: 22 launches, about 12 minutes here).
+CI_LAUNCHES = [
+    ("ppo-critic-reward-colocate-all", "rlhfless-onpolicy", "sync"),
+    ("reinforce-baseline-async", "rlhfless-stream-fixed", "async"),
+    ("grpo-async-eval-colocate-actor-ref", "rlhfless-onpolicy", "async"),
+    ("grpo-tensor-parallel-2", "rlhfless-fast", "sync"),
+    ("ppo-critic-reward-colocate-all", "rlhfless", "async"),
+]
+
+
+def _launch_matrix() -> list[tuple[str, str, str]]:
+    import os
+
+    if os.environ.get("RLHFLESS_LAUNCH_MATRIX") != "full":
+        return CI_LAUNCHES
+    return [
+        (shape, scheduler, mode)
+        for shape, (_flags, async_only, _gpus) in SHAPES.items()
+        for scheduler, mode in LAUNCHED
+        if mode == "async" or not async_only
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("shape", "scheduler", "mode"), _launch_matrix())
+def test_the_launches_openrlhfs_readme_shows_run_with_each_preset_until_cuda(tmp_path, shape, scheduler, mode):
+    """OpenRLHF launches as its README shows them (PPO with a critic and a reward model under
+    ``--train.colocate_all``; REINFORCE++-baseline async; GRPO async with evaluation and
+    ``--train.colocate_actor_ref``; GRPO with tensor-parallel engines), each with an RLHFless preset, run through
+    the launcher on a CPU: no error before CUDA, every class the launcher swaps in built through Ray."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    for module in ("peft", "deepspeed", "datasets", "torchdata"):
+        pytest.importorskip(module, reason="OpenRLHF's learning side imports it (the README's test install has it)")
+    from rlhfless_openrlhf.tiny_model import tiny_model
+
+    model = tiny_model(tmp_path / "cache")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"input": f"Tom has {i} apples and buys {i} more.", "label": str(2 * i)}) + "\n"
+            for i in range(8)
+        )
+    )
+    flags, _async_only, gpus = SHAPES[shape]
+    fill = {"model": str(model), "data": str(data), "reward": str(EXAMPLES / "reward_gsm8k.py")}
+    extra = [f.format(**fill) for f in flags]
+    if mode == "async" and "--train.async_enable" not in extra:
+        extra.append("--train.async_enable")
+    common = [
+        "--scheduler", scheduler, "--scheduler.report", str(tmp_path / "steps.jsonl"),
+        "--actor.model_name_or_path", str(model), "--actor.num_nodes", "1", "--vllm.enable_prefix_caching",
+        "--data.prompt_dataset", str(data), "--data.input_key", "input", "--data.label_key", "label",
+        "--rollout.batch_size", "4", "--train.batch_size", "8", "--rollout.micro_batch_size", "2",
+        "--train.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
+        "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "out"),
+    ]  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, str(LAUNCH), *common, *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "RLHFLESS_CPU_LAUNCH_GPUS": str(gpus)},
+    )
+    out = run.stdout + run.stderr
+    assert run.returncode != 0  # it cannot finish without CUDA ...
+    assert not [line for line in run.stderr.splitlines() if line.startswith("error:")], out[-3000:]
+    assert "ModelActor.init_model_from_pretrained" in out and "_cuda_setDevice" in out, out[-3000:]
+    assert BUILT[mode] in out.splitlines(), out[-3000:]
+    assert "Exception raised in creation task" not in out, out[-3000:]
+    assert f"'scheduler': {{'name': '{scheduler}'" in out
+
+
 @pytest.mark.slow
 def test_partial_rollouts_with_correction_off_are_refused_in_one_line(tmp_path):
     returncode, stdout, stderr = _cpu_launch(tmp_path, IS_FLAG, "off", scheduler="rlhfless-fast")

@@ -255,6 +255,10 @@ def test_config_names_the_stream_fields_of_each_mode():
     for bad in (0.0, 1.2):
         with pytest.raises(ValueError, match="kv_slots"):
             PipelineConfig(mode="stream", kv_slots=bad)
+    assert not PipelineConfig(mode="async", partial_rollout=True, pause_keeps_kv=False).pause_keeps_kv
+    for mode, partial in (("stream", False), ("async", False), ("sync", False)):
+        with pytest.raises(ValueError, match="pause_keeps_kv: false applies to mode: async with partial_rollout"):
+            PipelineConfig(mode=mode, partial_rollout=partial, pause_keeps_kv=False)
 
 
 @settings(deadline=None, max_examples=60)

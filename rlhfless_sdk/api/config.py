@@ -67,6 +67,12 @@ class PipelineConfig(Record):
     mode: Literal["sync", "async", "stream"] = "sync"
     queue_size: PositiveInt = Field(default=1, description="async: batches generated ahead of training.")
     partial_rollout: bool = Field(default=False, description="async: keep generating through a weight update.")
+    pause_keeps_kv: bool = Field(
+        default=True,
+        description="async with partial_rollout: the pause for a weight update keeps the running samples' KV cache "
+        "(RLHFless's engines); false: frees it, and every running sample re-prefills its prompt and tokens after "
+        "the update (vLLM's default pause, which OpenRLHF's own engines use).",
+    )
     rollout_gpus: PositiveInt | None = Field(
         default=None,
         description="async, stream: GPUs that generate (the rest learn); default: the fastest split, every one "
@@ -114,6 +120,11 @@ class PipelineConfig(Record):
     def _async_only(self) -> PipelineConfig:
         if self.mode == "sync" and (self.partial_rollout or self.rollout_gpus is not None or self.queue_size != 1):
             raise ValueError("queue_size, partial_rollout and rollout_gpus apply to mode: async or stream only")
+        if not self.pause_keeps_kv and not (self.mode == "async" and self.partial_rollout):
+            raise ValueError(
+                "pause_keeps_kv: false applies to mode: async with partial_rollout: true only (the stream's engines "
+                "are RLHFless's, which keep the KV cache through a weight update)"
+            )
         if self.mode != "stream" and (self.max_age != 1 or self.elastic):
             raise ValueError("max_age and elastic apply to mode: stream only")
         if self.kv_slots is not None and self.mode != "stream":

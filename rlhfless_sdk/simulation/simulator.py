@@ -809,8 +809,8 @@ class Simulator:
 
         def generate(k: int, start: float, pauses: list[tuple[float, float]]) -> float:
             relative = [(max(a - start, 0.0), b - max(a, start)) for a, b in pauses if b > start]
-            # OpenRLHF's partial-rollout broadcast pauses its engines with vLLM's default, which frees the KV cache
-            io.backend_kw = {"cluster": gen_cluster, "pauses": relative, "pause_frees_kv": True, "profile": prof}
+            frees = not pipe.pause_keeps_kv  # OpenRLHF's own engines pause with vLLM's default: the KV is freed
+            io.backend_kw = {"cluster": gen_cluster, "pauses": relative, "pause_frees_kv": frees, "profile": prof}
             if session is None:  # the batch the workload gives, every sample to its end
                 ws = workload.steps[k]
                 io.begin(ws.step)
