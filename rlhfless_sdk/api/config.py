@@ -71,7 +71,7 @@ class PipelineConfig(Record):
         default=True,
         description="async with partial_rollout: the pause for a weight update keeps the running samples' KV cache "
         "(RLHFless's engines); false: frees it, and every running sample re-prefills its prompt and tokens after "
-        "the update (vLLM's default pause, which OpenRLHF's own engines use).",
+        "the update (vLLM's default pause, which a framework's own engines may use).",
     )
     rollout_gpus: PositiveInt | None = Field(
         default=None,
