@@ -581,12 +581,9 @@ LAUNCH = Path(__file__).resolve().with_name("openrlhf_cpu_launch.py")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "openrlhf"
 
 
-def _cpu_launch(tmp_path, *extra: str, scheduler: str = "rlhfless") -> tuple[int, str, str]:
-    """The drop-in launcher through ``openrlhf_cpu_launch.py`` with a tiny model and GSM8K-style prompts:
-    (exit status, stdout, stderr)."""
+def _launch_inputs(tmp_path) -> tuple[Path, Path]:
+    """A CPU launch's tiny model and its 8 GSM8K-style prompts (skipped without OpenRLHF's learning side)."""
     import json
-    import subprocess
-    import sys
 
     for module in ("peft", "deepspeed", "datasets", "torchdata"):
         pytest.importorskip(module, reason="OpenRLHF's learning side imports it (the README's test install has it)")
@@ -600,6 +597,16 @@ def _cpu_launch(tmp_path, *extra: str, scheduler: str = "rlhfless") -> tuple[int
             for i in range(8)
         )
     )
+    return model, data
+
+
+def _cpu_launch(tmp_path, *extra: str, scheduler: str = "rlhfless") -> tuple[int, str, str]:
+    """The drop-in launcher through ``openrlhf_cpu_launch.py`` with a tiny model and GSM8K-style prompts:
+    (exit status, stdout, stderr)."""
+    import subprocess
+    import sys
+
+    model, data = _launch_inputs(tmp_path)
     flags = [
         "--scheduler", scheduler, "--scheduler.report", str(tmp_path / "steps.jsonl"),
         "--actor.model_name_or_path", str(model), "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1",
@@ -743,23 +750,11 @@ def test_the_launches_openrlhfs_readme_shows_run_with_each_preset_until_cuda(tmp
     ``--train.colocate_actor_ref``; GRPO with tensor-parallel engines), each with an RLHFless preset, run through
     the launcher on a CPU: no error before CUDA, every class the launcher swaps in built through Ray. (A
     tensor-parallel engine cannot start on vLLM's CPU build: its Ray executor is GPU-only.)"""
-    import json
     import os
     import subprocess
     import sys
 
-    for module in ("peft", "deepspeed", "datasets", "torchdata"):
-        pytest.importorskip(module, reason="OpenRLHF's learning side imports it (the README's test install has it)")
-    from rlhfless_openrlhf.tiny_model import tiny_model
-
-    model = tiny_model(tmp_path / "cache")
-    data = tmp_path / "prompts.jsonl"
-    data.write_text(
-        "".join(
-            json.dumps({"input": f"Tom has {i} apples and buys {i} more.", "label": str(2 * i)}) + "\n"
-            for i in range(8)
-        )
-    )
+    model, data = _launch_inputs(tmp_path)
     flags, _async_only, gpus = SHAPES[shape]
     fill = {"model": str(model), "data": str(data), "reward": str(EXAMPLES / "reward_gsm8k.py")}
     extra = [f.format(**fill) for f in flags]

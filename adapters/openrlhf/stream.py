@@ -204,20 +204,6 @@ class EngineStream:
         if self.error is not None:
             raise self.error
 
-    def wait(self, timeout_s: float) -> list[int]:
-        """Wait up to ``timeout_s`` for a sample to finish; returns every finished one (the book told). A sample
-        whose engine died (its actor, or its vLLM EngineCore under a live actor) goes back to be regenerated from
-        scratch on another (nothing lost, nothing twice)."""
-        self._drop_dead()
-        refs = list(self.pending)
-        if not refs:
-            time.sleep(timeout_s)
-            return []
-        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout_s)
-        if ready:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        return self._collect(ready)
-
     def _drop_dead(self) -> None:
         """Samples on an engine marked dead elsewhere (e.g. its EngineCore died) go back to be regenerated."""
         for ref, (sid, engine) in list(self.pending.items()):
@@ -228,8 +214,9 @@ class EngineStream:
                 self.redone += 1
 
     def _collect(self, ready: list) -> list[int]:
-        """The finished samples among the returned references ``ready`` (the book told); a dead engine's go back
-        to be regenerated."""
+        """The finished samples among the returned references ``ready`` (the book told). A sample whose engine died
+        (its actor, or its vLLM EngineCore under a live actor) goes back to be regenerated from scratch on another
+        (nothing lost, nothing twice)."""
         done = []
         for ref in ready:
             if ref not in self.pending:  # dropped meanwhile: its engine was marked dead
