@@ -62,6 +62,7 @@ class LeastPendingAssigner:
     """
 
     description = "OpenRLHF 0.11.2: engine with the fewest unfinished samples"
+    reads_predictions = False  # consults no predicted length
 
     def __init__(self, params: NoParams | None = None) -> None:
         pass
@@ -86,6 +87,7 @@ class RoundRobinAssigner:
     """Prompt i goes to actor i mod N."""
 
     description = "prompt i to actor i mod N"
+    reads_predictions = False  # consults no predicted length
 
     def __init__(self, params: NoParams | None = None) -> None:
         pass
@@ -103,6 +105,7 @@ class StaticChunksAssigner:
     """
 
     description = "verl (synchronous): the samples in equal contiguous chunks, one per engine"
+    reads_predictions = False  # consults no predicted length
 
     def __init__(self, params: NoParams | None = None) -> None:
         pass

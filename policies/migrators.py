@@ -236,6 +236,7 @@ class NoMigrator:
     """Baseline: never migrate."""
 
     description = "baseline: never migrate"
+    reads_predictions = False  # consults no predicted length
 
     def __init__(self, params: NoParams | None = None) -> None:
         pass

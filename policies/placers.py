@@ -58,6 +58,7 @@ class PackPlacer(_Placer):
     """OpenRLHF's PACK placement group order: decode actors 0..N-1 fill node after node, then the others."""
 
     description = "OpenRLHF's PACK order: fill node after node"
+    reads_predictions = False  # consults no predicted length
 
     def _place(
         self, alloc: _Allocator, decode_loads: np.ndarray, cluster: Cluster, gpus_per_actor: int, extra: Sequence[Actor]

@@ -106,7 +106,13 @@ POLICIES: dict[str, list[tuple]] = {
 
 def specs(kind: str) -> list[PolicySpec]:
     return [
-        PolicySpec(name=n, factory=f, params=p[0] if p else NoParams, description=f.description)
+        PolicySpec(
+            name=n,
+            factory=f,
+            params=p[0] if p else NoParams,
+            description=f.description,
+            reads_predictions=getattr(f, "reads_predictions", True),
+        )
         for n, f, *p in POLICIES[kind]
     ]
 

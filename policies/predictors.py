@@ -13,6 +13,7 @@ from rlhfless_policies.model_predictor import ModelParams, ModelPredictor
 from rlhfless_sdk import (
     FinishedSample,
     HistoryError,
+    HistoryLocked,
     LengthHistory,
     NoParams,
     PromptBatch,
@@ -33,6 +34,7 @@ class EwmaParams(Record):
     default_length: float = Field(default=512.0, ge=0.0, description="Used before anything has been observed.")
     history_path: str | None = Field(
         default=None,
+        min_length=1,
         description="SQLite file for the length history (survives restarts, shared by processes); "
         "default: an in-memory SQLite store, private to this run.",
     )
@@ -59,8 +61,14 @@ class EwmaPredictor:
 
     def __init__(self, params: EwmaParams | None = None) -> None:
         self.params = params or EwmaParams()
-        self.store = LengthHistory(self.params.history_path, timeout_s=self.params.history_timeout_s)
-        self._persistent = self.params.history_path is not None
+        try:
+            self.store = LengthHistory(self.params.history_path, timeout_s=self.params.history_timeout_s)
+        except HistoryLocked as exc:
+            if not self.params.history_best_effort:
+                raise
+            log.warning("%s; this run's lengths are kept for this run only (history_best_effort)", exc)
+            self.store = LengthHistory(None)
+        self._persistent = self.store.path is not None
         self._estimate: dict[str, float] = {}
         recent = self.store.last_step_mean()
         self._recent_mean = self.params.default_length if recent is None else recent

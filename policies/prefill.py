@@ -121,6 +121,7 @@ class NoPrefillPlanner:
     """Baseline: no deduplication; every sample prefills its whole prompt on its decode actor."""
 
     description = "baseline: every sample prefills its whole prompt"
+    reads_predictions = False  # consults no predicted length
 
     name = "none"
 

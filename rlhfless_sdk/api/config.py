@@ -129,6 +129,11 @@ class PipelineConfig(Record):
             raise ValueError("max_age and elastic apply to mode: stream only")
         if self.kv_slots is not None and self.mode != "stream":
             raise ValueError("kv_slots holds back an engine's samples in the stream: it applies to mode: stream only")
+        if self.elastic and self.rollout_gpus is not None:
+            raise ValueError(
+                "rollout_gpus fixes the split, which elastic: true re-plans between batches: drop one of them "
+                "(split_schedule pins an elastic stream's split batch by batch)"
+            )
         if self.split_schedule is not None and not (self.mode == "stream" and self.elastic):
             raise ValueError("split_schedule pins an elastic split: it applies to mode: stream with elastic: true")
         if self.tail_learn and not self.tail_prepare:

@@ -63,6 +63,10 @@ class HistoryError(RlhflessError):
     """The history store cannot be opened or written; the message names the file."""
 
 
+class HistoryLocked(HistoryError):
+    """Another process held the history file's lock for longer than the store's timeout."""
+
+
 class LengthHistory:
     """Mean response length per prompt per step, persisted in SQLite (in memory when ``path`` is None)."""
 
@@ -95,6 +99,8 @@ class LengthHistory:
                 # Several processes opening a new file at once contend for the lock that switching the journal to
                 # WAL and creating the tables take: a locked database is retried until timeout_s, like a write.
                 self._retry_locked(self._open_file)
+        except _LockTimeout as exc:
+            raise HistoryLocked(f"{where}: cannot open the length history ({exc})") from None
         except sqlite3.DatabaseError as exc:
             raise HistoryError(f"{where}: not a usable rlhfless length history ({exc})") from None
 

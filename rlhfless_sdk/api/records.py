@@ -46,10 +46,17 @@ class Record(BaseModel):
     @classmethod
     def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
         """``lambda: true`` is a mistake, not 1.0: a YAML boolean is refused where a number is expected."""
-        if isinstance(value, bool) and info.field_name is not None:
+        if info.field_name is None:
+            return value
+        if isinstance(value, bool):
             field = cls.model_fields.get(info.field_name)
             if field is not None and _numeric(field.annotation):
                 raise ValueError(f"expected a number, got {str(value).lower()}")
+        elif isinstance(value, list) and any(isinstance(v, bool) for v in value):
+            field = cls.model_fields.get(info.field_name)
+            if field is not None and _numeric(field.annotation):  # list items: split_schedule: [true, 2]
+                i = next(i for i, v in enumerate(value) if isinstance(v, bool))
+                raise ValueError(f"item {i}: expected a number, got {str(value[i]).lower()}")
         return value
 
 
@@ -70,6 +77,11 @@ class PolicySpec(BaseModel):
     factory: Callable[[Any], Any]
     params: type[BaseModel] = NoParams
     description: str = Field(default="", description="One line shown by `rlhfless plugins`.")
+    reads_predictions: bool = Field(
+        default=True,
+        description="Whether the policy reads predicted lengths (its plan inputs or the samples' predicted_length); "
+        "a scheduler whose policies all say False consults no predictor.",
+    )
     kind: str = ""
     plugin: str = ""
 

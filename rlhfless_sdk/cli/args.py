@@ -3,12 +3,15 @@ range-checked and every output path checked before any work starts, and JSON out
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 import click
+
+from rlhfless_sdk.api.options import FiniteFloat, unwritable, writable_file, writable_folder
+
+__all__ = ["FiniteFloat", "unwritable", "writable_file", "writable_folder"]  # shared with commands of plugins
 
 #: At least one (prompts, samples, GPUs, repeats, ...) / zero or more (steps where 0 means "the default", seeds).
 POSITIVE = click.IntRange(min=1)
@@ -69,26 +72,6 @@ def check_samples(
 
 #: What matplotlib writes without extra packages.
 PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
-
-
-class FiniteFloat(click.ParamType):
-    """A finite float (no nan or inf), above ``minimum`` (or at it when ``inclusive``)."""
-
-    name = "float"
-
-    def __init__(self, minimum: float, *, inclusive: bool = True) -> None:
-        self.minimum, self.inclusive = minimum, inclusive
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        try:
-            out = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number", param, ctx)
-        if not math.isfinite(out):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        if out < self.minimum or (out == self.minimum and not self.inclusive):
-            self.fail(f"{value!r} must be {'>=' if self.inclusive else '>'} {self.minimum:g}", param, ctx)
-        return out
 
 
 def plot_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
@@ -261,7 +244,7 @@ def synthetic_shape_options(fn: Any) -> Any:
         click.option(
             "--runaway",
             default=0.0,
-            type=click.FloatRange(0.0, 1.0),
+            type=FiniteFloat(0.0, maximum=1.0),
             show_default=True,
             help="Synthetic: share of samples that never stop and hit --max-length (repetition loops).",
         ),

@@ -243,6 +243,12 @@ def plan_cmd(
     prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)  # a synchronous engine's
     gpa = prof.gpus_per_actor
     configs = comparable_configs(schedulers, registry, max_actors, allow_burst_engines, gpus, gpa)
+    if rollout_gpus is not None and not any(c.pipeline.pipelined for c in configs):
+        raise click.BadParameter(
+            f"{rollout_gpus}: plans a pipeline's step on its rollout GPUs, and every scheduler here is synchronous "
+            f"({', '.join(c.name for c in configs)}): drop it, or add an async or stream scheduler",
+            param_hint="'--rollout-gpus'",
+        )
     splits = {c.name: rollout_split(c, rollout_gpus, gpus, gpa) for c in configs}
     cluster = Cluster.of_gpus(gpus, gpus_per_node)
     workload = SyntheticWorkload(prompts, samples, seed=seed)
@@ -450,7 +456,7 @@ def compare_predictors_cmd(
     """Replay a workload in step order and score each length predictor (MAE, Acc@50/100, Kendall tau)."""
     from rlhfless_sdk.api.config import PolicyRef
     from rlhfless_sdk.cli.compare import compare_predictors
-    from rlhfless_sdk.cli.simulate import kv_flag, load_workload, make_cluster
+    from rlhfless_sdk.cli.simulate import check_workload_flags, kv_flag, load_workload, make_cluster
     from rlhfless_sdk.simulation.simulator import Simulator
     from rlhfless_sdk.simulation.traces import workload_summary
 
@@ -469,6 +475,20 @@ def compare_predictors_cmd(
             "earlier ones); give at least 2",
             param_hint="'--steps'",
         )
+    check_workload_flags(trace, steps, shape.get("length_growth", 1.0))
+    base = registry.resolve(scheduler)
+    if simulate and not registry.consults_predictor(base):
+        why = (
+            "a stream never plans a step: its engines take groups as they free up"
+            if base.pipeline.mode == "stream"
+            else "none of its policies reads a predicted length"
+        )
+        raise click.BadParameter(
+            f"scheduler {base.name!r} consults no predictor ({why}), so every predictor would simulate alike; "
+            "choose one whose policies read predictions (rlhfless-paper, rlhfless), or pass --no-simulate to score "
+            "the predictors' accuracy only",
+            param_hint="'--scheduler'",
+        )
     prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)
     workload = load_workload(
         trace,
@@ -486,9 +506,10 @@ def compare_predictors_cmd(
             "first); give a trace of at least 2 steps",
             param_hint="'--trace' / '--steps'",
         )
-    base = registry.resolve(scheduler)
     run_algo = None if algo == "auto" else algo
     sim = Simulator(prof, make_cluster(gpus, gpus_per_node), registry=registry, algo=run_algo) if simulate else None
+    if sim is not None and (refused := sim.refusal(base)) is not None:
+        raise click.BadParameter(refused, param_hint="'--scheduler'")
     with click.progressbar(length=len(refs), label="predictors", file=sys.stderr, hidden=as_json) as bar:
         rows = compare_predictors(registry, refs, workload, sim, base, on_done=lambda _n: bar.update(1))
     meta = {"workload": workload_summary(workload), "scheduler": base.name, "profile": profile, "gpus": gpus}

@@ -11,6 +11,7 @@ import click
 import numpy as np
 
 from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.options import distinct
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import Cluster, dumps
 from rlhfless_sdk.cli.args import MAX_GPUS, check_samples, run_profile
@@ -102,8 +103,17 @@ def comparable_configs(
             f"--max-actors {max_actors} is beyond the fleet's {fleet_actors} engines on --gpus {gpus}: add "
             "--allow-burst to run burst engines (billed while held; the row is flagged as holding more GPUs)"
         )
-    configs = [allow_burst(registry.resolve(n), max_actors) for n in names]
+    configs = distinct([registry.resolve(n) for n in names], names)
+    configs = [allow_burst(c, max_actors) for c in configs]
     if not allow_burst_engines:
+        for c in configs:
+            if c.min_actors > fleet_actors:
+                raise click.ClickException(
+                    f"scheduler {c.name!r} has min_actors {c.min_actors}, beyond the fleet's {fleet_actors} engines "
+                    f"of {gpus_per_actor} GPU(s) on --gpus {gpus}: lower min_actors, give more --gpus, or add "
+                    "--allow-burst to run the rest as burst engines (billed while held; the row is flagged as "
+                    "holding more GPUs)"
+                )
         configs = [equal_peak(c, fleet_actors) for c in configs]
     return configs
 
@@ -364,8 +374,17 @@ def simulate_main(
     prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory, tensor_parallel)  # a sync engine's
     if gpus < prof.gpus_per_actor:
         raise click.ClickException(f"--gpus {gpus} is fewer than one actor of profile {profile} needs")
+    check_workload_flags(trace, steps, length_growth)
+    if frontier_gpus is not None and frontier_plot is None:
+        raise click.BadParameter(
+            f"{frontier_gpus}: the cluster sizes of the baselines drawn on --frontier-plot; without it nothing uses "
+            "them: add --frontier-plot FILE or drop --frontier-gpus",
+            param_hint="'--frontier-gpus'",
+        )
     configs = comparable_configs(names, registry, max_actors, allow_burst_engines, gpus, prof.gpus_per_actor)
     split = parse_rollout_gpus(rollout_gpus)
+    if split is not None:
+        check_split_takers(rollout_gpus or "", configs)
     if isinstance(split, int):  # a fixed split for every pipeline that has one (an elastic stream re-plans its own)
         configs = [
             c.derive(pipeline={**c.pipeline.model_dump(), "rollout_gpus": split})
@@ -416,6 +435,10 @@ def simulate_main(
                 "openrlhf-async...) at several cluster sizes: give at least one with --scheduler"
             )
     sim = simulator(gpus)
+    for config in configs:
+        refused = sim.refusal(config)
+        if refused is not None:
+            raise click.BadParameter(refused, param_hint="'--scheduler'")
     results = run_simulation(configs, workload, sim, progress=not as_json, frontier=frontier)
     rows = compare(results)
     for row in rows:
@@ -477,6 +500,69 @@ def simulate_main(
         plot_frontier(rows, front_rows, frontier_plot, f"{workload.name}, {dedicated.name}, {memory} memory")
         if not as_json:
             click.echo(f"\nfrontier plot: {frontier_plot}")
+
+
+#: The synthetic workload's options (``--trace`` replays a trace's own prompts and lengths instead).
+SYNTHETIC_FLAGS = (
+    "prompts",
+    "samples",
+    "seed",
+    "median_length",
+    "length_sigma",
+    "sample_sigma",
+    "max_length",
+    "runaway",
+    "length_growth",
+)
+
+
+def given_flags(names: Sequence[str]) -> list[str]:
+    """The options among ``names`` (parameter names) typed on this command line, as flags."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return []
+    return [
+        f"--{n.replace('_', '-')}"
+        for n in names
+        if n in ctx.params and ctx.get_parameter_source(n) == ParameterSource.COMMANDLINE
+    ]
+
+
+def check_workload_flags(trace: str | None, steps: int, length_growth: float = 1.0) -> None:
+    """No option of the synthetic workload with ``--trace`` (it would change nothing), and no ``--length-growth``
+    over a single step (growth is from the first step to the last)."""
+    if trace is not None:
+        unused = given_flags(SYNTHETIC_FLAGS)
+        if unused:
+            raise click.BadParameter(
+                f"{', '.join(unused)} shape{'s' if len(unused) == 1 else ''} the synthetic workload; a trace "
+                f"replays its own prompts and lengths ({trace}): drop {'it' if len(unused) == 1 else 'them'}",
+                param_hint="'--trace'",
+            )
+    elif steps == 1 and length_growth != 1.0:
+        raise click.BadParameter(
+            f"{length_growth:g}: lengths grow from the first step to the last, and --steps 1 is one step; give more "
+            "steps or drop --length-growth",
+            param_hint="'--length-growth'",
+        )
+
+
+def check_split_takers(value: str, configs: Sequence[SchedulerConfig]) -> None:
+    """``--rollout-gpus`` sets the split of an async pipeline or a stream at a fixed split: refused when no
+    scheduler of the run has one (a synchronous one has no split; an elastic stream re-plans its own)."""
+    if any(c.pipeline.pipelined and not c.pipeline.elastic for c in configs):
+        return
+    what = ", ".join(
+        f"{c.name} ({'an elastic stream, which re-plans its split' if c.pipeline.pipelined else 'synchronous'})"
+        for c in configs
+    )
+    raise click.BadParameter(
+        f"{value}: sets the rollout/learner split of an async pipeline or a stream at a fixed split, and no "
+        f"scheduler here has one: {what}",
+        param_hint="'--rollout-gpus'",
+    )
 
 
 def _tokens(n: int | None) -> str:

@@ -279,8 +279,11 @@ class StepPlanner:
         if self.config.max_actors is not None:
             most = min(most, self.config.max_actors)
         if most < self.config.min_actors:
+            fleet = sum(n.num_gpus for n in self.cluster.nodes if not n.name.startswith("burst"))
+            burst = self.cluster.total_gpus - fleet
             raise RlhflessError(
-                f"cluster has {self.cluster.total_gpus} GPUs; after {sum(a.num_gpus for a in extra)} for "
+                f"scheduler {self.config.name!r}: the cluster has {fleet} GPUs"
+                f"{f' and {burst} burst GPUs' if burst else ''}; after {sum(a.num_gpus for a in extra)} for "
                 f"learner/prefill, at most {most} decode actors of {self.gpus_per_actor} GPU(s) fit, "
                 f"below min_actors={self.config.min_actors}"
             )

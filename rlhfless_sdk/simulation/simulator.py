@@ -670,6 +670,24 @@ class Simulator:
             cached = self._bounds[id(workload)] = (workload, algo, work_bound(workload, self.bound_profile, algo))
         return cached[2]
 
+    def refusal(self, config: SchedulerConfig) -> str | None:
+        """Why this simulator cannot run ``config`` (None: it can); ``run`` raises it, a command asks first.
+        Scoring in the generation tail (``tail_prepare``) works on the groups a step completes from the samples it
+        ran; a straggler policy that carries cut samples into the next step (partial rollouts) trains groups with
+        samples of earlier steps, whose tail the model does not follow."""
+        pipeline = config.pipeline
+        if not pipeline.tail_prepare:
+            return None
+        mode = driver_mode(self.planner(config))
+        if mode not in (TOKEN_BUDGET, BATCH_CUT):
+            return None
+        fields = "pipeline.tail_prepare" + (" and tail_learn" if pipeline.tail_learn else "")
+        return (
+            f"scheduler {config.name!r}: {fields} (scoring complete groups on GPUs done decoding) cannot run with the "
+            f"straggler policy {config.policy('straggler').name!r}, which carries cut samples into the next step "
+            "(partial rollouts): use straggler none or tail-batch with it, or drop tail_prepare"
+        )
+
     def _run(
         self,
         config: SchedulerConfig,
@@ -677,6 +695,9 @@ class Simulator:
         on_step: Callable[[StepReport], Any] | None,
         frontier: bool,
     ) -> SimulationResult:
+        refused = self.refusal(config)
+        if refused is not None:
+            raise RlhflessError(refused)
         self.warm, self.warm_prefill = frozenset(), False
         self.run_algo = self.algo or workload.algo
         if config.pipeline.mode == "stream" and config.pipeline.elastic:  # the split is re-planned as it runs
