@@ -16,15 +16,16 @@ from rlhfless_sdk import NoParams, PolicySpec
 from rlhfless_sdk.api.records import Cluster
 from rlhfless_sdk.cli.main import main
 from rlhfless_sdk.planning.planner import planner_for
-from rlhfless_sdk.rollout.drivers import (
+from rlhfless_sdk.rollout.drivers import refusal
+from rlhfless_sdk.rollout.modes import (
     ASYNC,
     BATCH_CUT,
     MODES,
     PLAIN,
     TAIL_ROUNDS,
     TOKEN_BUDGET,
-    driver_mode,
-    refusal,
+    mode_for,
+    planned_mode,
 )
 from rlhfless_sdk.simulation.simulator import Simulator
 from rlhfless_sdk.simulation.traces import synthetic_workload
@@ -79,14 +80,15 @@ EXPECTED = {
 @pytest.mark.parametrize(("preset", "mode"), sorted(EXPECTED.items()))
 def test_each_preset_gets_the_driver_its_straggler_policy_declares(registry, preset, mode):
     planner = planner_for(registry.scheduler(preset), _profile(), Cluster.of_gpus(8, 8), registry)
-    assert driver_mode(planner) == mode
+    assert planned_mode(planner).name == mode
+    assert mode_for(registry.scheduler(preset), registry) == planned_mode(planner)  # no planner needed to ask
 
 
 def test_a_token_budget_policy_gets_its_driver_and_a_backend_without_it_refuses_naming_it(registry):
     config = registry.scheduler("openrlhf").derive(name="budgeted", straggler={"name": "partial"})
     planner = planner_for(config, _profile(), Cluster.of_gpus(8, 8), registry)
-    mode = driver_mode(planner)
-    assert mode == TOKEN_BUDGET
+    mode = planned_mode(planner)
+    assert mode.name == TOKEN_BUDGET
     assert refusal(config, mode, MODES, "the simulator") is None
     why = refusal(config, mode, {PLAIN, BATCH_CUT}, "a test backend")
     assert why is not None and "'partial'" in why and "token-budget" in why and "a test backend" in why
@@ -116,7 +118,8 @@ def test_a_third_party_straggler_policy_declares_its_capability_by_protocol(regi
     base = registry.scheduler("openrlhf")
     for name, mode in (("my-rounds", TAIL_ROUNDS), ("my-cut", BATCH_CUT)):
         config = base.derive(name=name, straggler={"name": name})
-        assert driver_mode(planner_for(config, _profile(), Cluster.of_gpus(8, 8), registry)) == mode
+        assert planned_mode(planner_for(config, _profile(), Cluster.of_gpus(8, 8), registry)).name == mode
+        assert mode_for(config, registry).name == mode
 
 
 def _every_preset() -> list[str]:

@@ -111,3 +111,27 @@ def test_the_adapter_imports_no_cli_and_the_api_names_no_framework():
         if "openrlhf" in line.lower()
     ]
     assert named == []
+
+
+def test_the_mode_is_decided_in_one_place():
+    """How a scheduler's steps run is decided by ``rlhfless_sdk.rollout.modes`` alone: no other source file of the
+    SDK, the policies or the adapter reads the pipeline's mode or tail fields, or probes a straggler policy's
+    capabilities, to pick a loop (``api/config.py`` defines and validates the fields)."""
+    import re
+
+    root = SDK.parent
+    decides = re.compile(
+        r"(?<![\"'`\w])pipeline\.(mode|pipelined|elastic|tail_prepare|tail_learn)\b"  # code, not a message's words
+        r"|\[\"pipeline\"\]\[\"mode\"\]|pipeline\.get\(\"mode\"\)"
+        r"|isinstance\([^)]*(OverProvisioning|KeepsCutTokens)"
+    )
+    allowed = {SDK / "rollout" / "modes.py", SDK / "api" / "config.py"}
+    hits = [
+        f"{p.relative_to(root)}:{i}: {line.strip()}"
+        for folder in (SDK, root / "policies", root / "adapters")
+        for p in folder.rglob("*.py")
+        if p not in allowed
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if decides.search(line)
+    ]
+    assert hits == []

@@ -186,14 +186,16 @@ def test_every_sample_finishes_once(registry, name):
 
 
 def _presets_that_consult(registry, consult: bool) -> list[str]:
-    return [n for n in registry.names("scheduler") if registry.consults_predictor(registry.scheduler(n)) == consult]
+    from rlhfless_sdk.rollout.modes import consults_predictor
+
+    return [n for n in registry.names("scheduler") if consults_predictor(registry.scheduler(n), registry) == consult]
 
 
 def test_a_scheduler_said_to_consult_no_predictor_runs_alike_with_any(registry):
-    """``Registry.consults_predictor``, from each policy's ``reads_predictions``: every preset it says consults no
-    predictor (so `compare-predictors` refuses to simulate predictors in it) runs step for step alike with
-    predictors as far apart as the prompts' lengths and the true lengths; the ones said to consult one include
-    presets that run otherwise (the check tells them apart)."""
+    """``consults_predictor`` (``rlhfless_sdk.rollout.modes``), from each policy's ``reads_predictions``: every
+    preset it says consults no predictor (so `compare-predictors` refuses to simulate predictors in it) runs step
+    for step alike with predictors as far apart as the prompts' lengths and the true lengths; the ones said to
+    consult one include presets that run otherwise (the check tells them apart)."""
     w = synthetic_workload(SyntheticWorkload(24, 4, seed=5, runaway=0.05), 4)
     sim = Simulator(load_profile("qwen2.5-7b-l40s"), make_cluster(6, 8), registry=registry, split_probe_steps=2)
     blind = _presets_that_consult(registry, False)

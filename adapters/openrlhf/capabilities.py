@@ -3,13 +3,10 @@ scheduler that needs another (light: no Ray, vLLM or OpenRLHF import, so the lau
 
 from __future__ import annotations
 
-from typing import Any
-
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.plugins import Registry
-from rlhfless_sdk.api.records import Cluster, TimePerTokenProfile
-from rlhfless_sdk.planning.planner import planner_for
-from rlhfless_sdk.rollout.drivers import ASYNC, BATCH_CUT, PLAIN, STREAM, TAIL_ROUNDS, driver_mode, refusal
+from rlhfless_sdk.rollout.drivers import refusal
+from rlhfless_sdk.rollout.modes import ASYNC, BATCH_CUT, PLAIN, STREAM, TAIL_ROUNDS, mode_for
 
 #: The step drivers the samples generator runs on OpenRLHF's engines (the stream inside OpenRLHF's async loop).
 MODES = frozenset({PLAIN, TAIL_ROUNDS, BATCH_CUT, STREAM})
@@ -18,21 +15,6 @@ _ASYNC_HINT = (
     "on OpenRLHF pass --train.async_enable (and --train.partial_rollout_enable) with --scheduler openrlhf; "
     "`rlhfless simulate` models the async pipeline"
 )
-
-
-def mode_of(config: SchedulerConfig, registry: Registry | None = None, profile: Any = None) -> str:
-    """The step driver ``config`` needs, as the samples generator asks it (of its own step planner)."""
-    if config.pipeline.mode == "async":
-        return ASYNC
-    if profile is None:
-        from rlhfless_sdk.api.profiles import load_profile
-
-        profile = load_profile("qwen2.5-7b-l40s")
-    prof = TimePerTokenProfile.model_validate(profile) if isinstance(profile, dict) else profile
-    config = config.derive(burst=1.0, max_actors=None)
-    return driver_mode(
-        planner_for(config, prof, Cluster.of_gpus(prof.gpus_per_actor, 8), registry, prefill_actor=False)
-    )
 
 
 #: Why a stream cannot run outside OpenRLHF's async loop: its engines generate on while the learner trains, and
@@ -45,12 +27,13 @@ STREAM_NEEDS = (
 
 
 def adapter_refusal(
-    config: SchedulerConfig, registry: Registry | None = None, profile: Any = None, *, async_loop: bool = True
+    config: SchedulerConfig, registry: Registry | None = None, *, async_loop: bool = True
 ) -> str | None:
     """Why the adapter cannot run ``config`` (None: it can), naming the policy or pipeline that needs more.
     ``async_loop=False``: steps run one after the other (the demo, the fidelity check), where a stream cannot."""
-    if config.pipeline.tail_prepare:
-        learns = config.pipeline.tail_learn
+    mode = mode_for(config, registry)
+    if mode.tail:
+        learns = mode.tail == "learn"
         work = "scores and learns on" if learns else "scores"
         groups = "actor, reference and reward groups" if learns else "reference and reward groups"
         return (
@@ -59,10 +42,9 @@ def adapter_refusal(
             f"whole {groups} at once, sharded over every GPU; `rlhfless simulate` runs it (on OpenRLHF: "
             "rlhfless-onpolicy)"
         )
-    mode = mode_of(config, registry, profile)
-    if mode == STREAM and not async_loop:
+    if mode.name == STREAM and not async_loop:
         return f"scheduler {config.name!r} {STREAM_NEEDS}; `rlhfless simulate` runs it too"
     why = refusal(config, mode, MODES, BACKEND)
     if why is not None:
-        why += f"; {_ASYNC_HINT}" if mode == ASYNC else "; `rlhfless simulate` runs every step driver"
+        why += f"; {_ASYNC_HINT}" if mode.name == ASYNC else "; `rlhfless simulate` runs every step driver"
     return why

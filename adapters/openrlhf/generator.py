@@ -40,21 +40,10 @@ from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 from rlhfless_sdk.api.records import Cluster, StepPlan, StepReport, TimePerTokenProfile
 from rlhfless_sdk.planning.planner import planner_for
-from rlhfless_sdk.rollout import drivers
 from rlhfless_sdk.rollout.carry import CarryBook
 from rlhfless_sdk.rollout.controller import StepController, StepOutcome
-from rlhfless_sdk.rollout.drivers import (
-    BATCH_CUT,
-    STREAM,
-    TAIL_ROUNDS,
-    BatchCutSession,
-    Driven,
-    PlainStep,
-    Ran,
-    TailSession,
-    driver_mode,
-    refusal,
-)
+from rlhfless_sdk.rollout.drivers import BatchCutSession, Driven, PlainStep, Ran, TailSession, refusal
+from rlhfless_sdk.rollout.modes import BATCH_CUT, STREAM, TAIL_ROUNDS, planned_mode
 from rlhfless_sdk.rollout.stream import GroupBook, KvSlots, batch_ages
 from rlhfless_sdk.rollout.tail import TailRounds
 from rlhfless_sdk.simulation.replay import LengthReplay
@@ -233,8 +222,9 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.cluster = Cluster.of_gpus(n * gpa, gpus_per_node)
         self.planner = planner_for(config, profile, self.cluster, registry, prefill_actor=False)
         self.planner.warm_actors = n  # OpenRLHF started them before the first step
-        self.mode = driver_mode(self.planner)
-        refused = refusal(config, self.mode, self.modes, BACKEND)
+        mode = planned_mode(self.planner)
+        self.mode = mode.name  # the step driver, or the stream
+        refused = refusal(config, mode, self.modes, BACKEND)
         if refused is not None:
             raise RlhflessError(refused)
         self.profile = profile
@@ -249,7 +239,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             log.info("prefix caching is off (--vllm.enable_prefix_caching): the dedup prefill plan is not applied")
         self.check_interval_s = check_interval_s
         self.carry_timeout_s = carry_timeout_s  # how long a step's end waits for its carried samples' calls
-        self.keeps_tokens = drivers.keeps_tokens(self.mode)
+        self.keeps_tokens = mode.keeps_tokens
         if self.keeps_tokens and self.args.algo.advantage.is_correction_level == "off":
             log.warning(
                 "rlhfless: scheduler %s trains carried tokens one weight update stale, but importance-sampling "

@@ -29,6 +29,7 @@ generates.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import runpy
@@ -87,6 +88,7 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
     from rlhfless_sdk.api.options import unwritable
     from rlhfless_sdk.api.plugins import get_plugin_manager
     from rlhfless_sdk.api.profiles import load_profile
+    from rlhfless_sdk.rollout.modes import mode_for
 
     registry = get_plugin_manager().registry
     name = ours.get("--scheduler", "openrlhf")
@@ -108,9 +110,10 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
                 f"{'it' if len(unused) == 1 else 'them'} or choose an RLHFless scheduler (--scheduler rlhfless)"
             )
         return None
-    refused = adapter_refusal(config, registry, profile)
+    refused = adapter_refusal(config, registry)
     if refused is not None:
         raise SystemExit(f"error: {refused}")
+    mode = mode_for(config, registry)
     report = str(Path(ours.get("--scheduler.report", "rlhfless_steps.jsonl")).resolve())
     trace = str(Path(ours["--scheduler.trace"]).resolve()) if "--scheduler.trace" in ours else None
     settings = {
@@ -119,8 +122,10 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
         "report": report,
         "trace": trace,
         "carry_timeout_s": carry_timeout,
+        # how its steps run (rlhfless_sdk.rollout.modes), for the checks of OpenRLHF's flags
+        "mode": {**dataclasses.asdict(mode), "carries": mode.carries},
+        "keeps_tokens": mode.keeps_tokens,
     }
-    settings["keeps_tokens"] = keeps_tokens(settings)
     return settings
 
 
@@ -134,18 +139,6 @@ def _seconds(value: str | None, flag: str) -> float:
     if not seconds > 0 or seconds == float("inf"):
         raise SystemExit(f"error: {flag} takes a number of seconds > 0, got {value!r}")
     return seconds
-
-
-def keeps_tokens(settings: dict[str, Any]) -> bool:
-    """Whether the scheduler trains tokens generated under older weights: its step driver keeps a cut sample's
-    tokens across a weight update (partial rollouts). Asked as the samples generator asks it, of a step planner."""
-    from rlhfless_openrlhf.capabilities import mode_of
-
-    from rlhfless_sdk.api.config import SchedulerConfig
-    from rlhfless_sdk.rollout import drivers
-
-    mode = mode_of(SchedulerConfig.model_validate(settings["scheduler"]), profile=settings["profile"])
-    return drivers.keeps_tokens(mode)
 
 
 def passed(flag: str, argv: Sequence[str], shortest: str | None = None) -> bool:
@@ -201,8 +194,9 @@ def check_modes(args: Any, settings: dict[str, Any] | None = None, argv: Sequenc
             raise SystemExit(
                 f"error: {flag} is not supported with --scheduler rlhfless ({why}); run it with --scheduler openrlhf"
             )
+    mode = (settings or {}).get("mode") or {}
     straggler = ((settings or {}).get("scheduler") or {}).get("straggler", {}).get("name", "none")
-    if straggler != "none":
+    if mode.get("carries"):
         for flag, used, why in CANNOT_CARRY:
             if used(args):
                 raise SystemExit(
@@ -211,8 +205,8 @@ def check_modes(args: Any, settings: dict[str, Any] | None = None, argv: Sequenc
                 )
     if settings and settings.get("profile"):
         match_profile(args, settings)
-    streams = ((settings or {}).get("scheduler") or {}).get("pipeline", {}).get("mode") == "stream"
-    if settings and (straggler != "none" or streams):
+    streams = mode.get("pipeline") == "stream"
+    if settings and (mode.get("carries") or streams):
         check_oversampling(args, settings["scheduler"]["name"], straggler, streams)
     if streams:
         check_stream(args, settings)
@@ -320,7 +314,7 @@ def check_stream(args: Any, settings: dict[str, Any]) -> None:
             name,
         )
     queue = int(_flag(args, "train", "async_queue_size") or 1)
-    if pipeline.get("elastic"):
+    if settings["mode"]["elastic"]:
         log.info(
             "rlhfless: scheduler %r: OpenRLHF's learner holds the GPUs it was launched with, so the elastic split is "
             "not applied; the stream runs on the %s engine(s) launched",
@@ -348,7 +342,7 @@ def correct_stale_tokens(args: Any, settings: dict[str, Any], argv: Sequence[str
     level = getattr(advantage, "is_correction_level", "off")
     name = settings["scheduler"]["name"]
     pipeline = settings["scheduler"].get("pipeline", {})
-    if pipeline.get("mode") == "stream":
+    if settings["mode"]["pipeline"] == "stream":
         stale = f"its streaming pipeline trains tokens up to {int(pipeline.get('max_age', 1))} weight updates stale"
     else:
         straggler = settings["scheduler"]["straggler"]["name"]

@@ -104,18 +104,6 @@ class Registry:
             return read_scheduler_config(name_or_path, self)
         return self.scheduler(name_or_path)
 
-    def consults_predictor(self, config: SchedulerConfig) -> bool:
-        """Whether ``config``'s steps read its predictor's lengths: a streaming pipeline never plans a step (its
-        engines take groups as they free up); otherwise, whether any of its other policies reads predictions
-        (``PolicySpec.reads_predictions``)."""
-        if config.pipeline.mode == "stream":
-            return False
-        return any(
-            self.policy(kind, ref.name).reads_predictions
-            for kind, ref in config.policy_refs().items()
-            if kind != "predictor"
-        )
-
     def validate_params(self, kind: str, ref: PolicyRef) -> BaseModel:
         """The policy's params model instance, validated from ``ref.params``."""
         return self.policy(kind, ref.name).params.model_validate(ref.params)

@@ -118,7 +118,7 @@ class StragglerPolicy(Protocol):
     its samples have finished.
 
     A policy that also implements ``OverProvisioning`` (and maybe ``KeepsCutTokens``) asks for another way of
-    running steps; ``rlhfless_sdk.rollout.drivers.driver_mode`` says which driver each policy gets.
+    running steps; ``rlhfless_sdk.rollout.modes.mode_of`` says which driver each policy gets.
     """
 
     def segment_tokens(self, step: int) -> int | None: ...

@@ -12,6 +12,7 @@ from rlhfless_sdk.api.plugins import get_plugin_manager
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
 from rlhfless_sdk.planning.planner import planner_for
+from rlhfless_sdk.rollout.modes import mode_for
 from rlhfless_sdk.simulation.workloads import SyntheticWorkload, finished_samples
 
 
@@ -84,7 +85,7 @@ def bench_simulate(
     workload = synthetic_workload(SyntheticWorkload(prompts, samples, seed=seed), steps)
     walls: list[float] = []
     rollout_gpus = None
-    if config.pipeline.pipelined:
+    if mode_for(config, registry).pipelined:
         t0 = time.perf_counter()
         result = sim.run(config, workload)
         wall = time.perf_counter() - t0

@@ -29,6 +29,7 @@ from rlhfless_sdk.cli.args import (
 from rlhfless_sdk.cli.args import (
     plot_path as plot_path_check,
 )
+from rlhfless_sdk.rollout.modes import Mode, consults_predictor, mode_for
 
 #: Most timed runs a benchmark repeats (each a whole plan or predict).
 REPEATS = click.IntRange(min=1, max=1000)
@@ -243,13 +244,13 @@ def plan_cmd(
     prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)  # a synchronous engine's
     gpa = prof.gpus_per_actor
     configs = comparable_configs(schedulers, registry, max_actors, allow_burst_engines, gpus, gpa)
-    if rollout_gpus is not None and not any(c.pipeline.pipelined for c in configs):
+    if rollout_gpus is not None and not any(mode_for(c, registry).pipelined for c in configs):
         raise click.BadParameter(
             f"{rollout_gpus}: plans a pipeline's step on its rollout GPUs, and every scheduler here is synchronous "
             f"({', '.join(c.name for c in configs)}): drop it, or add an async or stream scheduler",
             param_hint="'--rollout-gpus'",
         )
-    splits = {c.name: rollout_split(c, rollout_gpus, gpus, gpa) for c in configs}
+    splits = {c.name: rollout_split(c, mode_for(c, registry), rollout_gpus, gpus, gpa) for c in configs}
     cluster = Cluster.of_gpus(gpus, gpus_per_node)
     workload = SyntheticWorkload(prompts, samples, seed=seed)
     check_samples(prompts, samples, history + 1, steps_flag="--history", bytes_per_sample=BYTES_PER_PLANNED_SAMPLE)
@@ -300,16 +301,16 @@ def plan_cmd(
             click.echo(f"  fell back: {', '.join(r['fallbacks'])}")
 
 
-def rollout_split(config: Any, rollout_gpus: int | None, gpus: int, gpa: int) -> int | None:
+def rollout_split(config: Any, mode: Mode, rollout_gpus: int | None, gpus: int, gpa: int) -> int | None:
     """Where `plan` plans an async scheduler's step: ``--rollout-gpus`` or its preset's ``rollout_gpus`` (checked
     as the simulator does); None for a synchronous one. An async one with neither is refused: its split is
     what `simulate` searches for."""
-    if not config.pipeline.pipelined:
+    if not mode.pipelined:
         return None
     r = rollout_gpus if rollout_gpus is not None else config.pipeline.rollout_gpus
     if r is None:
         raise click.BadParameter(
-            f"scheduler {config.name!r} is {'an' if config.pipeline.mode == 'async' else 'a'} {config.pipeline.mode} "
+            f"scheduler {config.name!r} is {'an' if mode.pipeline == 'async' else 'a'} {mode.pipeline} "
             "pipeline (its engines on GPUs of their own, "
             "the rest learning): say how many of the --gpus generate, or run `rlhfless simulate`, which finds the "
             "fastest split",
@@ -477,10 +478,10 @@ def compare_predictors_cmd(
         )
     check_workload_flags(trace, steps, shape.get("length_growth", 1.0))
     base = registry.resolve(scheduler)
-    if simulate and not registry.consults_predictor(base):
+    if simulate and not consults_predictor(base, registry):
         why = (
             "a stream never plans a step: its engines take groups as they free up"
-            if base.pipeline.mode == "stream"
+            if mode_for(base, registry).pipeline == "stream"
             else "none of its policies reads a predicted length"
         )
         raise click.BadParameter(

@@ -15,6 +15,7 @@ from rlhfless_sdk.api.options import distinct
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import Cluster, dumps
 from rlhfless_sdk.cli.args import MAX_GPUS, check_samples, run_profile
+from rlhfless_sdk.rollout.modes import mode_for
 from rlhfless_sdk.simulation.simulator import SimulationResult, Simulator, equal_peak
 from rlhfless_sdk.simulation.traces import (
     MAX_TOKENS,
@@ -384,11 +385,11 @@ def simulate_main(
     configs = comparable_configs(names, registry, max_actors, allow_burst_engines, gpus, prof.gpus_per_actor)
     split = parse_rollout_gpus(rollout_gpus)
     if split is not None:
-        check_split_takers(rollout_gpus or "", configs)
+        check_split_takers(rollout_gpus or "", configs, registry)
     if isinstance(split, int):  # a fixed split for every pipeline that has one (an elastic stream re-plans its own)
         configs = [
             c.derive(pipeline={**c.pipeline.model_dump(), "rollout_gpus": split})
-            if c.pipeline.pipelined and not c.pipeline.elastic
+            if mode_for(c, registry).fixed_split
             else c
             for c in configs
         ]
@@ -549,14 +550,15 @@ def check_workload_flags(trace: str | None, steps: int, length_growth: float = 1
         )
 
 
-def check_split_takers(value: str, configs: Sequence[SchedulerConfig]) -> None:
+def check_split_takers(value: str, configs: Sequence[SchedulerConfig], registry: Registry) -> None:
     """``--rollout-gpus`` sets the split of an async pipeline or a stream at a fixed split: refused when no
     scheduler of the run has one (a synchronous one has no split; an elastic stream re-plans its own)."""
-    if any(c.pipeline.pipelined and not c.pipeline.elastic for c in configs):
+    modes = [mode_for(c, registry) for c in configs]
+    if any(m.fixed_split for m in modes):
         return
     what = ", ".join(
-        f"{c.name} ({'an elastic stream, which re-plans its split' if c.pipeline.pipelined else 'synchronous'})"
-        for c in configs
+        f"{c.name} ({'an elastic stream, which re-plans its split' if m.pipelined else 'synchronous'})"
+        for c, m in zip(configs, modes, strict=True)
     )
     raise click.BadParameter(
         f"{value}: sets the rollout/learner split of an async pipeline or a stream at a fixed split, and no "

@@ -1,18 +1,8 @@
 """Step drivers: one per way of running rollout steps, each written once for every backend.
 
-The scheduler's straggler policy says how its steps run, through the capabilities it declares
-(``rlhfless_sdk.api.protocols``); ``driver_mode`` reads them:
-
-- ``plain``: every sample runs to its end within its step (the baseline straggler policy, as OpenRLHF and verl run);
-- ``token-budget``: a new sample generates at most ``segment_tokens`` tokens in its first step and is carried into
-  the next (``StragglerPolicy.segment_tokens``, any straggler policy other than the baseline): ``BudgetStep``;
-- ``tail-rounds``: rounds that start extra groups, train the first B to complete and re-run the others' prompts
-  from scratch later (``OverProvisioning``): ``TailRound``;
-- ``batch-cut``: steps cut when B groups are complete, the others carried with their tokens (``KeepsCutTokens``):
-  ``rlhfless_sdk.rollout.batchcut.BatchCutStep``;
-- ``async``: a generation/learning pipeline (``pipeline: async``), which only the simulator models;
-- ``stream``: the streaming pipeline (``pipeline: stream``, ``rlhfless_sdk.rollout.stream``), no batch boundaries in
-  generation.
+``rlhfless_sdk.rollout.modes.mode_of`` says which driver a scheduler's steps run under (``Mode.driver``): ``PlainStep``
+(``plain``), ``BudgetStep`` (``token-budget``), ``TailRound`` (``tail-rounds``) or ``BatchCutStep`` (``batch-cut``);
+a pipeline's batches run under its straggler policy's driver too.
 
 A driver owns what a step of its mode decides: the prompts it draws, the plan (with every policy fallback of the
 step), the end rule, which groups train, what is carried or deferred, what the predictor observes and the report's
@@ -33,65 +23,31 @@ import numpy as np
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
-from rlhfless_sdk.api.kinds import KIND
-from rlhfless_sdk.api.protocols import KeepsCutTokens, OverProvisioning
 from rlhfless_sdk.api.records import FinishedSample, StepPlan
 from rlhfless_sdk.rollout.carry import CarryBook, Settlement, batch_cut, plan_pieces
 from rlhfless_sdk.rollout.controller import StepController, StepOutcome
+from rlhfless_sdk.rollout.modes import BATCH_CUT, MODES, PLAIN, TAIL_ROUNDS, TOKEN_BUDGET, Mode
 from rlhfless_sdk.rollout.tail import Round, TailRounds, first_done, note_completed, round_fields
 
 if TYPE_CHECKING:
     from rlhfless_sdk.planning.planner import StepPlanner
 
-PLAIN, TOKEN_BUDGET, TAIL_ROUNDS, BATCH_CUT, ASYNC = "plain", "token-budget", "tail-rounds", "batch-cut", "async"
-STREAM = "stream"
-MODES = (PLAIN, TOKEN_BUDGET, TAIL_ROUNDS, BATCH_CUT, ASYNC, STREAM)
-
 EndRule = Callable[[StepController], bool]
 
 
-def driver_mode(planner: StepPlanner, fallbacks: list[str] | None = None) -> str:
-    """The driver ``planner``'s scheduler needs: ``async`` for a pipeline (whose batches its straggler policy's
-    driver generates, ``straggler_mode``), else its straggler policy's."""
-    if planner.config.pipeline.mode == "async":
-        return ASYNC
-    if planner.config.pipeline.mode == "stream":
-        return STREAM
-    return straggler_mode(planner, fallbacks)
-
-
-def straggler_mode(planner: StepPlanner, fallbacks: list[str] | None = None) -> str:
-    """How the straggler policy of ``planner``'s scheduler runs a step (a pipeline's batch included), from the
-    capabilities it declares."""
-    policy = planner.policies["straggler"]
-    if isinstance(policy, OverProvisioning):
-        if isinstance(policy, KeepsCutTokens) and planner.keeps_tokens(0, [] if fallbacks is None else fallbacks):
-            return BATCH_CUT
-        return TAIL_ROUNDS
-    if planner.config.policy_refs()["straggler"].name != KIND["straggler"].baseline:
-        return TOKEN_BUDGET
-    return PLAIN
-
-
-def refusal(config: SchedulerConfig, mode: str, modes: Collection[str], backend: str) -> str | None:
-    """Why ``backend`` (which runs the driver ``modes``) cannot run ``config``, whose driver is ``mode``; None: it
-    can. The line names the policy that asks for the mode."""
-    if mode in modes:
+def refusal(config: SchedulerConfig, mode: Mode, modes: Collection[str], backend: str) -> str | None:
+    """Why ``backend`` (which runs the modes named ``modes``) cannot run ``config``, whose mode is ``mode``; None:
+    it can. The line names the pipeline or the policy that asks for the mode."""
+    if mode.name in modes:
         return None
-    if mode in (ASYNC, STREAM):
-        what = f"its {mode} pipeline (pipeline: {mode})"
+    if mode.pipelined:
+        what = f"its {mode.name} pipeline (pipeline: {mode.name})"
     else:
-        what = f"its straggler policy {config.policy_refs()['straggler'].name!r}"
+        what = f"its straggler policy {config.policy('straggler').name!r}"
     return (
-        f"scheduler {config.name!r}: {what} needs the {mode} step driver, which {backend} does not run "
+        f"scheduler {config.name!r}: {what} needs the {mode.name} step driver, which {backend} does not run "
         f"(it runs: {', '.join(m for m in MODES if m in modes)})"
     )
-
-
-def keeps_tokens(mode: str) -> bool:
-    """Whether a mode trains tokens generated under older weights (carried across a weight update, or generated
-    on through one: the stream)."""
-    return mode in (TOKEN_BUDGET, BATCH_CUT, STREAM)
 
 
 # -- what a backend gives a driver ------------------------------------------------------------------------------

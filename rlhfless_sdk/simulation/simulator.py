@@ -56,19 +56,8 @@ from rlhfless_sdk.rollout.controller import (
     held,
     stopped_at,
 )
-from rlhfless_sdk.rollout.drivers import (
-    ASYNC,
-    BATCH_CUT,
-    PLAIN,
-    TAIL_ROUNDS,
-    TOKEN_BUDGET,
-    Driven,
-    PlainStep,
-    Ran,
-    driver_mode,
-    session_for,
-    straggler_mode,
-)
+from rlhfless_sdk.rollout.drivers import Driven, PlainStep, Ran, session_for
+from rlhfless_sdk.rollout.modes import ASYNC, BATCH_CUT, PLAIN, TAIL_ROUNDS, TOKEN_BUDGET, Mode, mode_for, tail_of
 from rlhfless_sdk.rollout.stream import (
     BalancedSplit,
     GroupBook,
@@ -670,18 +659,15 @@ class Simulator:
             cached = self._bounds[id(workload)] = (workload, algo, work_bound(workload, self.bound_profile, algo))
         return cached[2]
 
-    def refusal(self, config: SchedulerConfig) -> str | None:
+    def refusal(self, config: SchedulerConfig, mode: Mode | None = None) -> str | None:
         """Why this simulator cannot run ``config`` (None: it can); ``run`` raises it, a command asks first.
         Scoring in the generation tail (``tail_prepare``) works on the groups a step completes from the samples it
         ran; a straggler policy that carries cut samples into the next step (partial rollouts) trains groups with
         samples of earlier steps, whose tail the model does not follow."""
-        pipeline = config.pipeline
-        if not pipeline.tail_prepare:
+        mode = mode or mode_for(config, self.registry)
+        if not mode.tail or mode.driver not in (TOKEN_BUDGET, BATCH_CUT):
             return None
-        mode = driver_mode(self.planner(config))
-        if mode not in (TOKEN_BUDGET, BATCH_CUT):
-            return None
-        fields = "pipeline.tail_prepare" + (" and tail_learn" if pipeline.tail_learn else "")
+        fields = "pipeline.tail_prepare" + (" and tail_learn" if mode.tail == "learn" else "")
         return (
             f"scheduler {config.name!r}: {fields} (scoring complete groups on GPUs done decoding) cannot run with the "
             f"straggler policy {config.policy('straggler').name!r}, which carries cut samples into the next step "
@@ -695,23 +681,23 @@ class Simulator:
         on_step: Callable[[StepReport], Any] | None,
         frontier: bool,
     ) -> SimulationResult:
-        refused = self.refusal(config)
+        mode = mode_for(config, self.registry)
+        refused = self.refusal(config, mode)
         if refused is not None:
             raise RlhflessError(refused)
         self.warm, self.warm_prefill = frozenset(), False
         self.run_algo = self.algo or workload.algo
-        if config.pipeline.mode == "stream" and config.pipeline.elastic:  # the split is re-planned as it runs
-            return self.run_stream(config, workload, on_step, None)
-        if config.pipeline.pipelined:
+        if mode.pipelined:
+            if mode.elastic:  # the split is re-planned as it runs
+                return self.run_stream(config, workload, on_step, None)
             fixed = self.rollout_gpus(config)
             if fixed is None:
-                return self.best_split(config, workload, on_step)
-            return self.run_pipeline(config, workload, on_step, fixed)
+                return self.best_split(config, workload, on_step, mode)
+            return self.run_pipeline(config, workload, on_step, fixed, mode)
         planner = self.planner(config)
-        mode = driver_mode(planner)
-        if mode == PLAIN:
+        if mode.driver == PLAIN:
             return self.run_plain(planner, workload, on_step, frontier)
-        return self.run_driven(planner, workload, on_step, mode)
+        return self.run_driven(planner, workload, on_step, mode.driver)
 
     def run_plain(
         self,
@@ -750,7 +736,7 @@ class Simulator:
         return fixed
 
     def best_split(
-        self, config: SchedulerConfig, workload: Workload, on_step: Callable[[StepReport], Any] | None
+        self, config: SchedulerConfig, workload: Workload, on_step: Callable[[StepReport], Any] | None, mode: Mode
     ) -> SimulationResult:
         """The async pipeline at the split a user tuning it would keep: every split is run on the first
         ``split_probe_steps`` steps (all of them when None) and the fastest there runs the whole workload."""
@@ -759,7 +745,7 @@ class Simulator:
         tried: list[dict] = []
         best: tuple[float, int, SimulationResult] | None = None
         for r in self.splits():
-            res = self.run_pipeline(config, probe, None, r)
+            res = self.run_pipeline(config, probe, None, r, mode)
             t = sum(x.time_s for x in res.reports)
             tried.append({"rollout_gpus": r, "time_s": t})
             if best is None or t < best[0]:
@@ -767,7 +753,7 @@ class Simulator:
         assert best is not None
         _, r, res = best
         if probe is not workload:
-            res = self.run_pipeline(config, workload, on_step, r)
+            res = self.run_pipeline(config, workload, on_step, r, mode)
         elif on_step is not None:
             for rep in res.reports:
                 on_step(rep)
@@ -780,11 +766,12 @@ class Simulator:
         workload: Workload,
         on_step: Callable[[StepReport], Any] | None,
         r: int,
+        mode: Mode,
     ) -> SimulationResult:
-        """The config's pipeline with ``r`` rollout GPUs (its first split, when elastic)."""
-        if config.pipeline.mode == "stream":
+        """The config's pipeline (its ``mode``) with ``r`` rollout GPUs."""
+        if mode.pipeline == "stream":
             return self.run_stream(config, workload, on_step, r)
-        return self.run_async(config, workload, on_step, r)
+        return self.run_async(config, workload, on_step, r, mode)
 
     def run_async(
         self,
@@ -792,6 +779,7 @@ class Simulator:
         workload: Workload,
         on_step: Callable[[StepReport], Any] | None,
         r: int,
+        mode: Mode,
     ) -> SimulationResult:
         """OpenRLHF's async loop (``rlhfless_sdk.simulation.pipeline``): ``r`` GPUs generate with the scheduler's
         policies while the others learn. Step k's report spans the time between two weight broadcasts (k - 1's
@@ -807,17 +795,16 @@ class Simulator:
         learners = g - r
         # OpenRLHF 0.11.2 refuses vLLM sleep with --train.async_enable: the engines hold GPUs of their own
         planner = rollout_planner_for(config, prof, r, gen_cluster.nodes[0].num_gpus, self.registry)
-        mode = straggler_mode(planner)
-        if mode not in (PLAIN, BATCH_CUT):
+        if mode.driver not in (PLAIN, BATCH_CUT):
             raise RlhflessError(
-                f"scheduler {config.name!r}: the {mode} step driver inside the async pipeline is not simulated; "
+                f"scheduler {config.name!r}: the {mode.driver} step driver inside the async pipeline is not simulated; "
                 "partial rollouts cut at B groups (partial-batch) are"
             )
         token_counts = [float(ws.batch.prompt_lengths @ ws.batch.n_samples + ws.lengths.sum()) for ws in workload.steps]
         batches = len(workload.steps)
         io = _WorkloadIO(self, planner, workload.steps)
         session = None
-        if mode == BATCH_CUT:  # partial rollouts inside the pipeline: each batch cut once B groups are complete
+        if mode.driver == BATCH_CUT:  # partial rollouts inside the pipeline: each batch cut once B groups are complete
             b_size = max((len(ws.batch) for ws in workload.steps), default=0)
             session = session_for(BATCH_CUT, planner, b_size, io.prompts())
             io.book = session.book
@@ -1060,10 +1047,11 @@ class Simulator:
         engines' GPUs are not the learner's: they never score. With ``tail_learn`` they also learn, in gradient
         groups (``group_gpus``, formed as GPUs free: ``in_groups``), the first optimizer step's share of each group;
         the gradient reduce is charged once any did. Without ``tail_prepare``: ``usage`` as it is."""
-        if not planner.config.pipeline.tail_prepare or driven.ran.finish_s is None:
+        tail = tail_of(planner.config)
+        if not tail or driven.ran.finish_s is None:
             return usage
         g, gpa = usage.gpus, usage.gpus_per_engine
-        learn = planner.config.pipeline.tail_learn
+        learn = tail == "learn"
         # with tail_learn only a consolidated tail is worth joining: a GPU joins if its engine was cut by the
         # consolidation or freed after the step's first cut; GPUs freed before it were released (a short tail
         # never consolidates, and then nothing joins)
