@@ -20,7 +20,7 @@ import numpy as np
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.planning.engine_model import EngineModel, EngineSamples, steady_context
 from rlhfless_sdk.simulation.bound import decode_engine_s
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
 
 
 def samples(scale: float, steps: int) -> tuple[list[int], list[int]]:

@@ -25,7 +25,7 @@ import numpy as np
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import TimePerTokenProfile
 from rlhfless_sdk.planning.engine_model import EngineModel, EngineSamples, run_engines
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
 
 GPUS = 16
 

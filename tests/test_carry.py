@@ -14,8 +14,8 @@ from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
 from rlhfless_sdk.rollout.carry import CarryBook, CarryError, batch_cut
 from rlhfless_sdk.simulation.simulator import Simulator
-from rlhfless_sdk.simulation.traces import synthetic_workload
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+from rlhfless_sdk.workloads.traces import synthetic_workload
 
 
 def with_straggler(registry, name: str, **params):

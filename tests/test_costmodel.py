@@ -11,8 +11,8 @@ from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster, PrefillPlan
 from rlhfless_sdk.planning.engine_model import EngineCostModel, LengthSpread
 from rlhfless_sdk.simulation.simulator import Simulator
-from rlhfless_sdk.simulation.traces import synthetic_workload
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+from rlhfless_sdk.workloads.traces import synthetic_workload
 
 PROFILE = load_profile("qwen2.5-7b-l40s")
 

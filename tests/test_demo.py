@@ -21,7 +21,7 @@ EXE = str(Path(sys.executable).parent / "rlhfless")
 def demo_cache(tmp_path_factory):
     """A cache holding the converted demo model, shared by this module's demo runs (converting takes about a minute
     here; ``test_model_cache_is_reused_and_rebuilt_when_corrupt`` works on a copy of it)."""
-    from rlhfless_openrlhf.demo import smollm2_model
+    from rlhfless_openrlhf.tools.demo import smollm2_model
 
     cache = tmp_path_factory.mktemp("demo-cache")
     smollm2_model(cache, lambda _message: None)
@@ -33,7 +33,7 @@ def test_model_cache_is_reused_and_rebuilt_when_corrupt(tmp_path, demo_cache):
     the module's converted cache is copied in rather than converted anew, which takes about a minute)."""
     import shutil
 
-    from rlhfless_openrlhf.demo import _cache_problem, smollm2_model
+    from rlhfless_openrlhf.tools.demo import _cache_problem, smollm2_model
 
     said: list[str] = []
     shutil.copytree(demo_cache / "smollm2-135m-instruct", tmp_path / "smollm2-135m-instruct")
@@ -51,7 +51,7 @@ def test_model_cache_is_reused_and_rebuilt_when_corrupt(tmp_path, demo_cache):
 
 
 def test_questions_are_gsm8k_style_and_deterministic(tmp_path):
-    from rlhfless_openrlhf.demo import gsm8k_style_questions, load_questions
+    from rlhfless_openrlhf.tools.demo import gsm8k_style_questions, load_questions
 
     a, b = gsm8k_style_questions(12, seed=1), gsm8k_style_questions(12, seed=1)
     assert a == b and len({q["question"] for q in a}) == 12
@@ -110,7 +110,7 @@ def test_short_demo_run(tmp_path, demo_cache):
     assert "totals" in proc.stdout and "speedup" in proc.stdout and "stale" in proc.stdout
     assert len((out / "rlhfless-fast.jsonl").read_text().splitlines()) == 2
     # the first scheduler's samples as a trace: 2 steps of 4 prompts x 2 samples, replayable
-    from rlhfless_sdk.simulation.traces import load_trace
+    from rlhfless_sdk.workloads.traces import load_trace
 
     workload = load_trace(tmp_path / "trace.jsonl")
     assert [int(s.batch.n_samples.sum()) for s in workload.steps] == [8, 8]

@@ -28,8 +28,8 @@ from rlhfless_sdk.rollout.modes import (
     planned_mode,
 )
 from rlhfless_sdk.simulation.simulator import Simulator
-from rlhfless_sdk.simulation.traces import synthetic_workload
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+from rlhfless_sdk.workloads.traces import synthetic_workload
 
 _spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
 H = importlib.util.module_from_spec(_spec)

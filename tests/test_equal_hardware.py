@@ -18,8 +18,8 @@ from rlhfless_sdk.api.records import Cluster
 from rlhfless_sdk.rollout.controller import held, held_s
 from rlhfless_sdk.simulation.bound import decode_engine_s, work_bound
 from rlhfless_sdk.simulation.simulator import Simulator, equal_peak
-from rlhfless_sdk.simulation.traces import synthetic_workload
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+from rlhfless_sdk.workloads.traces import synthetic_workload
 
 SCHEDULERS = [
     "openrlhf",

@@ -207,8 +207,8 @@ def test_a_simulation_never_reads_what_an_earlier_run_left_in_the_file(tmp_path,
     from rlhfless_sdk.api.profiles import load_profile
     from rlhfless_sdk.cli.simulate import make_cluster
     from rlhfless_sdk.simulation.simulator import Simulator
-    from rlhfless_sdk.simulation.traces import synthetic_workload
-    from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+    from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+    from rlhfless_sdk.workloads.traces import synthetic_workload
 
     path = tmp_path / "h.sqlite"
     with isolated_history():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 SDK = Path(__file__).resolve().parent.parent / "rlhfless_sdk"
 #: Lowest first: a module may import from its own layer and the ones before it.
-LAYERS = ["api", "planning", "rollout", "simulation", "cli"]
+LAYERS = ["api", "workloads", "planning", "rollout", "simulation", "cli"]
 
 
 def module_name(path: Path) -> str:
@@ -135,3 +135,22 @@ def test_the_mode_is_decided_in_one_place():
         if decides.search(line)
     ]
     assert hits == []
+
+
+def test_the_adapters_production_path_imports_no_simulator():
+    """The OpenRLHF adapter's production path (the launcher, the samples generator, the Ray backend, the engine and
+    trainer classes) imports nothing from the SDK's simulation layer; only its tools (``adapters/openrlhf/tools/``:
+    the demos, the fidelity check, the profiler), which compare real engines with the simulator, do."""
+    adapter = SDK.parent / "adapters" / "openrlhf"
+    production = [p for p in adapter.rglob("*.py") if "tools" not in p.relative_to(adapter).parts]
+    assert {p.name for p in production} >= {"train_ppo_ray.py", "generator.py", "ray_backend.py", "engine_actor.py"}
+    known = set(modules())
+    wrong = [
+        f"{p.relative_to(adapter)}: {m}"
+        for p in production
+        for m in sorted(sdk_imports(p, known))
+        if m.startswith("rlhfless_sdk.simulation") or m.startswith("rlhfless_sdk.cli")
+    ]
+    assert wrong == []
+    tools = {p.name for p in (adapter / "tools").glob("*.py")}
+    assert {"demo.py", "fidelity.py", "vllm_profile.py", "pipeline_demo.py", "cli.py"} <= tools

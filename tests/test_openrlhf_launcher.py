@@ -587,7 +587,7 @@ def _launch_inputs(tmp_path) -> tuple[Path, Path]:
 
     for module in ("peft", "deepspeed", "datasets", "torchdata"):
         pytest.importorskip(module, reason="OpenRLHF's learning side imports it (the README's test install has it)")
-    from rlhfless_openrlhf.tiny_model import tiny_model
+    from rlhfless_openrlhf.tools.tiny_model import tiny_model
 
     model = tiny_model(tmp_path / "cache")
     data = tmp_path / "prompts.jsonl"

@@ -57,7 +57,7 @@ def stack(tmp_path_factory):
     ray = pytest.importorskip("ray")
     from rlhfless_openrlhf import check_openrlhf_version
     from rlhfless_openrlhf.engine_factory import create_engines, placer_bundles
-    from rlhfless_openrlhf.tiny_model import tiny_model
+    from rlhfless_openrlhf.tools.tiny_model import tiny_model
     from transformers import AutoTokenizer
 
     from rlhfless_sdk import get_plugin_manager
@@ -331,7 +331,7 @@ def test_a_trace_written_by_real_steps_replays_in_the_simulator(stack, tmp_path)
     import subprocess
     import sys
 
-    from rlhfless_sdk.simulation.traces import load_trace
+    from rlhfless_sdk.workloads.traces import load_trace
 
     trace = tmp_path / "trace.jsonl"
     gen = make_generator(stack, "openrlhf", num_prompts=8, trace_path=trace)
@@ -828,7 +828,7 @@ def test_partial_rollouts_carry_tokens_and_logprobs_across_steps(stack, seed):
     steps = _run_carrying(gen, prompts, b, max_len)
     _check_every_group_trained_once(steps, prompts, b, max_len)
     # the run's trace: each step holds the groups that trained in it, every sample at its full length
-    from rlhfless_sdk.simulation.traces import load_trace
+    from rlhfless_sdk.workloads.traces import load_trace
 
     workload = load_trace(trace)
     assert [s.lengths.tolist() for s in workload.steps] == [
@@ -1255,7 +1255,7 @@ class _RecordingReplay:
 
     @staticmethod
     def make(workload, cap):
-        from rlhfless_sdk.simulation.replay import LengthReplay
+        from rlhfless_sdk.workloads.replay import LengthReplay
 
         class Recording(LengthReplay):
             def __init__(self, *a, **kw):
@@ -1278,7 +1278,7 @@ def test_length_replay_stops_every_sample_at_its_trace_length_carried_pieces_inc
     step's report says the lengths were replayed with none off."""
     from rlhfless_openrlhf.generator import prompt_uid
 
-    from rlhfless_sdk.simulation.replay import long_reasoning_workload
+    from rlhfless_sdk.workloads.replay import long_reasoning_workload
 
     cap, b = 48, 2
     # Seed 270 draws two short groups (every sample <= 8 tokens) then groups holding a runaway at the cap: B groups
@@ -1334,7 +1334,7 @@ def test_partial_rollouts_run_in_openrlhfs_async_loop_with_a_broadcast_between_b
     from types import SimpleNamespace
 
     from openrlhf.trainer import ppo_trainer_async
-    from rlhfless_openrlhf.pipeline_demo import fit_in_thread, generate_actor
+    from rlhfless_openrlhf.tools.pipeline_demo import fit_in_thread, generate_actor
     from rlhfless_openrlhf.trainer import CARRY_KEY
 
     ray, engines = stack.ray, stack.engines
@@ -1434,7 +1434,7 @@ def _stream_in_async_loop(stack, prompts, b, *, queue_size=1, episodes=1, learn_
     ``prepare(gen)``: called on the generator before the loop starts."""
     import queue
 
-    from rlhfless_openrlhf.pipeline_demo import fit_in_thread, generate_actor
+    from rlhfless_openrlhf.tools.pipeline_demo import fit_in_thread, generate_actor
     from rlhfless_openrlhf.trainer import CARRY_KEY
 
     ray, engines = stack.ray, stack.engines

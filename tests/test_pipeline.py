@@ -11,8 +11,8 @@ from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
 from rlhfless_sdk.simulation.pipeline import locked_pipeline, partial_pipeline, token_ages
 from rlhfless_sdk.simulation.simulator import Simulator
-from rlhfless_sdk.simulation.traces import synthetic_workload
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+from rlhfless_sdk.workloads.traces import synthetic_workload
 
 durations = st.lists(st.floats(0.1, 50.0), min_size=1, max_size=12)
 

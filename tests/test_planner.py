@@ -16,7 +16,7 @@ from rlhfless_sdk.api.records import ActorPlacement, ActorProgress, Cluster, Sam
 from rlhfless_sdk.cli.bench import bench_plan
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.planner import StepPlanner, check_placement
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
 
 PROFILE = load_profile("qwen2.5-7b-l40s")
 

@@ -316,8 +316,8 @@ def test_a_migrator_and_an_observer_that_write_change_nothing_for_later_schedule
     from rlhfless_sdk.api.profiles import load_profile
     from rlhfless_sdk.cli.simulate import make_cluster
     from rlhfless_sdk.simulation.simulator import Simulator
-    from rlhfless_sdk.simulation.traces import synthetic_workload
-    from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+    from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+    from rlhfless_sdk.workloads.traces import synthetic_workload
 
     reg = vandal_registry
     w = synthetic_workload(SyntheticWorkload(prompts, n, seed=seed), 2)
@@ -360,8 +360,8 @@ def step_plugin():
 def _simulate(reg, config):
     from rlhfless_sdk.cli.simulate import make_cluster
     from rlhfless_sdk.simulation.simulator import Simulator
-    from rlhfless_sdk.simulation.traces import synthetic_workload
-    from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+    from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+    from rlhfless_sdk.workloads.traces import synthetic_workload
 
     sim = Simulator(PROFILE, make_cluster(8, 8), registry=reg)
     return sim.run(config, synthetic_workload(SyntheticWorkload(16, 4, seed=1), 2)).reports
@@ -452,7 +452,7 @@ def test_a_policy_cannot_unlock_its_read_only_inputs(caplog, registry_with, kind
     from rlhfless_sdk.api.records import Cluster
     from rlhfless_sdk.planning.costmodel import AnalyticCostModel
     from rlhfless_sdk.planning.planner import StepPlanner
-    from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+    from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
 
     reg = registry_with(**{"unlock-plugin": unlock_plugin()})
     batch, _ = SyntheticWorkload(12, 3, seed=2).batch()

@@ -224,8 +224,8 @@ def test_work_balances_per_sample_and_dispatches_longest_first(data, batch, num_
 def test_the_controller_dispatches_in_the_plans_order(registry):
     from rlhfless_sdk.api.records import Cluster
     from rlhfless_sdk.simulation.simulator import Simulator
-    from rlhfless_sdk.simulation.traces import synthetic_workload
-    from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+    from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+    from rlhfless_sdk.workloads.traces import synthetic_workload
 
     work = synthetic_workload(SyntheticWorkload(20, 2, seed=3), 2)
     config = registry.scheduler("openrlhf").derive(name="w", assigner="work", predictor="oracle")

@@ -18,8 +18,8 @@ from rlhfless_sdk.cli.compare import kendall_tau, with_predictor
 from rlhfless_sdk.cli.main import main
 from rlhfless_sdk.cli.simulate import make_cluster
 from rlhfless_sdk.simulation.simulator import Simulator
-from rlhfless_sdk.simulation.traces import synthetic_workload
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload, finished_samples
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload, finished_samples
+from rlhfless_sdk.workloads.traces import synthetic_workload
 
 _spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
 H = importlib.util.module_from_spec(_spec)

@@ -13,7 +13,7 @@ from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.planner import StepPlanner
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -1,4 +1,4 @@
-"""Length replay's mapping of a run's groups onto a trace's (``rlhfless_sdk.simulation.replay``)."""
+"""Length replay's mapping of a run's groups onto a trace's (``rlhfless_sdk.workloads.replay``)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.errors import RlhflessError
-from rlhfless_sdk.simulation.replay import LengthReplay, long_reasoning_workload, replay_from
-from rlhfless_sdk.simulation.traces import Workload, WorkloadStep, load_trace
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+from rlhfless_sdk.workloads.replay import LengthReplay, long_reasoning_workload, replay_from
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+from rlhfless_sdk.workloads.traces import Workload, WorkloadStep, load_trace
 
 GPQA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "traces" / "gpqa-qwen2.5-7b-ppo"
 needs_gpqa = pytest.mark.skipif(not GPQA.is_dir(), reason=f"real trace not found at {GPQA} (outside this workplace)")
@@ -94,7 +94,7 @@ def test_fidelity_compares_per_group_ratios_and_simulates_a_replayed_trace(tmp_p
     """The fidelity command's arithmetic and its simulator side, on a trace written as the demo writes it."""
     import json
 
-    from rlhfless_openrlhf.fidelity import compare, simulate_replayed
+    from rlhfless_openrlhf.tools.fidelity import compare, simulate_replayed
 
     measured = {"a": {"generation_s": 60.0, "groups": 30}, "b": {"generation_s": 40.0, "groups": 30}}
     simulated = {"a": {"generation_s": 50.0, "groups": 30}, "b": {"generation_s": 25.0, "groups": 30}}
@@ -129,7 +129,7 @@ def test_fidelity_compares_per_group_ratios_and_simulates_a_replayed_trace(tmp_p
 
 
 def test_fidelity_pools_the_runs_seconds_and_groups():
-    from rlhfless_openrlhf.fidelity import compare, pooled
+    from rlhfless_openrlhf.tools.fidelity import compare, pooled
 
     def run(a, b, sa, sb):
         measured = {"a": {"generation_s": a, "groups": 10}, "b": {"generation_s": b, "groups": 10}}

@@ -19,8 +19,8 @@ from rlhfless_sdk.cli.main import main
 from rlhfless_sdk.cli.simulate import make_cluster
 from rlhfless_sdk.rollout.controller import StepController, held_s
 from rlhfless_sdk.simulation.simulator import SimulatedBackend, Simulator
-from rlhfless_sdk.simulation.traces import Workload, WorkloadStep, synthetic_workload
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+from rlhfless_sdk.workloads.traces import Workload, WorkloadStep, synthetic_workload
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 GPQA = SHARED / "traces" / "gpqa-qwen2.5-7b-ppo"

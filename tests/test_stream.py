@@ -22,8 +22,8 @@ from rlhfless_sdk.planning.engine_model import EngineSamples, steady_context, st
 from rlhfless_sdk.rollout.stream import BalancedSplit, GroupBook, KvSlots, PinnedSplit, StreamStats, run_stream
 from rlhfless_sdk.simulation.simulator import Simulator, _StreamLearner
 from rlhfless_sdk.simulation.stream import SimulatedStream
-from rlhfless_sdk.simulation.traces import synthetic_workload
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+from rlhfless_sdk.workloads.traces import synthetic_workload
 
 PROFILE = load_profile("qwen2.5-7b-l40s")
 

@@ -20,8 +20,8 @@ from rlhfless_sdk.simulation.tail_prepare import (
     score_in_tail,
     scoring_switch_s,
 )
-from rlhfless_sdk.simulation.traces import synthetic_workload
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+from rlhfless_sdk.workloads.traces import synthetic_workload
 
 times = st.floats(0.0, 100.0, allow_nan=False)
 #: long reasoning at a test's scale: 64 prompts of 8 samples, median 1,500 tokens, 3% running away to the 8,192 cap

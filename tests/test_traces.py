@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlhfless_sdk.simulation.traces import TraceError, Workload, load_trace
+from rlhfless_sdk.workloads.traces import TraceError, Workload, load_trace
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 GPQA = SHARED / "traces" / "gpqa-qwen2.5-7b-ppo"

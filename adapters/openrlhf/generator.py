@@ -46,7 +46,8 @@ from rlhfless_sdk.rollout.drivers import BatchCutSession, Driven, PlainStep, Ran
 from rlhfless_sdk.rollout.modes import BATCH_CUT, STREAM, TAIL_ROUNDS, planned_mode
 from rlhfless_sdk.rollout.stream import GroupBook, KvSlots, batch_ages
 from rlhfless_sdk.rollout.tail import TailRounds
-from rlhfless_sdk.simulation.replay import LengthReplay
+from rlhfless_sdk.workloads.replay import LengthReplay
+from rlhfless_sdk.workloads.traces import trace_row
 
 __all__ = ["RlhflessSamplesGenerator", "RolloutEngineLost", "log_lines", "merge_metrics", "prompt_uid"]
 
@@ -857,15 +858,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         with self.trace_path.open("a", encoding="utf-8") as fh:
             for uid, prompt, lengths in groups:
                 for k, length in enumerate(lengths):
-                    row = {
-                        "uid": uid,
-                        "step": self.step,
-                        "sample_idx": k,
-                        "prompt_length": len(prompt),
-                        "response_length": int(length),
-                        "prompt": list(prompt),
-                    }
-                    fh.write(json.dumps(row) + "\n")
+                    fh.write(json.dumps(trace_row(uid, self.step, k, prompt, length)) + "\n")
 
     def async_lag(self) -> int:
         """Batches OpenRLHF's async mode (``--train.async_enable``) generates ahead of training: the weight updates

@@ -13,7 +13,7 @@ from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
 from rlhfless_sdk.planning.planner import planner_for
 from rlhfless_sdk.rollout.modes import mode_for
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload, finished_samples
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload, finished_samples
 
 
 def bench_plan(
@@ -77,7 +77,7 @@ def bench_simulate(
     over its steps, the split search included."""
     from rlhfless_sdk.cli.simulate import make_cluster
     from rlhfless_sdk.simulation.simulator import Simulator
-    from rlhfless_sdk.simulation.traces import synthetic_workload
+    from rlhfless_sdk.workloads.traces import synthetic_workload
 
     registry = get_plugin_manager().registry
     config = registry.resolve(scheduler)

@@ -19,8 +19,8 @@ from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig
 from rlhfless_sdk.api.history import isolated_history
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.simulation.simulator import Simulator
-from rlhfless_sdk.simulation.traces import Workload
-from rlhfless_sdk.simulation.workloads import finished_samples
+from rlhfless_sdk.workloads.synthetic import finished_samples
+from rlhfless_sdk.workloads.traces import Workload
 
 
 def kendall_tau(x: np.ndarray, y: np.ndarray) -> float:

@@ -236,8 +236,8 @@ def plan_cmd(
     from rlhfless_sdk.cli.plan_report import plan_synthetic, summary
     from rlhfless_sdk.cli.simulate import check_capacity, comparable_configs, kv_flag
     from rlhfless_sdk.planning.planner import StepPlanner, planner_for, rollout_planner_for
-    from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
-    from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+    from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+    from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
 
     registry = get_plugin_manager().registry
     dedicated = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens)  # engines on GPUs of their own
@@ -459,7 +459,7 @@ def compare_predictors_cmd(
     from rlhfless_sdk.cli.compare import compare_predictors
     from rlhfless_sdk.cli.simulate import check_workload_flags, kv_flag, load_workload, make_cluster
     from rlhfless_sdk.simulation.simulator import Simulator
-    from rlhfless_sdk.simulation.traces import workload_summary
+    from rlhfless_sdk.workloads.traces import workload_summary
 
     registry = get_plugin_manager().registry
     refs = [PolicyRef(name=n.strip()) for n in predictors.split(",") if n.strip()]

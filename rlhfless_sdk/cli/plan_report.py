@@ -12,7 +12,7 @@ from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.history import isolated_history
 from rlhfless_sdk.api.records import CandidateEstimate, StepPlan
 from rlhfless_sdk.planning.planner import StepPlanner
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload, finished_samples
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload, finished_samples
 
 
 @dataclass

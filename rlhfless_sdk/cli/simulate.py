@@ -17,7 +17,8 @@ from rlhfless_sdk.api.records import Cluster, dumps
 from rlhfless_sdk.cli.args import MAX_GPUS, check_samples, run_profile
 from rlhfless_sdk.rollout.modes import mode_for
 from rlhfless_sdk.simulation.simulator import SimulationResult, Simulator, equal_peak
-from rlhfless_sdk.simulation.traces import (
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+from rlhfless_sdk.workloads.traces import (
     MAX_TOKENS,
     Workload,
     capacity_words,
@@ -25,7 +26,6 @@ from rlhfless_sdk.simulation.traces import (
     synthetic_workload,
     workload_summary,
 )
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
 
 #: The paper's ablation points, then the bound.
 ABLATION = ["ablation-raw", "ablation-dedup", "ablation-assign", "ablation-scale", "oracle"]

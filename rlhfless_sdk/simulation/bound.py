@@ -30,7 +30,7 @@ import numpy as np
 
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.records import TimePerTokenProfile
-from rlhfless_sdk.simulation.traces import Workload
+from rlhfless_sdk.workloads.traces import Workload
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ from rlhfless_sdk.simulation.tail_prepare import (
     score_in_tail,
     scoring_switch_s,
 )
-from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
+from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
 
 
 def _true_totals(

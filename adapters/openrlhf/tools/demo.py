@@ -241,7 +241,7 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
     ray.get([e.rl_stats.remote() for e in engines])
     startup_s = time.time() - t0
     say(f"engines ready in {startup_s:.0f} s")
-    from rlhfless_sdk.simulation.replay import replay_from
+    from rlhfless_sdk.workloads.replay import replay_from
 
     def replay():  # each scheduler maps the same trace groups onto the same prompts, in its own order of need
         return None if settings.lengths_from is None else replay_from(settings.lengths_from, settings.max_new_tokens)

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from rlhfless_sdk.api.errors import RlhflessError
-from rlhfless_sdk.simulation.traces import Workload, load_trace
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+from rlhfless_sdk.workloads.traces import Workload, load_trace
 
 #: the synthetic long-reasoning replay input scaled to two CPU cores: log-normal lengths, runaways to the cap
 LONG_REASONING = {"median": 0.18, "prompt_sigma": 0.6, "sample_sigma": 0.5, "runaway": 0.05}
@@ -112,7 +112,7 @@ def _pick(lengths: np.ndarray, n: int) -> list[int]:
 def long_reasoning_workload(cap: int, prompts: int = 64, samples: int = 4, steps: int = 4, seed: int = 0) -> Workload:
     """The synthetic long-reasoning replay input at a small scale: median response ``LONG_REASONING['median']``
     of the cap, log-normal across prompts and within a group, a share of runaways that hit the cap."""
-    from rlhfless_sdk.simulation.traces import synthetic_workload
+    from rlhfless_sdk.workloads.traces import synthetic_workload
 
     spec = LONG_REASONING
     synthetic = SyntheticWorkload(

@@ -59,7 +59,13 @@ class PipelineSettings:
 
 def run_pipeline_demo(settings: PipelineSettings, say=print, progress=None) -> dict[str, Any]:
     """Run every row ``runs`` times (the order rotated each run); returns the report (also ``out/report.json``)."""
-    from rlhfless_openrlhf.demo import chat_prompts, default_cache, gsm8k_style_questions, local_ray, smollm2_model
+    from rlhfless_openrlhf.tools.demo import (
+        chat_prompts,
+        default_cache,
+        gsm8k_style_questions,
+        local_ray,
+        smollm2_model,
+    )
     from transformers import AutoTokenizer
 
     unknown = [r for r in settings.rows if r not in ROWS]
@@ -91,7 +97,7 @@ def _generator(settings, tokenizer, engines, scheduler, prompts, labels, report_
 
     from rlhfless_sdk import get_plugin_manager
     from rlhfless_sdk.api.profiles import load_profile
-    from rlhfless_sdk.simulation.replay import replay_from
+    from rlhfless_sdk.workloads.replay import replay_from
 
     b = settings.batch_prompts
     loader = _Loader(

@@ -304,7 +304,7 @@ def validate(
     from rlhfless_sdk.api.plugins import get_plugin_manager
     from rlhfless_sdk.api.records import Cluster
     from rlhfless_sdk.simulation.simulator import Simulator
-    from rlhfless_sdk.simulation.traces import Workload, WorkloadStep
+    from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
 
     measured = time_generate(llm, requests, salt=7777, sampling=sampling)
     batch = PromptBatch(

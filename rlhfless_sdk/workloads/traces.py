@@ -15,7 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ import numpy as np
 
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.errors import RlhflessError
-from rlhfless_sdk.simulation.workloads import SyntheticWorkload
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
 
 REQUIRED = ("uid", "step", "sample_idx", "prompt_length", "response_length")
 #: Qwen2.5's pad token, used to left-pad ``prompt`` in the verl traces.
@@ -234,6 +234,13 @@ def _files(path: Path) -> list[Path]:
     if not path.exists():
         raise TraceError(path, None, None, "no such file or folder")
     return [path]
+
+
+def trace_row(uid: str, step: int, sample_idx: int, prompt: Sequence[int], response_length: int) -> dict[str, Any]:
+    """One sample as a trace row (a JSON line), as ``load_trace`` reads it back: the one schema a trace's writers
+    (the OpenRLHF adapter's ``--scheduler.trace``, the demo's ``--trace``) and its reader share."""
+    row = dict(zip(REQUIRED, (uid, int(step), int(sample_idx), len(prompt), int(response_length)), strict=True))
+    return {**row, "prompt": [int(t) for t in prompt]}
 
 
 def capacity_words(max_tokens: int, flag: str | None = None) -> str:

@@ -38,9 +38,9 @@ def measure_profile(out: Path, say=print, engines: int = 1) -> Path:
     """``rlhfless profile`` on the demo's model: this machine's engine, its model threads on the cores one of the
     run's ``engines`` gets, written to ``out``."""
     import yaml
-    from rlhfless_openrlhf import vllm_profile
     from rlhfless_openrlhf.cpu import cpu_binds
-    from rlhfless_openrlhf.demo import default_cache, smollm2_model
+    from rlhfless_openrlhf.tools import vllm_profile
+    from rlhfless_openrlhf.tools.demo import default_cache, smollm2_model
 
     model = smollm2_model(default_cache(), say)
     prof, result = vllm_profile.profile_engine(
@@ -61,7 +61,7 @@ def simulate_replayed(trace: Path, profile_path: Path, schedulers: tuple[str, ..
     from rlhfless_sdk.api.profiles import load_profile
     from rlhfless_sdk.api.records import Cluster
     from rlhfless_sdk.simulation.simulator import Simulator, equal_peak
-    from rlhfless_sdk.simulation.traces import load_trace
+    from rlhfless_sdk.workloads.traces import load_trace
 
     registry = get_plugin_manager().registry
     prof = load_profile(str(profile_path)).model_copy(update={"cold_start_s": 0.0})  # the engines are up
@@ -136,7 +136,7 @@ def pooled(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_fidelity(settings: FidelitySettings, say=print, progress=None) -> dict[str, Any]:
-    from rlhfless_openrlhf.demo import DemoSettings, run_demo
+    from rlhfless_openrlhf.tools.demo import DemoSettings, run_demo
 
     out = settings.out
     out.mkdir(parents=True, exist_ok=True)

