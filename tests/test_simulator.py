@@ -18,7 +18,8 @@ from rlhfless_sdk.api.records import Cluster, MigrationDecision, TimePerTokenPro
 from rlhfless_sdk.cli.main import main
 from rlhfless_sdk.cli.simulate import make_cluster
 from rlhfless_sdk.rollout.controller import StepController, held_s
-from rlhfless_sdk.simulation.simulator import SimulatedBackend, Simulator
+from rlhfless_sdk.simulation.backend import SimulatedBackend
+from rlhfless_sdk.simulation.simulator import Simulator
 from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
 from rlhfless_sdk.workloads.traces import Workload, WorkloadStep, synthetic_workload
 

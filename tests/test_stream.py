@@ -20,8 +20,8 @@ from rlhfless_sdk.api.records import Cluster
 from rlhfless_sdk.cli.main import main
 from rlhfless_sdk.planning.engine_model import EngineSamples, steady_context, steady_rate, steady_step
 from rlhfless_sdk.rollout.stream import BalancedSplit, GroupBook, KvSlots, PinnedSplit, StreamStats, run_stream
-from rlhfless_sdk.simulation.simulator import Simulator, _StreamLearner
-from rlhfless_sdk.simulation.stream import SimulatedStream
+from rlhfless_sdk.simulation.simulator import Simulator
+from rlhfless_sdk.simulation.stream import SimulatedStream, _StreamLearner
 from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
 from rlhfless_sdk.workloads.traces import synthetic_workload
 

@@ -16,7 +16,8 @@ from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import Cluster, dumps
 from rlhfless_sdk.cli.args import MAX_GPUS, check_samples, run_profile
 from rlhfless_sdk.rollout.modes import mode_for
-from rlhfless_sdk.simulation.simulator import SimulationResult, Simulator, equal_peak
+from rlhfless_sdk.simulation.results import SimulationResult
+from rlhfless_sdk.simulation.simulator import Simulator, equal_peak
 from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
 from rlhfless_sdk.workloads.traces import (
     MAX_TOKENS,

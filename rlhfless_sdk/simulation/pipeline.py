@@ -1,5 +1,5 @@
 """OpenRLHF's asynchronous training loop (``--train.async_enable``) as a timeline: when each batch is generated,
-trained and its weights broadcast, given how long each part takes.
+trained and its weights broadcast, given how long each part takes; ``AsyncRun``, the simulator's run of it.
 
 Two processes share the rollout engines, as in OpenRLHF 0.11.2's ``PPOTrainerAsync``:
 
@@ -21,7 +21,27 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.records import (
+    Cluster,
+    StepPlan,
+    StepReport,
+)
+from rlhfless_sdk.planning.planner import rollout_planner_for
+from rlhfless_sdk.rollout.controller import (
+    StepOutcome,
+    billing,
+    stopped_at,
+)
+from rlhfless_sdk.rollout.drivers import Driven, PlainStep, session_for
+from rlhfless_sdk.rollout.modes import BATCH_CUT, PLAIN, Mode
+from rlhfless_sdk.simulation.backend import WorkloadIO, covered
+from rlhfless_sdk.simulation.results import SimulatedStep, SimulationResult, carried_ages
+from rlhfless_sdk.workloads.traces import Workload
 
 
 @dataclass
@@ -159,3 +179,123 @@ def token_ages(batch: int, version: int, tokens_before_pauses: Sequence[int], to
             oldest = max(oldest, age)
         prev = upto
     return stale, oldest
+
+
+# -- the async pipeline run on the simulator --------------------------------------------------------------------------
+class AsyncRun:
+    """The ``Simulator``'s run of OpenRLHF's async pipeline (a mixin: its methods use the simulator's engines, clock
+    and learner)."""
+
+    def run_async(
+        self,
+        config: SchedulerConfig,
+        workload: Workload,
+        on_step: Callable[[StepReport], Any] | None,
+        r: int,
+        mode: Mode,
+    ) -> SimulationResult:
+        """OpenRLHF's async loop (``rlhfless_sdk.simulation.pipeline``): ``r`` GPUs generate with the scheduler's
+        policies while the others learn. Step k's report spans the time between two weight broadcasts (k - 1's
+        and k's) and bills what happened in that window: the engines from their first work to their last token on
+        any batch, the learners while they train, every GPU during a broadcast; its ``generation_s`` is the time
+        in the window during which some batch was generating. So no step bills more than every GPU for its time,
+        and none is shorter than its generation."""
+        self.warm, self.warm_prefill = frozenset(), False
+        self.run_algo = self.algo or workload.algo
+        pipe = config.pipeline
+        g, prof = self.cluster.total_gpus, self.dedicated
+        gen_cluster = Cluster.of_gpus(r, min(r, self.cluster.nodes[0].num_gpus if self.cluster.nodes else r))
+        learners = g - r
+        # OpenRLHF 0.11.2 refuses vLLM sleep with --train.async_enable: the engines hold GPUs of their own
+        planner = rollout_planner_for(config, prof, r, gen_cluster.nodes[0].num_gpus, self.registry)
+        if mode.driver not in (PLAIN, BATCH_CUT):
+            raise RlhflessError(
+                f"scheduler {config.name!r}: the {mode.driver} step driver inside the async pipeline is not simulated; "
+                "partial rollouts cut at B groups (partial-batch) are"
+            )
+        token_counts = [float(ws.batch.prompt_lengths @ ws.batch.n_samples + ws.lengths.sum()) for ws in workload.steps]
+        batches = len(workload.steps)
+        io = WorkloadIO(self, planner, workload.steps)
+        session = None
+        if mode.driver == BATCH_CUT:  # partial rollouts inside the pipeline: each batch cut once B groups are complete
+            b_size = max((len(ws.batch) for ws in workload.steps), default=0)
+            session = session_for(BATCH_CUT, planner, b_size, io.prompts())
+            io.book = session.book
+            prompts = sum(len(ws.batch) for ws in workload.steps)
+            batches = -(-prompts // b_size) if b_size else 0  # every batch but the last trains B groups
+            token_counts = [0.0] * batches  # what each batch trains: known once it is generated
+        train_s = [sum(self._learning(t, learners)) for t in token_counts]
+        done: dict[int, tuple[StepPlan, StepOutcome, list[int]]] = {}
+        driven_of: dict[int, Driven] = {}
+
+        def generate(k: int, start: float, pauses: list[tuple[float, float]]) -> float:
+            relative = [(max(a - start, 0.0), b - max(a, start)) for a, b in pauses if b > start]
+            frees = not pipe.pause_keeps_kv  # OpenRLHF's own engines pause with vLLM's default: the KV is freed
+            io.backend_kw = {"cluster": gen_cluster, "pauses": relative, "pause_frees_kv": frees, "profile": prof}
+            if session is None:  # the batch the workload gives, every sample to its end
+                ws = workload.steps[k]
+                io.begin(ws.step)
+                driven = PlainStep(planner, ws.step).run(io, io.adopt(ws.batch, ws.lengths))
+            else:
+                io.begin(k)
+                cut = session.next(io, k)
+                if cut is None:
+                    raise RlhflessError(f"scheduler {config.name!r}: batch {k} of {batches} found nothing to generate")
+                driven = driven_of[k] = cut
+                token_counts[k] = float(driven.trained_tokens)
+                train_s[k] = sum(self._learning(token_counts[k], learners))
+            usage = stopped_at(driven.outcome.usage, driven.stop_s)
+            self.hold(planner, usage)  # no burst engine here: the fleet's engines that worked stay warm
+            assert io.last_backend is not None
+            done[k] = (driven.plan, replace(driven.outcome, usage=usage), io.last_backend.tokens_before_pauses)
+            return start + usage.generation_s
+
+        timeline = partial_pipeline if pipe.partial_rollout else locked_pipeline
+        times = timeline(batches, generate, train_s, prof.weight_sync_s, pipe.queue_size)
+        # what each GPU did on the run's clock: engine e's work on every batch, the learners', the broadcasts
+        engine_spans: dict[int, list[tuple[float, float]]] = {}
+        for k, b in enumerate(times):
+            for e, usage in enumerate(done[k][1].usage.engines):
+                if usage.first_s is not None:
+                    engine_spans.setdefault(e, []).append(
+                        (b.gen_start + usage.first_s - usage.cold_start_s, b.gen_start + usage.last_s)
+                    )
+        syncs = [(b.sync_start, b.sync_end) for b in times]
+        trains = [(b.train_start, b.train_end) for b in times]
+        gens = [(b.gen_start, b.gen_end) for b in times]
+        gpa = prof.gpus_per_actor
+        steps = []
+        for k, b in enumerate(times):
+            plan, outcome, before = done[k]
+            rep, u = outcome.report, outcome.usage
+            if k in driven_of:  # a cut batch: what trains, and each piece's age from the batch that made it
+                rep = rep.model_copy(update=driven_of[k].fields)
+                total, stale, oldest = carried_ages(driven_of[k], k, times)
+            else:
+                total = int(workload.steps[k].lengths.sum())
+                stale, oldest = token_ages(k, b.version, before, total)
+            lo, hi = (times[k - 1].sync_end if k else 0.0), b.sync_end
+            prepare_s, learn_s = self._learning(token_counts[k], learners)
+            usage = replace(u, gpus=g, learner_gpus=learners, prepare_s=prepare_s, learn_s=learn_s, step_s=hi - lo)
+            engines_gpu_s = sum(covered([*spans, *syncs], lo, hi) for spans in engine_spans.values()) * gpa
+            idle_engines = r // gpa - len(engine_spans)  # never worked: held during broadcasts only
+            billed = (
+                engines_gpu_s
+                + idle_engines * gpa * covered(syncs, lo, hi)
+                + learners * covered([*trains, *syncs], lo, hi)
+            )
+            report = rep.model_copy(
+                update={
+                    **billing(usage),
+                    "generation_s": covered(gens, lo, hi),
+                    "gpu_seconds": billed,
+                    "gpu_seconds_serverful": g * (hi - lo),
+                    "stale_token_fraction": stale / total if total else 0.0,
+                    "max_token_age_steps": oldest,
+                }
+            )
+            sim = SimulatedStep.of(report, plan, outcome, usage=usage)
+            steps.append(sim)
+            if on_step is not None:
+                on_step(report)
+        return SimulationResult(config.name, steps, rollout_gpus=r)

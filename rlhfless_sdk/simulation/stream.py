@@ -1,5 +1,6 @@
 """The simulator's engines for the streaming pipeline (``rlhfless_sdk.rollout.stream``): decode engines on GPUs of
-their own, on one simulated clock for the whole run, fed sample by sample as they free slots.
+their own, on one simulated clock for the whole run, fed sample by sample as they free slots; ``StreamRun``, the
+simulator's run of the stream on them.
 
 Each engine is the simulator's continuous-batching engine (``EngineModel``: vLLM-like admission, KV limits and
 recompute preemption). A weight update pauses every engine that has work for the update's seconds at its instant;
@@ -10,13 +11,33 @@ go to the other engines' queues first, each re-prefilling its prompt and the tok
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from rlhfless_sdk.api.records import TimePerTokenProfile
+from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.records import (
+    StepPlan,
+    StepReport,
+    TimePerTokenProfile,
+)
 from rlhfless_sdk.planning.engine_model import DONE, QUEUED, EngineModel, EngineSamples
-from rlhfless_sdk.rollout.stream import version_runs
+from rlhfless_sdk.rollout.stream import (
+    BalancedSplit,
+    GroupBook,
+    KvSlots,
+    PinnedSplit,
+    batch_ages,
+    joined_train_s,
+    run_stream,
+    version_runs,
+)
+from rlhfless_sdk.simulation.backend import covered
+from rlhfless_sdk.simulation.results import SimulatedStep, SimulationResult
+from rlhfless_sdk.workloads.traces import Workload
 
 #: queued samples an engine keeps beyond its running batch (a short queue, so the stream balances engines)
 QUEUE = 8
@@ -160,3 +181,152 @@ class SimulatedStream:
 
     def queued(self) -> int:
         return sum(1 for st in self.s.state if st == QUEUED)
+
+
+# -- the stream run on the simulator ---------------------------------------------------------------------------------
+@dataclass
+class _StreamLearner:
+    """The learner of a simulated stream: each group's tokens, the algorithm's GPU-seconds per token."""
+
+    group_tokens: Sequence[float]
+    s_per_token: float
+    sync_s: float
+
+    def tokens(self, groups: Sequence[int]) -> float:
+        return float(sum(self.group_tokens[g] for g in groups))
+
+    def train_s(self, tokens: float, gpus: int, joining: int = 0, after_s: float = 0.0) -> float:
+        return joined_train_s(tokens * self.s_per_token, gpus, joining, after_s)
+
+
+class StreamRun:
+    """The ``Simulator``'s run of the streaming pipeline (a mixin over the simulator's engines and learner)."""
+
+    def run_stream(
+        self,
+        config: SchedulerConfig,
+        workload: Workload,
+        on_step: Callable[[StepReport], Any] | None,
+        r: int | None,
+    ) -> SimulationResult:
+        """The streaming pipeline (``rlhfless_sdk.rollout.stream``) with ``r`` rollout GPUs at first: the
+        workload's prompts one stream, batches of B groups (the first step's batch size), engines on GPUs of their
+        own (dedicated memory). Batch k's report spans the time between updates k - 1 and k and bills what
+        happened in it: each engine while held (from its start, start-up included, to its last token or its
+        stop), the learner GPUs while they train, every GPU during an update."""
+        self.warm, self.warm_prefill = frozenset(), False
+        self.run_algo = self.algo or workload.algo
+        pipe = config.pipeline
+        g, prof = self.cluster.total_gpus, self.dedicated
+        gpa = prof.gpus_per_actor
+        sizes: list[int] = []
+        gid, index, plen, target, group_tokens = [], [], [], [], []
+        for ws in workload.steps:
+            b, lengths = ws.batch, np.asarray(ws.lengths, dtype=np.int64)
+            if self.max_tokens is not None:
+                lengths = np.minimum(lengths, self.max_tokens)
+            for i in range(len(b)):
+                lo, hi = int(b.sample_offsets[i]), int(b.sample_offsets[i + 1])
+                n, p = hi - lo, int(b.prompt_lengths[i])
+                gid += [len(sizes)] * n
+                index += list(range(n))
+                plen += [p] * n
+                target += lengths[lo:hi].tolist()
+                group_tokens.append(float(p * n + lengths[lo:hi].sum()))
+                sizes.append(n)
+        n_samples = len(target)
+        samples = EngineSamples(gid, index, plen, [0] * n_samples, target, [0.0] * n_samples, [0] * n_samples)
+        b_size = max((len(ws.batch) for ws in workload.steps), default=0)
+        book = GroupBook(sizes, max(b_size, 1), pipe.max_age)
+        rates = prof.learner_rates(self.run_algo)
+        learner = _StreamLearner(group_tokens, rates[0] + rates[1], prof.weight_sync_s)
+        split: BalancedSplit | None = None
+        policy: BalancedSplit | PinnedSplit | None = None
+        slots = KvSlots(prof, pipe.kv_slots) if pipe.kv_slots is not None else None
+        if pipe.elastic:
+            split = policy = BalancedSplit(prof, g, rates[0] + rates[1], switch_s=prof.cold_start_s, slots=slots)
+            cap = workload.cap if self.max_tokens is None else min(workload.cap, self.max_tokens)
+            first = sizes[: book.B]
+            r = split.first(sum(first), float(np.mean(plen)) if plen else 0.0, cap)
+            if pipe.split_schedule is not None:
+                bad = [x for x in pipe.split_schedule if x and (x % gpa or not gpa <= x <= g - 1)]
+                if bad:
+                    raise RlhflessError(
+                        f"scheduler {config.name!r}: split_schedule entry {bad[0]} is not a split of {g} GPUs (a "
+                        f"multiple of {gpa} GPUs per engine, at least one GPU left to learn; 0: the planner's)"
+                    )
+                policy = PinnedSplit(split, pipe.split_schedule)
+        if r is None:
+            raise RlhflessError(f"scheduler {config.name!r}: a stream with a fixed split needs its rollout GPUs")
+        engines = SimulatedStream(prof, samples, r // gpa)
+        stats = run_stream(
+            engines,
+            learner,
+            book,
+            gpus=g,
+            rollout_gpus=r,
+            gpus_per_engine=gpa,
+            split=policy,
+            switch_s=prof.cold_start_s,
+            slots=slots,
+        )
+        held = engines.held()
+        busy = [a.busy for a in engines.actors]
+        idle = 1.0 - (sum(busy) + engines.busy) / max(sum(hi - lo for lo, hi in held.values()), 1e-9)
+        imbalance = float(max(busy) / np.mean(busy)) if busy and np.mean(busy) > 0 else 1.0
+        steps = []
+        for k, chosen in enumerate(stats.batches):
+            lo, hi = (stats.updates[k - 1][1] if k else 0.0), stats.updates[k][1]
+            learners = stats.learners[k]
+            trained = stats.trained_tokens[k]
+            prepare_s, learn_s = trained * rates[0] / learners, trained * rates[1] / learners
+            sync = covered(stats.updates, lo, hi)
+            billed = (
+                sum(covered([span], lo, hi) for span in held.values()) * gpa
+                + sum((g - stats.split[j]) * covered([t], lo, hi) for j, t in enumerate(stats.train))
+                + learners * sync
+            )
+            sids = [sid for c in chosen for sid in book.groups[c].samples]
+            responses = len(sids)
+            total, stale, oldest = batch_ages((engines.tokens_by_version(sid) for sid in sids), k)
+            report = StepReport(
+                step=k,
+                scheduler=config.name,
+                time_s=hi - lo,
+                generation_s=covered(list(held.values()), lo, hi),
+                prepare_s=prepare_s,
+                learn_s=learn_s,
+                gpu_seconds=billed,
+                gpu_seconds_serverful=g * (hi - lo),
+                idle_fraction=min(max(idle, 0.0), 1.0),
+                imbalance=max(imbalance, 1.0),
+                num_actors=max(stats.split[k] // gpa, 1),
+                samples=responses,
+                response_tokens=total,
+                peak_gpus=g,
+                stale_token_fraction=stale / total if total else 0.0,
+                max_token_age_steps=oldest,
+                groups_trained=len(chosen),
+            )
+            plan = StepPlan(
+                step=k, scheduler=config.name, num_actors=report.num_actors, assignment=[], predicted_lengths=[]
+            )
+            steps.append(SimulatedStep(report, plan, None))
+            if on_step is not None:
+                on_step(report)
+        result = SimulationResult(config.name, steps, rollout_gpus=r)
+        result.stream = {
+            "batches": len(stats.batches),
+            "oversized_batches": stats.oversized,
+            "gated_s": stats.gated_s,
+            "splits": stats.split,
+            "resizes": engines.resizes,
+            "moved_samples": engines.moved,
+            "replans": split.choices if split is not None else [],
+            "slots": stats.slots,  # samples an engine ran at most as each batch formed (empty: max_num_seqs)
+            "preemptions": sum(a.preemptions for a in engines.actors) + engines.preemptions,
+            # the first split, and the first batch's time at the fill with every sample at the cap (what chose it)
+            "first_split": r,
+            "fill_bound_s": split.fill_bound_s if split is not None else None,
+        }
+        return result

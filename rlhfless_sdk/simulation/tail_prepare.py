@@ -27,9 +27,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from rlhfless_sdk.api.records import TimePerTokenProfile
+import numpy as np
+
+from rlhfless_sdk.api.records import (
+    TimePerTokenProfile,
+)
+from rlhfless_sdk.planning.planner import StepPlanner
+from rlhfless_sdk.rollout.controller import (
+    EngineUsage,
+    StepUsage,
+)
+from rlhfless_sdk.rollout.drivers import Driven
+from rlhfless_sdk.rollout.modes import tail_of
 
 #: seconds an engine GPU takes to become a scorer on top of moving the weights (the engine's sleep, the scorer's
 #: start): a round figure, not measured
@@ -147,3 +158,63 @@ def in_groups(free_s: Sequence[float], size: int, never: float) -> list[float]:
         for i in members:
             out[i] = formed
     return out
+
+
+# -- a step's usage with the tail's work -----------------------------------------------------------------------------
+class TailUsage:
+    """The ``Simulator``'s tail scoring and learning on a finished synchronous step (a mixin)."""
+
+    def _score_in_tail(self, planner: StepPlanner, usage: StepUsage, driven: Driven) -> StepUsage:
+        """``usage`` of a synchronous step with ``tail_prepare``: the fleet's GPUs whose engines are done score the
+        complete groups that train while the others generate (``score_in_tail``); the scoring left is spread over
+        every GPU after generation, and the GPUs that switched are billed from their switch to its end. Burst
+        engines' GPUs are not the learner's: they never score. With ``tail_learn`` they also learn, in gradient
+        groups (``group_gpus``, formed as GPUs free: ``in_groups``), the first optimizer step's share of each group;
+        the gradient reduce is charged once any did. Without ``tail_prepare``: ``usage`` as it is."""
+        tail = tail_of(planner.config)
+        if not tail or driven.ran.finish_s is None:
+            return usage
+        g, gpa = usage.gpus, usage.gpus_per_engine
+        learn = tail == "learn"
+        # with tail_learn only a consolidated tail is worth joining: a GPU joins if its engine was cut by the
+        # consolidation or freed after the step's first cut; GPUs freed before it were released (a short tail
+        # never consolidates, and then nothing joins)
+        cut, cut_from = usage.extra.get("first_cut_s", math.inf), set(usage.extra.get("cut_engines", ()))
+
+        def freed(i: int, e: EngineUsage) -> float:
+            f = e.last_s if e.first_s is not None else 0.0
+            return f if not learn or i in cut_from or f >= cut else usage.generation_s
+
+        free = [freed(i, e) for i, e in enumerate(usage.engines) if not e.burst for _ in range(gpa)]
+        free = (free + [usage.generation_s if learn else 0.0] * g)[:g]
+        prepare, learning = self.profile.learner_rates(self.run_algo)
+        # of k optimizer steps on the batch, only the first's learning can run before the batch is complete: the
+        # tail learns 1/k of every group (a fluid stand-in for the first update's groups, the earliest complete)
+        rate = prepare + learning / planner.config.pipeline.updates_per_batch if learn else prepare
+        switch = scoring_switch_s(self.profile)
+        if learn:
+            size = group_gpus(self.dedicated, self.run_algo)
+            free = in_groups(free, size, usage.generation_s)
+            switch = learning_switch_s(self.dedicated, self.run_algo, size)
+        batch, samples, finish = driven.batch, driven.outcome.samples, driven.ran.finish_s
+        starts = np.concatenate([[0], np.cumsum(batch.n_samples)])
+        ready = []
+        for row in driven.trained_rows:
+            sids = range(int(starts[row]), int(starts[row + 1]))
+            tokens = sum(samples[i].prompt_length + samples[i].response_length for i in sids)
+            ready.append((max(float(finish[i]) for i in sids), tokens * rate))
+        scored = score_in_tail(free, ready, usage.generation_s, switch)
+        extra = {**usage.extra, "tail_scored_gpu_s": scored.done_gpu_s, "tail_scorers": scored.scorers}
+        if not learn:
+            return replace(usage, prepare_s=scored.left_gpu_s / g, tail_scoring_gpu_s=scored.held_gpu_s, extra=extra)
+        # what the tail did is scoring and learning in proportion; the rest of both is left for every GPU, and the
+        # tail groups' gradients join the learner's before its first optimizer step
+        prep_done = scored.done_gpu_s * prepare / rate
+        reduce_s = gradient_reduce_s(self.profile) if scored.done_gpu_s > 0 else 0.0
+        return replace(
+            usage,
+            prepare_s=usage.prepare_s - prep_done / g,
+            learn_s=usage.learn_s - (scored.done_gpu_s - prep_done) / g + reduce_s,
+            tail_scoring_gpu_s=scored.held_gpu_s,
+            extra=extra,
+        )
