@@ -1069,7 +1069,8 @@ def contract_rollouts(stack, registry_with):
     """One greedy step of 4 prompts x N_SAMPLES, correction on: OpenRLHF's own ``SamplesGenerator`` over the
     engines, then RLHFless's generator (the rlhfless-paper preset, one sample forcibly migrated mid-generation)."""
     from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
-    from rlhfless_openrlhf.generator import prompt_uid
+
+    from rlhfless_sdk.rollout.run_log import prompt_uid
 
     plugin = H.policy_plugin(migrator=PolicySpec(name="move-first-recorded", factory=MoveFirstRecorded))
     max_new = CONTRACT_NEW_TOKENS
@@ -1276,8 +1277,7 @@ def test_length_replay_stops_every_sample_at_its_trace_length_carried_pieces_inc
     long-reasoning input at a 48-token cap; every trained sample, whether it ran in one piece or was cut at a step's
     end and carried into the next (its tokens kept), ends exactly at the length its group was given, and each
     step's report says the lengths were replayed with none off."""
-    from rlhfless_openrlhf.generator import prompt_uid
-
+    from rlhfless_sdk.rollout.run_log import prompt_uid
     from rlhfless_sdk.workloads.replay import long_reasoning_workload
 
     cap, b = 48, 2

@@ -2,7 +2,7 @@
 
 OpenRLHF calls ``_generate_vllm`` once per training batch. The generator hands the step to the SDK's driver of its
 scheduler's mode (``rlhfless_sdk.rollout.drivers``: plain, tail rounds or a batch cut), the same code the simulator
-runs, through ``_EnginesIO``: prompts from OpenRLHF's dataloader, tokenized into the planner's batch, the plan run by
+runs, through ``EnginesIO``: prompts from OpenRLHF's dataloader, tokenized into the planner's batch, the plan run by
 the SDK's ``StepController`` on OpenRLHF's vLLM engines (``ray_backend.RayBackend``) under the driver's end rule.
 What is left here is OpenRLHF's side: experiences from the responses that train, the checkpoint of carried work
 and deferred prompts, the trace and the report as JSON lines, and ``rlhfless/*`` metrics for OpenRLHF's logs.
@@ -10,28 +10,23 @@ and deferred prompts, the trace and the report as JSON lines, and ``rlhfless/*``
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import time
-from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ray
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
-from rlhfless_openrlhf.capabilities import BACKEND, MODES, STREAM_NEEDS
+from rlhfless_openrlhf.capabilities import BACKEND, MODES
 from rlhfless_openrlhf.messages import CutSample, SharedTokenizer
 from rlhfless_openrlhf.ray_backend import (
     BackendSettings,
     EnginePool,
-    EngineRequest,
-    RayBackend,
     RolloutEngineLost,
     engine_gpus,
 )
-from rlhfless_openrlhf.stream import EngineStream, StreamPrompt, response_runs, response_tokens, stall_error
+from rlhfless_openrlhf.stream import EngineStream, StreamGeneration
 from vllm import SamplingParams
 
 from rlhfless_sdk.api.batch import PromptBatch
@@ -41,15 +36,15 @@ from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 from rlhfless_sdk.api.records import Cluster, StepPlan, StepReport, TimePerTokenProfile
 from rlhfless_sdk.planning.planner import planner_for
 from rlhfless_sdk.rollout.carry import CarryBook
-from rlhfless_sdk.rollout.controller import StepController, StepOutcome
-from rlhfless_sdk.rollout.drivers import BatchCutSession, Driven, PlainStep, Ran, TailSession, refusal
+from rlhfless_sdk.rollout.controller import StepOutcome
+from rlhfless_sdk.rollout.drivers import BatchCutSession, Driven, PlainStep, TailSession, refusal
 from rlhfless_sdk.rollout.modes import BATCH_CUT, STREAM, TAIL_ROUNDS, planned_mode
-from rlhfless_sdk.rollout.stream import GroupBook, KvSlots, batch_ages
+from rlhfless_sdk.rollout.run_log import RunLog, fresh_uid, prompt_uid
 from rlhfless_sdk.rollout.tail import TailRounds
 from rlhfless_sdk.workloads.replay import LengthReplay
-from rlhfless_sdk.workloads.traces import trace_row
 
 __all__ = ["RlhflessSamplesGenerator", "RolloutEngineLost", "log_lines", "merge_metrics", "prompt_uid"]
+from rlhfless_openrlhf.step_io import EnginesIO
 
 log = logging.getLogger("rlhfless.openrlhf")
 
@@ -63,133 +58,7 @@ def log_lines() -> None:
         log.setLevel(logging.INFO)
 
 
-def prompt_uid(prompt: str) -> str:
-    """A stable id for a prompt's text: its length history follows it across epochs."""
-    return hashlib.sha1(prompt.encode("utf-8")).hexdigest()[:16]
-
-
-def fresh_uid(prompt: str, taken: set[str]) -> str:
-    """The prompt's uid (``prompt_uid``), with ``#k`` appended while it is in ``taken`` (the same prompt twice in a
-    batch, or in a group still open); added to ``taken``. The length history's key drops the ``#k``."""
-    base, k = prompt_uid(prompt), 0
-    while (uid := base if k == 0 else f"{base}#{k}") in taken:
-        k += 1
-    taken.add(uid)
-    return uid
-
-
-class _EnginesIO:
-    """OpenRLHF's side of a driven step (``rlhfless_sdk.rollout.drivers.StepIO``): prompts from its dataloader (or
-    tail batching's rounds), tokenized; the plan run by the step controller on the engines under the driver's end
-    rule; a carried sample's tokens and logprobs kept for its next step."""
-
-    def __init__(
-        self, gen: RlhflessSamplesGenerator, kw: dict[str, Any], source: Any = None, dataloader_iter: Any = None
-    ) -> None:
-        """``source``: prompt reference -> (prompt, label, image) (tail batching's ``tail_prompts``); default the
-        prompts ``draw`` took from ``dataloader_iter``, by position."""
-        self.gen, self.kw, self.source, self.dataloader_iter = gen, kw, source, dataloader_iter
-        self.n = int(kw.get("n_samples_per_prompt", gen.args.rollout.n_samples_per_prompt))
-        self.exhausted = False
-        self.drawn: list[tuple[str, Any, Any]] = []  # prompt, label, image of each prompt drawn this step
-        self.metas: list[tuple[str, Any, Any, list[int]]] = []  # per batch prompt: prompt, label, image, token ids
-        self.new_uids: list[str] = []
-        self.backend: RayBackend | None = None
-        self.t_start = time.time()
-
-    # -- the driver's calls -----------------------------------------------------------------------------------
-    def draw(self, k: int) -> list[Hashable]:
-        if k <= 0:
-            return []
-        self.drawn, self.exhausted = self.gen.take_prompts(self.dataloader_iter, k)
-        self.source = self.drawn
-        return list(range(len(self.drawn)))
-
-    def batch(self, prompts: list[Hashable]) -> PromptBatch:
-        """The prompts (references into ``source``) as a batch, their uids distinct from the open groups' (a
-        carrying step's) too."""
-        gen = self.gen
-        metas = [self.source[k] for k in prompts]
-        taken: set[str] = set()
-        if gen.mode == BATCH_CUT:
-            taken = {p.uid for p in gen.book.carried} | {gen.group_meta[g][3] for g in gen.book.open_group_ids()}
-        token_ids, batch = gen._prompt_batch([m[0] for m in metas], self.n, taken)
-        self.drawn = [(m[0], m[1], m[2]) for m in metas]
-        self.metas = [(m[0], m[1], m[2], ids) for m, ids in zip(metas, token_ids, strict=True)]
-        self.new_uids = list(batch.uids)
-        return batch
-
-    def execute(self, batch: PromptBatch, plan: StepPlan, stop: Any, observe: bool) -> Ran:
-        gen = self.gen
-        prefix: dict[int, tuple[list[int], list[float] | None]] = {}
-        if gen.mode == BATCH_CUT:  # the batch: carried samples (one prompt each), then the new groups
-            pieces = gen.book.step_pieces
-            n_carried = len(pieces) - self.n * len(self.new_uids)
-            for i, (prompt, label, image, ids) in enumerate(self.metas):  # the new groups, in launch order
-                gen.group_meta[pieces[n_carried + i * self.n].group] = (prompt, label, image, self.new_uids[i], ids)
-            firsts = pieces[:n_carried] + pieces[n_carried :: self.n]
-            self.metas = [(m[0], m[1], m[2], m[4]) for m in (gen.group_meta[p.group] for p in firsts)]
-            prefix = {
-                sid: gen.carry_state[(p.group, p.sample_index)]
-                for sid, p in enumerate(pieces[:n_carried])
-                if (p.group, p.sample_index) in gen.carry_state
-            }
-        if not gen.pool.live():
-            raise RuntimeError("every rollout engine has died; cannot generate")
-        req = EngineRequest(
-            prompts=[m[0] for m in self.metas],
-            labels=[m[1] for m in self.metas],
-            images=[m[2] for m in self.metas],
-            token_ids=[m[3] for m in self.metas],
-            keys=[f"{batch.uids[i]}/{k}" for i in range(len(batch)) for k in range(int(batch.n_samples[i]))],
-            prompt_of=[i for i in range(len(batch)) for _ in range(int(batch.n_samples[i]))],
-            params=gen._sampling_params(**self.kw),
-            max_length=self.kw.get("max_len", 2048),
-            prefix=prefix,
-            forced=self.forced(batch),
-        )
-        self.backend = backend = RayBackend(gen.pool, req, plan, self.t_start, gen.backend_settings)
-        history = [self.history_key(u) for u in batch.uids]  # a prompt repeated in the batch shares its history
-        controller = StepController(gen.planner, backend, batch, plan, step=gen.step, history_uids=history)
-        outcome = controller.run(observe=observe, stop=stop)
-        backend.collect_carried()  # the calls of samples cut at the end return what they have (or are dropped)
-        return Ran(outcome, controller.done_prompts())
-
-    def forced(self, batch: PromptBatch) -> dict[int, int]:
-        """Length replay: each sample's length from the trace (by its group's uid, stable while it is carried or
-        deferred), or nothing without a replay."""
-        replay = self.gen.replay
-        if replay is None:
-            return {}
-        if self.gen.mode == BATCH_CUT:  # a carried sample is one prompt of its own: its group says which sample
-            meta = self.gen.group_meta
-            return {
-                sid: replay.lengths(meta[p.group][3], self.n)[p.sample_index]
-                for sid, p in enumerate(self.gen.book.step_pieces)
-            }
-        out, sid = {}, 0
-        for i, uid in enumerate(batch.uids):
-            n = int(batch.n_samples[i])
-            for length in replay.lengths(uid, n):
-                out[sid] = length
-                sid += 1
-        return out
-
-    def tokens(self, ran: Ran, stop_s: float) -> tuple[list[int], list[bool]]:
-        assert self.backend is not None
-        carried = set(ran.outcome.carried)
-        made, ended = [], []
-        for sid, s in enumerate(ran.outcome.samples):
-            kept = sid not in carried or sid in self.backend.carried_out  # a carried sample whose engine died: none
-            made.append(s.response_length if kept else 0)
-            ended.append(sid not in carried)
-        return made, ended
-
-    def history_key(self, uid: str) -> str:
-        return uid.split("#")[0]
-
-
-class RlhflessSamplesGenerator(SamplesGenerator):
+class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
     """Drop-in for OpenRLHF's ``SamplesGenerator`` (same constructor, plus the scheduler)."""
 
     #: The step drivers it runs (``rlhfless_openrlhf.capabilities``); a scheduler needing another is refused.
@@ -229,11 +98,9 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         if refused is not None:
             raise RlhflessError(refused)
         self.profile = profile
-        self.report_path = None if report_path is None else Path(report_path)
-        self.trace_path = None if trace_path is None else Path(trace_path)
-        # length replay: each sample stops at a length from a trace, EOS ignored (the scheduler is not told)
-        self.replay = replay
-        self._replay_off = 0  # trained samples of this step that did not stop at their replayed length
+        # the step count, the reports and the trace; length replay: each sample stops at a length from a trace, EOS
+        # ignored (the scheduler is not told)
+        self.log = RunLog(report_path, trace_path, replay)
         # dedup prefill rides on vLLM's prefix cache; the user's setting holds for every scheduler alike
         self.prefix_caching = bool(getattr(self.args.vllm, "enable_prefix_caching", True))
         if not self.prefix_caching:
@@ -259,12 +126,8 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self.group_meta: dict[int, tuple[str, Any, Any, str, list[int]]] = {}  # group -> prompt, label, image, uid, ids
         self.carry_state: dict[tuple[int, int], tuple[list[int], list[float] | None]] = {}  # sample -> tokens, logprobs
         self.ended_responses: dict[tuple[int, int], dict[str, Any]] = {}  # samples ended, their group still open
-        self.step = 0
         self.last_cuts: list[tuple[int, int, CutSample]] = []
         self.last_trained_groups: list[int] = []  # the groups of the last step's experiences
-        self._steps_finished = 0  # steps this generator reported (the first of an async run is not behind)
-        self.last_report: StepReport | None = None
-        self.last_metrics: dict[str, float] = {}
         self._shared_tokenizer: tuple[Any, SharedTokenizer] | None = None  # (tokenizer, its reference), put once
         self._held: list[tuple[str, Any, Any]] = []  # drawn from a dataloader batch, not yet taken (``take_prompts``)
         # the streaming pipeline (OpenRLHF's async loop): the epoch's stream, the engines' weights version when the
@@ -274,6 +137,27 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         self._stream_batches = 0
         self._stream_mark: tuple[float, dict[int, float]] | None = None  # (time, engine busy s) at the last batch
         self._engine_profile: TimePerTokenProfile | None = None  # ``engine_profile``, read from the engines once
+
+    @property
+    def step(self) -> int:
+        """The step (or stream batch) under way."""
+        return self.log.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.log.step = value
+
+    @property
+    def replay(self) -> LengthReplay | None:
+        return self.log.replay
+
+    @property
+    def last_report(self) -> StepReport | None:
+        return self.log.last_report
+
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        return self.log.last_metrics
 
     @property
     def backend_settings(self) -> BackendSettings:
@@ -399,11 +283,11 @@ class RlhflessSamplesGenerator(SamplesGenerator):
     def generate_step(self, prompts: list[str], labels: list[Any], *, images: list | None = None, **kw: Any) -> list:
         """One plain step (``PlainStep``): every sample of ``prompts`` generated under the plan, to its end;
         experiences grouped by prompt, in order."""
-        io = _EnginesIO(self, kw, source=list(zip(prompts, labels, images or [None] * len(prompts), strict=True)))
+        io = EnginesIO(self, kw, source=list(zip(prompts, labels, images or [None] * len(prompts), strict=True)))
         driven = PlainStep(self.planner, self.step).run(io, io.batch(list(range(len(prompts)))))
         return self._finish_driven(io, driven, kw)
 
-    def _finish_driven(self, io: _EnginesIO, driven: Driven, kw: dict[str, Any]) -> list:
+    def _finish_driven(self, io: EnginesIO, driven: Driven, kw: dict[str, Any]) -> list:
         """A plain step or a tail round: the experiences of the groups that train, their trace, the report."""
         n = io.n
         outcome = driven.outcome
@@ -416,7 +300,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         assert io.backend is not None
         self.last_cuts = io.backend.cut_log  # (sample in batch order, engine, CutSample): what each cut kept
         self.last_trained_groups = rows
-        self._trace_groups(
+        self.log.trace(
             (
                 driven.batch.uids[i],
                 io.metas[i][3],
@@ -520,7 +404,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         policy that generated it, so OpenRLHF's rollout-logprob importance correction applies. Once the dataloader
         runs dry the last steps train what is left, B a step, and the epoch ends when nothing is carried. Returns
         (experiences, prompts taken from the dataloader, exhausted)."""
-        io = _EnginesIO(self, kw, dataloader_iter=dataloader_iter)
+        io = EnginesIO(self, kw, dataloader_iter=dataloader_iter)
         driven = BatchCutSession(self.planner, b, self.book).next(io, self.step)
         if driven is None:
             return [], 0, True
@@ -537,7 +421,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                 start = resp["action_ranges"][0][0]
                 lps = resp["rollout_log_probs"]
                 self.carry_state[key] = (list(resp["observation_tokens"][start:]), None if lps is None else lps[start:])
-        self._trace_groups(
+        self.log.trace(
             (self.group_meta[tg.group][3], self.group_meta[tg.group][4], tg.lengths) for tg in settled.trained
         )
         experiences = []
@@ -581,7 +465,7 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             self.tail = self.tail_session.rounds
             self._tail_source = dataloader_iter
         rounds, drawn = self.tail, self._tail_drawn
-        io = _EnginesIO(self, kw, source=self.tail_prompts)
+        io = EnginesIO(self, kw, source=self.tail_prompts)
         driven = self.tail_session.next(io, self.step)
         if driven is None:
             return [], 0, True
@@ -590,202 +474,6 @@ class RlhflessSamplesGenerator(SamplesGenerator):
             del self.tail_prompts[driven.prompts[i]]
         exhausted = rounds.done()  # may draw the next prompt, to see whether the dataloader is dry
         return experiences, self._tail_drawn - drawn, exhausted
-
-    # -- the streaming pipeline (OpenRLHF's async loop) ------------------------------------------------------
-    def _check_stream_loop(self) -> None:
-        """The stream runs only where a weight broadcast pauses its running samples (see ``STREAM_NEEDS``)."""
-        train, vllm = getattr(self.args, "train", None), getattr(self.args, "vllm", None)
-        if not (getattr(train, "async_enable", False) and getattr(train, "partial_rollout_enable", False)):
-            raise RlhflessError(f"rlhfless: scheduler {self.planner.config.name!r} {STREAM_NEEDS}")
-        if getattr(vllm, "enable_sleep", False):
-            raise RlhflessError(
-                f"rlhfless: scheduler {self.planner.config.name!r} streams: --vllm.enable_sleep would free the KV "
-                "cache of its running samples between batches; run it without"
-            )
-
-    def _stream_for(self, dataloader_iter: Any, b: int, n: int) -> EngineStream:
-        """The epoch's stream: the one running, or a new one over ``dataloader_iter`` (a new epoch, or a resumed run,
-        whose restored prompts come first)."""
-        st = self.stream
-        if st is not None and st.source is dataloader_iter:
-            return st
-        if st is not None:
-            st.stop()
-        left = list(self._tail_pending) + ([] if st is None else st.untrained_prompts())
-        self._tail_pending = []
-        prompts = iter(left)
-        fresh = self._prompt_stream(dataloader_iter)
-        taken: set[str] = set()
-
-        def draw() -> StreamPrompt | None:
-            pid = next(prompts, None)
-            if pid is None:
-                pid = next(fresh, None)
-            if pid is None:
-                return None
-            prompt, label, image = self.tail_prompts[pid]
-            return StreamPrompt(pid, prompt, label, image, fresh_uid(prompt, taken), self._tokenize(prompt))
-
-        pipeline = self.planner.config.pipeline
-        if self._stream_base is None:
-            stats = self.pool.stats(self.pool.live())
-            self._stream_base = min((s.weights_version for s in stats.values()), default=0)
-            self._stream_mark = (time.time(), {e: s.busy_s for e, s in stats.items()})
-        book = GroupBook([], b, int(pipeline.max_age), closed=False, first_batch=self._stream_batches)
-        self.stream = st = EngineStream(
-            self.pool,
-            book,
-            draw,
-            n=n,
-            slots=self.engine_profile.max_num_seqs,
-            base=self._stream_base,
-            source=dataloader_iter,
-            uids=taken,
-            kv=KvSlots(self.engine_profile, pipeline.kv_slots) if pipeline.kv_slots is not None else None,
-        )
-        return st
-
-    def _generate_stream(self, dataloader_iter, b: int, **kw: Any) -> tuple[list, int, bool]:
-        """One batch of the streaming pipeline (the SDK's ``GroupBook`` on ``EngineStream``): the engines keep
-        every free slot busy with the stream's next sample, new groups as the age bound allows, and the call returns
-        as soon as the book forms batch k: the groups too old to wait for the next batch, then the earliest-started
-        complete ones, B groups, each whole and in order. The other samples go on running on the engines through
-        OpenRLHF's training of this batch and its weight broadcast (which pauses them between decode iterations):
-        a sample's tokens then come from more than one weights version, each with the logprob of the weights that
-        produced it, and the importance correction weighs them. Every token's age is measured from the engines'
-        update counts and never exceeds the pipeline's ``max_age``. Returns (experiences, prompts taken from the
-        dataloader, exhausted: the dataloader is dry and every group trained)."""
-        self._check_stream_loop()
-        n = int(kw.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
-        st = self._stream_for(dataloader_iter, b, n)
-        book, k = st.book, self._stream_batches
-        drawn = self._tail_drawn
-        params, max_len, tokenizer = self._sampling_params(**kw), kw.get("max_len", 2048), self.shared_tokenizer()
-        replay = self.replay
-
-        def submit(engine: int, prompt: StreamPrompt, j: int) -> Any:
-            key = f"{prompt.uid}/{j}"
-            forced = None if replay is None else {key: replay.lengths(prompt.uid, n)[j]}
-            handle = self.pool.handles[engine]
-            return handle.generate_group.remote(
-                prompt.prompt, prompt.label, params, max_len, tokenizer, [key], prompt.image, None, forced
-            )
-
-        t0 = time.time()
-        told = False
-        st.feed(submit, self.check_interval_s)  # the feeder keeps the engines busy, in and between these calls
-        with st.cond:
-            st.drawing = True
-            while True:
-                st.check()
-                chosen = book.form(k)
-                if chosen is not None:
-                    break
-                if book.closed and not book.untrained:
-                    st.stop()
-                    self.stream = None
-                    return [], self._tail_drawn - drawn, True
-                if not st.running() and time.time() - st.quiet_since > self.carry_timeout_s:
-                    version = st.version()
-                    if version >= k:  # every batch handed to training has updated the weights: nothing will come
-                        raise stall_error(time.time() - st.quiet_since, version, book, k)
-                    if not told:  # batches wait for (or are in) training: its next update lets new groups start
-                        told = True
-                        log.info(
-                            "rlhfless: the stream waits for the learner: batch %d may take only groups that start "
-                            "after its next weight update (engines at version %d, %d batch(es) handed to training, "
-                            "at most %d update(s) old)",
-                            k,
-                            version,
-                            k,
-                            book.max_age,
-                        )
-                st.cond.wait(self.check_interval_s)
-            taken = [
-                (st.prompts.pop(gid), [st.responses.pop(sid) for sid in book.groups[gid].samples]) for gid in chosen
-            ]
-            for prompt, _ in taken:
-                st.uids.discard(prompt.uid)
-                del self.tail_prompts[prompt.prompt_id]
-            # until the next call the feeder draws nothing from the dataloader (a checkpoint's dataloader state and
-            # the prompts it keeps must agree): the groups that may start before then (the engines reach at most
-            # version k + 1 meanwhile: batch k trained) are drawn now
-            st.draw_ahead(k + 1)
-            st.drawing = False
-            consumed = self._tail_drawn - drawn
-        experiences, runs, groups = [], [], []
-        for prompt, responses in taken:
-            for response in responses:
-                runs.append(response_runs(response))
-                experiences.append(self._process_response_into_experience(response, **kw))
-            lengths = [response_tokens(r) for r in responses]
-            groups.append((prompt.uid, prompt.token_ids, lengths))
-        self._trace_groups(groups)
-        self._stream_batches += 1
-        self._finish_stream_batch(st, chosen, groups, batch_ages(runs, st.base + k), t0)
-        exhausted = book.closed and not book.untrained
-        if exhausted:
-            st.stop()
-            self.stream = None
-        return experiences, consumed, exhausted
-
-    def _finish_stream_batch(
-        self, st: EngineStream, chosen: list[int], groups: list, ages: tuple[int, int, int], t0: float
-    ) -> None:
-        """A stream batch's report and metrics: wall time since the last batch, the engines' busy share of it, the
-        token ages measured (``batch_ages``: tokens, those older than the weights that train them, the largest
-        age)."""
-        now = time.time()
-        live = self.pool.live()
-        stats = self.pool.stats(live)
-        busy = {e: s.busy_s for e, s in stats.items()}
-        since, before = self._stream_mark if self._stream_mark is not None else (t0, {})
-        self._stream_mark = (now, busy)
-        window = max(now - since, 1e-9)
-        used = [max(busy[e] - before.get(e, 0.0), 0.0) for e in busy]
-        gpus = engine_gpus(self.args)
-        tokens, stale, oldest = ages
-        mean = sum(used) / len(used) if used else 0.0
-        lengths = [x for _, _, ls in groups for x in ls]
-        report = StepReport(
-            step=self.step,
-            scheduler=self.planner.config.name,
-            time_s=window,
-            generation_s=window,
-            gpu_seconds=window * len(live) * gpus,
-            gpu_seconds_serverful=window * len(live) * gpus,
-            idle_fraction=min(max(1.0 - sum(used) / (window * max(len(used), 1)), 0.0), 1.0),
-            imbalance=max(max(used) / mean, 1.0) if mean > 0 else 1.0,
-            num_actors=max(len(live), 1),
-            samples=len(lengths),
-            response_tokens=int(sum(lengths)),
-            actor_busy_s=used,
-            peak_gpus=len(live) * gpus,
-            stale_token_fraction=stale / tokens if tokens else 0.0,
-            max_token_age_steps=oldest,
-            groups_trained=len(chosen),
-            carried_samples=st.running(),
-        )
-        if self.replay is not None:
-            report = report.model_copy(
-                update={"lengths_replayed_from": self.replay.name, "replay_off_length": self._replay_off}
-            )
-            self._replay_off = 0
-        self._steps_finished += 1
-        self._record(
-            report,
-            {
-                "rlhfless/actual_length_mean": float(np.mean(lengths)) if lengths else 0.0,
-                "rlhfless/active_engines": float(len(live)),
-                "rlhfless/idle_fraction": report.idle_fraction,
-                "rlhfless/gpu_seconds": report.gpu_seconds,
-                "rlhfless/max_token_age": float(report.max_token_age_steps),
-                "rlhfless/stale_token_fraction": report.stale_token_fraction,
-                "rlhfless/in_flight_samples": float(report.carried_samples),
-                "rlhfless/samples_regenerated": float(st.redone),
-                "rlhfless/engine_slots": float(st.limit()),
-            },
-        )
 
     def take_prompts(self, dataloader_iter: Any, k: int) -> tuple[list[tuple[str, Any, Any]], bool]:
         """Up to ``k`` (prompt, label, image) from OpenRLHF's dataloader, the rest of a dataloader batch held for
@@ -839,27 +527,6 @@ class RlhflessSamplesGenerator(SamplesGenerator):
         )
 
     # -- after the step ------------------------------------------------------------------------------------
-    def _trace_groups(self, groups: Any) -> None:
-        """Append groups (uid, prompt token ids, each sample's response length) as trained in this step to the
-        trace, in the JSON-lines format ``rlhfless simulate --trace`` reads: the prompt's uid (stable across
-        epochs; a prompt repeated within a batch gets ``#k``), the step, the sample index, prompt and response
-        lengths, and the prompt's token ids (so a replay deduplicates prefixes). A replay's step is the groups
-        that trained in it, each sample at its full length (a carried sample's pieces summed)."""
-        groups = list(groups)
-        if self.replay is not None:  # a trained group is done with its lengths; its prompt may come back as new
-            for uid, _prompt, lengths in groups:
-                want = self.replay.given(uid, len(lengths))
-                if want is not None:
-                    self._replay_off += sum(int(a) != b for a, b in zip(lengths, want, strict=True))
-                self.replay.release(uid)
-        if self.trace_path is None:
-            return
-        self.trace_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.trace_path.open("a", encoding="utf-8") as fh:
-            for uid, prompt, lengths in groups:
-                for k, length in enumerate(lengths):
-                    fh.write(json.dumps(trace_row(uid, self.step, k, prompt, length)) + "\n")
-
     def async_lag(self) -> int:
         """Batches OpenRLHF's async mode (``--train.async_enable``) generates ahead of training: the weight updates
         every token of a batch after the first is behind, on top of what the straggler policy carries (0: sync)."""
@@ -870,19 +537,14 @@ class RlhflessSamplesGenerator(SamplesGenerator):
 
     def _finish_step(self, report: StepReport, outcome: StepOutcome, plan: StepPlan) -> None:
         lag = self.async_lag()
-        if lag and self._steps_finished and report.response_tokens:  # OpenRLHF's own lag (an upper bound)
+        if lag and self.log.finished and report.response_tokens:  # OpenRLHF's own lag (an upper bound)
             report = report.model_copy(
                 update={"max_token_age_steps": report.max_token_age_steps + lag, "stale_token_fraction": 1.0}
             )
-        self._steps_finished += 1
-        if self.replay is not None:
-            report = report.model_copy(
-                update={"lengths_replayed_from": self.replay.name, "replay_off_length": self._replay_off}
-            )
-            self._replay_off = 0
+        report = self.log.replayed(report)
         lengths = np.array([s.response_length for s in outcome.samples], dtype=np.float64)
         pred = np.array([s.predicted_length or 0.0 for s in outcome.samples], dtype=np.float64)
-        self._record(
+        self.log.record(
             report,
             {
                 "rlhfless/predicted_length_mean": float(pred.mean()) if pred.size else 0.0,
@@ -902,17 +564,6 @@ class RlhflessSamplesGenerator(SamplesGenerator):
                 },
             },
         )
-
-    def _record(self, report: StepReport, metrics: dict[str, float]) -> None:
-        """A step's (or stream batch's) report and metrics kept for OpenRLHF's logs, the report appended to the
-        JSON-lines file; the next step begins."""
-        self.last_report = report
-        self.last_metrics = metrics
-        if self.report_path is not None:
-            self.report_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.report_path.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps(report.model_dump(mode="json")) + "\n")
-        self.step += 1
 
     def _filter(self, experiences: list, n: int) -> list:
         min_r, max_r = self.args.algo.dynamic_filtering_range

@@ -24,6 +24,7 @@ launched; the elastic split is the simulator's (``rlhfless simulate``).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict, deque
@@ -31,11 +32,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import ray
-from rlhfless_openrlhf.ray_backend import ENGINE_ERRORS, EnginePool, engine_lost
+from rlhfless_openrlhf.capabilities import STREAM_NEEDS
+from rlhfless_openrlhf.ray_backend import ENGINE_ERRORS, EnginePool, engine_gpus, engine_lost
 
 from rlhfless_sdk.api.errors import RlhflessError
-from rlhfless_sdk.rollout.stream import GroupBook, KvSlots, version_runs
+from rlhfless_sdk.api.records import StepReport
+from rlhfless_sdk.rollout.run_log import fresh_uid
+from rlhfless_sdk.rollout.stream import GroupBook, KvSlots, batch_ages, version_runs
+
+log = logging.getLogger("rlhfless.openrlhf")
 
 
 @dataclass
@@ -272,3 +279,198 @@ def stall_error(waited_s: float, version: int, book: GroupBook, batch: int) -> R
         f"started, {book.trained} trained, {book.B} a batch, at most {book.max_age} updates old); this is a bug in "
         "the stream's admission, please report it with this line"
     )
+
+
+class StreamGeneration:
+    """The samples generator's streaming pipeline (a mixin of ``RlhflessSamplesGenerator``): one batch a call of
+    OpenRLHF's async loop, its engines fed by an ``EngineStream`` between calls, its report and metrics."""
+
+    def _check_stream_loop(self) -> None:
+        """The stream runs only where a weight broadcast pauses its running samples (see ``STREAM_NEEDS``)."""
+        train, vllm = getattr(self.args, "train", None), getattr(self.args, "vllm", None)
+        if not (getattr(train, "async_enable", False) and getattr(train, "partial_rollout_enable", False)):
+            raise RlhflessError(f"rlhfless: scheduler {self.planner.config.name!r} {STREAM_NEEDS}")
+        if getattr(vllm, "enable_sleep", False):
+            raise RlhflessError(
+                f"rlhfless: scheduler {self.planner.config.name!r} streams: --vllm.enable_sleep would free the KV "
+                "cache of its running samples between batches; run it without"
+            )
+
+    def _stream_for(self, dataloader_iter: Any, b: int, n: int) -> EngineStream:
+        """The epoch's stream: the one running, or a new one over ``dataloader_iter`` (a new epoch, or a resumed run,
+        whose restored prompts come first)."""
+        st = self.stream
+        if st is not None and st.source is dataloader_iter:
+            return st
+        if st is not None:
+            st.stop()
+        left = list(self._tail_pending) + ([] if st is None else st.untrained_prompts())
+        self._tail_pending = []
+        prompts = iter(left)
+        fresh = self._prompt_stream(dataloader_iter)
+        taken: set[str] = set()
+
+        def draw() -> StreamPrompt | None:
+            pid = next(prompts, None)
+            if pid is None:
+                pid = next(fresh, None)
+            if pid is None:
+                return None
+            prompt, label, image = self.tail_prompts[pid]
+            return StreamPrompt(pid, prompt, label, image, fresh_uid(prompt, taken), self._tokenize(prompt))
+
+        pipeline = self.planner.config.pipeline
+        if self._stream_base is None:
+            stats = self.pool.stats(self.pool.live())
+            self._stream_base = min((s.weights_version for s in stats.values()), default=0)
+            self._stream_mark = (time.time(), {e: s.busy_s for e, s in stats.items()})
+        book = GroupBook([], b, int(pipeline.max_age), closed=False, first_batch=self._stream_batches)
+        self.stream = st = EngineStream(
+            self.pool,
+            book,
+            draw,
+            n=n,
+            slots=self.engine_profile.max_num_seqs,
+            base=self._stream_base,
+            source=dataloader_iter,
+            uids=taken,
+            kv=KvSlots(self.engine_profile, pipeline.kv_slots) if pipeline.kv_slots is not None else None,
+        )
+        return st
+
+    def _generate_stream(self, dataloader_iter, b: int, **kw: Any) -> tuple[list, int, bool]:
+        """One batch of the streaming pipeline (the SDK's ``GroupBook`` on ``EngineStream``): the engines keep
+        every free slot busy with the stream's next sample, new groups as the age bound allows, and the call returns
+        as soon as the book forms batch k: the groups too old to wait for the next batch, then the earliest-started
+        complete ones, B groups, each whole and in order. The other samples go on running on the engines through
+        OpenRLHF's training of this batch and its weight broadcast (which pauses them between decode iterations):
+        a sample's tokens then come from more than one weights version, each with the logprob of the weights that
+        produced it, and the importance correction weighs them. Every token's age is measured from the engines'
+        update counts and never exceeds the pipeline's ``max_age``. Returns (experiences, prompts taken from the
+        dataloader, exhausted: the dataloader is dry and every group trained)."""
+        self._check_stream_loop()
+        n = int(kw.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
+        st = self._stream_for(dataloader_iter, b, n)
+        book, k = st.book, self._stream_batches
+        drawn = self._tail_drawn
+        params, max_len, tokenizer = self._sampling_params(**kw), kw.get("max_len", 2048), self.shared_tokenizer()
+        replay = self.replay
+
+        def submit(engine: int, prompt: StreamPrompt, j: int) -> Any:
+            key = f"{prompt.uid}/{j}"
+            forced = None if replay is None else {key: replay.lengths(prompt.uid, n)[j]}
+            handle = self.pool.handles[engine]
+            return handle.generate_group.remote(
+                prompt.prompt, prompt.label, params, max_len, tokenizer, [key], prompt.image, None, forced
+            )
+
+        t0 = time.time()
+        told = False
+        st.feed(submit, self.check_interval_s)  # the feeder keeps the engines busy, in and between these calls
+        with st.cond:
+            st.drawing = True
+            while True:
+                st.check()
+                chosen = book.form(k)
+                if chosen is not None:
+                    break
+                if book.closed and not book.untrained:
+                    st.stop()
+                    self.stream = None
+                    return [], self._tail_drawn - drawn, True
+                if not st.running() and time.time() - st.quiet_since > self.carry_timeout_s:
+                    version = st.version()
+                    if version >= k:  # every batch handed to training has updated the weights: nothing will come
+                        raise stall_error(time.time() - st.quiet_since, version, book, k)
+                    if not told:  # batches wait for (or are in) training: its next update lets new groups start
+                        told = True
+                        log.info(
+                            "rlhfless: the stream waits for the learner: batch %d may take only groups that start "
+                            "after its next weight update (engines at version %d, %d batch(es) handed to training, "
+                            "at most %d update(s) old)",
+                            k,
+                            version,
+                            k,
+                            book.max_age,
+                        )
+                st.cond.wait(self.check_interval_s)
+            taken = [
+                (st.prompts.pop(gid), [st.responses.pop(sid) for sid in book.groups[gid].samples]) for gid in chosen
+            ]
+            for prompt, _ in taken:
+                st.uids.discard(prompt.uid)
+                del self.tail_prompts[prompt.prompt_id]
+            # until the next call the feeder draws nothing from the dataloader (a checkpoint's dataloader state and
+            # the prompts it keeps must agree): the groups that may start before then (the engines reach at most
+            # version k + 1 meanwhile: batch k trained) are drawn now
+            st.draw_ahead(k + 1)
+            st.drawing = False
+            consumed = self._tail_drawn - drawn
+        experiences, runs, groups = [], [], []
+        for prompt, responses in taken:
+            for response in responses:
+                runs.append(response_runs(response))
+                experiences.append(self._process_response_into_experience(response, **kw))
+            lengths = [response_tokens(r) for r in responses]
+            groups.append((prompt.uid, prompt.token_ids, lengths))
+        self.log.trace(groups)
+        self._stream_batches += 1
+        self._finish_stream_batch(st, chosen, groups, batch_ages(runs, st.base + k), t0)
+        exhausted = book.closed and not book.untrained
+        if exhausted:
+            st.stop()
+            self.stream = None
+        return experiences, consumed, exhausted
+
+    def _finish_stream_batch(
+        self, st: EngineStream, chosen: list[int], groups: list, ages: tuple[int, int, int], t0: float
+    ) -> None:
+        """A stream batch's report and metrics: wall time since the last batch, the engines' busy share of it, the
+        token ages measured (``batch_ages``: tokens, those older than the weights that train them, the largest
+        age)."""
+        now = time.time()
+        live = self.pool.live()
+        stats = self.pool.stats(live)
+        busy = {e: s.busy_s for e, s in stats.items()}
+        since, before = self._stream_mark if self._stream_mark is not None else (t0, {})
+        self._stream_mark = (now, busy)
+        window = max(now - since, 1e-9)
+        used = [max(busy[e] - before.get(e, 0.0), 0.0) for e in busy]
+        gpus = engine_gpus(self.args)
+        tokens, stale, oldest = ages
+        mean = sum(used) / len(used) if used else 0.0
+        lengths = [x for _, _, ls in groups for x in ls]
+        report = StepReport(
+            step=self.step,
+            scheduler=self.planner.config.name,
+            time_s=window,
+            generation_s=window,
+            gpu_seconds=window * len(live) * gpus,
+            gpu_seconds_serverful=window * len(live) * gpus,
+            idle_fraction=min(max(1.0 - sum(used) / (window * max(len(used), 1)), 0.0), 1.0),
+            imbalance=max(max(used) / mean, 1.0) if mean > 0 else 1.0,
+            num_actors=max(len(live), 1),
+            samples=len(lengths),
+            response_tokens=int(sum(lengths)),
+            actor_busy_s=used,
+            peak_gpus=len(live) * gpus,
+            stale_token_fraction=stale / tokens if tokens else 0.0,
+            max_token_age_steps=oldest,
+            groups_trained=len(chosen),
+            carried_samples=st.running(),
+        )
+        report = self.log.replayed(report)
+        self.log.record(
+            report,
+            {
+                "rlhfless/actual_length_mean": float(np.mean(lengths)) if lengths else 0.0,
+                "rlhfless/active_engines": float(len(live)),
+                "rlhfless/idle_fraction": report.idle_fraction,
+                "rlhfless/gpu_seconds": report.gpu_seconds,
+                "rlhfless/max_token_age": float(report.max_token_age_steps),
+                "rlhfless/stale_token_fraction": report.stale_token_fraction,
+                "rlhfless/in_flight_samples": float(report.carried_samples),
+                "rlhfless/samples_regenerated": float(st.redone),
+                "rlhfless/engine_slots": float(st.limit()),
+            },
+        )
