@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pluggy
 
+from rlhfless_sdk.api.base import NoParams, PolicySpec, Record
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig, read_scheduler_config
 from rlhfless_sdk.api.errors import ConfigError, PluginError, RlhflessError, UnknownPolicyError
@@ -47,10 +48,7 @@ from rlhfless_sdk.api.records import (
     FinishedSample,
     MigrationDecision,
     Node,
-    NoParams,
-    PolicySpec,
     PrefillPlan,
-    Record,
     SampleProgress,
     StepPlan,
     StepProgress,

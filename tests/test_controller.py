@@ -18,16 +18,15 @@ from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.planner import StepPlanner
+from rlhfless_sdk.rollout.billing import EngineUsage, StepUsage
 from rlhfless_sdk.rollout.controller import (
     EngineStatus,
-    EngineUsage,
     Finished,
     Lost,
     NoEngineLeft,
     Poll,
     SampleAccountingError,
     StepController,
-    StepUsage,
 )
 
 PROFILE = load_profile("qwen2.5-7b-l40s")

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster
-from rlhfless_sdk.rollout.controller import held, held_s
+from rlhfless_sdk.rollout.billing import held, held_s
 from rlhfless_sdk.simulation.bound import decode_engine_s, work_bound
 from rlhfless_sdk.simulation.simulator import Simulator, equal_peak
 from rlhfless_sdk.workloads.synthetic import SyntheticWorkload

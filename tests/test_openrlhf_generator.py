@@ -34,7 +34,7 @@ def test_a_tensor_parallel_engine_is_billed_on_every_gpu_it_holds(tp):
     from rlhfless_openrlhf.ray_backend import engine_gpus, step_usage
     from rlhfless_openrlhf.rollout_actor import rollout_args
 
-    from rlhfless_sdk.rollout.controller import billing
+    from rlhfless_sdk.rollout.billing import billing
 
     args = rollout_args(4)
     args.vllm.tensor_parallel_size = tp

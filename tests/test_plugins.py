@@ -20,10 +20,10 @@ from rlhfless_sdk import (
     get_plugin_manager,
     hookimpl,
 )
+from rlhfless_sdk.api.base import NoParams, Record
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.kinds import KIND, KINDS
 from rlhfless_sdk.api.profiles import load_profile
-from rlhfless_sdk.api.records import NoParams, Record
 
 _spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
 H = importlib.util.module_from_spec(_spec)

@@ -17,7 +17,8 @@ from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Cluster, MigrationDecision, TimePerTokenProfile
 from rlhfless_sdk.cli.main import main
 from rlhfless_sdk.cli.simulate import make_cluster
-from rlhfless_sdk.rollout.controller import StepController, held_s
+from rlhfless_sdk.rollout.billing import held_s
+from rlhfless_sdk.rollout.controller import StepController
 from rlhfless_sdk.simulation.backend import SimulatedBackend
 from rlhfless_sdk.simulation.simulator import Simulator
 from rlhfless_sdk.workloads.synthetic import SyntheticWorkload

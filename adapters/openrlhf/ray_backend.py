@@ -22,7 +22,8 @@ from rlhfless_openrlhf.messages import CARRIED, Continuation, CutSample, EngineS
 from vllm import SamplingParams
 
 from rlhfless_sdk.api.records import StepPlan
-from rlhfless_sdk.rollout.controller import EngineStatus, EngineUsage, Finished, Lost, Poll, StepUsage
+from rlhfless_sdk.rollout.billing import EngineUsage, StepUsage
+from rlhfless_sdk.rollout.controller import EngineStatus, Finished, Lost, Poll
 
 log = logging.getLogger("rlhfless.openrlhf")
 

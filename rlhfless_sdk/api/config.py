@@ -12,9 +12,9 @@ from typing import Any, Literal, Protocol
 import yaml
 from pydantic import Field, NonNegativeInt, PositiveInt, ValidationError, create_model, model_validator
 
+from rlhfless_sdk.api.base import Record
 from rlhfless_sdk.api.errors import ConfigError, ConfigProblem
 from rlhfless_sdk.api.kinds import KIND, KINDS, POLICY_KINDS, PolicyKind
-from rlhfless_sdk.api.records import Record
 
 
 class ConfigChecker(Protocol):

@@ -18,8 +18,8 @@ from typing import Any
 
 import pluggy
 
+from rlhfless_sdk.api.base import PolicySpec
 from rlhfless_sdk.api.config import SchedulerConfig
-from rlhfless_sdk.api.records import PolicySpec
 
 PROJECT = "rlhfless"
 hookspec = pluggy.HookspecMarker(PROJECT)

@@ -28,10 +28,10 @@ import pluggy
 from pydantic import BaseModel, ValidationError
 
 from rlhfless_sdk.api import hookspecs
+from rlhfless_sdk.api.base import PolicySpec
 from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig, problems_from_validation, read_scheduler_config
 from rlhfless_sdk.api.errors import ConfigProblem, PluginError, RlhflessError, UnknownPolicyError
 from rlhfless_sdk.api.kinds import KIND, KINDS, POLICY_KINDS
-from rlhfless_sdk.api.records import PolicySpec
 
 ENTRY_POINT_GROUP = "rlhfless"
 #: Plugins registered in-process by every manager, by name: the reference policies and shipped presets.

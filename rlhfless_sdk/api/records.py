@@ -8,82 +8,20 @@ from __future__ import annotations
 
 import json
 import math
-import typing
-from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
-    ValidationInfo,
-    field_validator,
     model_validator,
 )
 
+from rlhfless_sdk.api.base import Record
+
 Role = Literal["decode", "prefill", "learner"]
-
-
-def _numeric(annotation: Any) -> bool:
-    """int or float (possibly constrained or optional), and not a bool."""
-    if annotation in (int, float):
-        return True
-    args = typing.get_args(annotation)
-    return bool(args) and bool not in args and any(_numeric(a) for a in args if a is not type(None))
-
-
-class Record(BaseModel):
-    """Base of all records: unknown fields and non-finite numbers are rejected, and a record is frozen once built
-    (``model_copy(update=...)`` makes a changed copy), so a policy cannot change what others see."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        """``lambda: true`` is a mistake, not 1.0: a YAML boolean is refused where a number is expected."""
-        if info.field_name is None:
-            return value
-        if isinstance(value, bool):
-            field = cls.model_fields.get(info.field_name)
-            if field is not None and _numeric(field.annotation):
-                raise ValueError(f"expected a number, got {str(value).lower()}")
-        elif isinstance(value, list) and any(isinstance(v, bool) for v in value):
-            field = cls.model_fields.get(info.field_name)
-            if field is not None and _numeric(field.annotation):  # list items: split_schedule: [true, 2]
-                i = next(i for i, v in enumerate(value) if isinstance(v, bool))
-                raise ValueError(f"item {i}: expected a number, got {str(value[i]).lower()}")
-        return value
-
-
-class NoParams(Record):
-    """Parameters of a policy that takes none."""
-
-
-class PolicySpec(BaseModel):
-    """What a plugin registers: a named factory for one policy kind.
-
-    ``factory(params)`` receives an instance of ``params`` (validated from the scheduler config) and returns
-    an object implementing the kind's protocol. ``kind`` and ``plugin`` are filled in by the registry.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
-
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$", description="Lower-case name used in configs.")
-    factory: Callable[[Any], Any]
-    params: type[BaseModel] = NoParams
-    description: str = Field(default="", description="One line shown by `rlhfless plugins`.")
-    reads_predictions: bool = Field(
-        default=True,
-        description="Whether the policy reads predicted lengths (its plan inputs or the samples' predicted_length); "
-        "a scheduler whose policies all say False consults no predictor.",
-    )
-    kind: str = ""
-    plugin: str = ""
 
 
 class FinishedSample(Record):

@@ -7,13 +7,19 @@ import statistics
 import time
 from typing import Any
 
+import click
+
 from rlhfless_sdk.api.history import isolated_history
 from rlhfless_sdk.api.plugins import get_plugin_manager
 from rlhfless_sdk.api.profiles import load_profile
-from rlhfless_sdk.api.records import Cluster
+from rlhfless_sdk.api.records import Cluster, dumps
+from rlhfless_sdk.cli.args import BYTES_PER_PLANNED_SAMPLE, GPUS, POSITIVE, check_samples
 from rlhfless_sdk.planning.planner import planner_for
 from rlhfless_sdk.rollout.modes import mode_for
 from rlhfless_sdk.workloads.synthetic import SyntheticWorkload, finished_samples
+
+#: Most timed runs a benchmark repeats (each a whole plan or predict).
+REPEATS = click.IntRange(min=1, max=1000)
 
 
 def bench_plan(
@@ -130,3 +136,97 @@ def bench_predict(predictor: str, prompts: int, samples: int, *, repeat: int = 2
         pred.predict(batch)
         times.append((time.perf_counter() - t0) * 1000.0)
     return {"predictor": predictor, "prompts": prompts, "median_ms": statistics.median(times), "min_ms": min(times)}
+
+
+@click.group("bench")
+def bench_group() -> None:
+    """Benchmarks (medians of repeated runs; compare figures from one machine only)."""
+
+
+@bench_group.command("plan")
+@click.option("--prompts", default=1024, type=POSITIVE, show_default=True, help="Prompts in the batch.")
+@click.option("--samples", default=8, type=POSITIVE, show_default=True, help="Samples per prompt (n).")
+@click.option("--actors", default=16, type=GPUS, show_default=True, help="Most decode actors the scaler may choose.")
+@click.option("--scheduler", default="rlhfless-paper", show_default=True, help="Scheduler name or YAML file.")
+@click.option("--profile", default="qwen2.5-7b-l40s", show_default=True)
+@click.option("--repeat", default=5, type=REPEATS, show_default=True, help="Timed plans after one warm-up.")
+@click.option("--json", "as_json", is_flag=True)
+def bench_plan_cmd(
+    prompts: int, samples: int, actors: int, scheduler: str, profile: str, repeat: int, as_json: bool
+) -> None:
+    """Median milliseconds of a full plan: predict, dedup, assign for every candidate N, scale, place."""
+    check_samples(prompts, samples, 2, bytes_per_sample=BYTES_PER_PLANNED_SAMPLE)  # an observed step, a planned one
+    res = bench_plan(prompts, samples, actors, scheduler=scheduler, profile=profile, repeat=repeat)
+    if as_json:
+        click.echo(dumps(res))
+    else:
+        click.echo(
+            f"{res['scheduler']}: {prompts} prompts x {samples} samples, up to {actors} actors, "
+            f"{res['candidates']} candidates -> N={res['chosen_actors']}: median {res['median_ms']:.1f} ms "
+            f"(min {res['min_ms']:.1f} ms, {repeat} runs)"
+        )
+
+
+@bench_group.command("predict")
+@click.option("--predictor", default="model", show_default=True)
+@click.option("--prompts", default=1024, type=POSITIVE, show_default=True)
+@click.option("--samples", default=8, type=POSITIVE, show_default=True)
+@click.option("--repeat", default=20, type=REPEATS, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def bench_predict_cmd(predictor: str, prompts: int, samples: int, repeat: int, as_json: bool) -> None:
+    """Median milliseconds of one predict() on a batch, after the predictor has observed one step."""
+    check_samples(prompts, samples, 2, bytes_per_sample=BYTES_PER_PLANNED_SAMPLE)  # observed, then predicted
+    res = bench_predict(predictor, prompts, samples, repeat=repeat)
+    if as_json:
+        click.echo(dumps(res))
+    else:
+        click.echo(
+            f"{predictor}: predict {prompts} prompts: median {res['median_ms']:.2f} ms "
+            f"(min {res['min_ms']:.2f} ms, {repeat} runs)"
+        )
+
+
+@bench_group.command("simulate")
+@click.option("--prompts", default=8192, type=POSITIVE, show_default=True)
+@click.option("--samples", default=8, type=POSITIVE, show_default=True)
+@click.option("--gpus", default=160, type=GPUS, show_default=True)
+@click.option("--gpus-per-node", default=8, type=GPUS, show_default=True)
+@click.option(
+    "--scheduler",
+    default="rlhfless-paper",
+    show_default=True,
+    help="Scheduler name or YAML file; an async one is simulated as `simulate` runs it (the whole pipeline).",
+)
+@click.option("--profile", default="llama-70b-8xh100", show_default=True)
+@click.option("--steps", default=2, type=POSITIVE, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def bench_simulate_cmd(
+    prompts: int,
+    samples: int,
+    gpus: int,
+    gpus_per_node: int,
+    scheduler: str,
+    profile: str,
+    steps: int,
+    as_json: bool,
+) -> None:
+    """Wall time of one simulated step at scale (default: 20 nodes x 8 H100, Llama-70B, 8,192 x 8 samples)."""
+    check_samples(prompts, samples, steps)
+    res = bench_simulate(
+        prompts, samples, gpus, scheduler=scheduler, profile=profile, steps=steps, gpus_per_node=gpus_per_node
+    )
+    if as_json:
+        click.echo(dumps(res))
+    else:
+        walls = ", ".join(f"{w:.2f}" for w in res["step_wall_s"])
+        if res["rollout_gpus"] is not None:
+            click.echo(
+                f"{res['scheduler']} on {gpus} GPUs ({profile}), {prompts} prompts x {samples} samples, async at "
+                f"{res['rollout_gpus']} rollout GPUs: wall seconds of the whole run {sum(res['step_wall_s']):.2f} "
+                f"({len(res['step_wall_s'])} pipelined steps, the split search included)"
+            )
+            return
+        click.echo(
+            f"{res['scheduler']} on {gpus} GPUs ({profile}), {prompts} prompts x {samples} samples: "
+            f"wall seconds per simulated step: {walls} (max {res['max_step_wall_s']:.2f})"
+        )

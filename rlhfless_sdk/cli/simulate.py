@@ -15,6 +15,7 @@ from rlhfless_sdk.api.options import distinct
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import Cluster, dumps
 from rlhfless_sdk.cli.args import MAX_GPUS, check_samples, run_profile
+from rlhfless_sdk.cli.plots import plot, plot_frontier
 from rlhfless_sdk.rollout.modes import mode_for
 from rlhfless_sdk.simulation.results import SimulationResult
 from rlhfless_sdk.simulation.simulator import Simulator, equal_peak
@@ -206,74 +207,6 @@ def print_tables(rows: list[dict[str, Any]], gpus: int = 0) -> None:
             "above at equal hardware; compare it with the baselines run on its peak (--frontier-plot)",
             fg="yellow",
         )
-
-
-def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise click.ClickException("--plot needs matplotlib: pip install 'rlhfless[plot]'") from exc
-    fronts = [r for r in rows if len(r["steps"][0].get("frontier") or []) > 1]
-    if fronts:
-        fig, (ax, fx) = plt.subplots(1, 2, figsize=(13, 5))
-    else:
-        fig, ax = plt.subplots(figsize=(7, 5))
-    first = rows[0]
-    ax.plot(
-        [s["time_s"] for s in first["steps"]],
-        [s["gpu_seconds_serverful"] for s in first["steps"]],
-        "x",
-        color="gray",
-        label=f"{first['name']} billed serverful (per step)",
-    )
-    for row in rows:
-        t = [s["time_s"] for s in row["steps"]]
-        c = [s["gpu_seconds"] for s in row["steps"]]
-        (pts,) = ax.plot(t, c, "o", alpha=0.45, label=f"{row['name']} (per step)")
-        ax.plot([sum(t) / len(t)], [sum(c) / len(c)], "*", ms=16, color=pts.get_color(), markeredgecolor="black")
-    if fronts:
-        for row in fronts:
-            f = row["steps"][-1]["frontier"]
-            (line,) = fx.plot(
-                [p["simulated_generation_s"] for p in f],
-                [p["simulated_generation_gpu_seconds"] for p in f],
-                "o-",
-                ms=4,
-                label=f"{row['name']} simulated",
-            )
-            fx.plot(
-                [p["predicted_time_s"] for p in f],
-                [p["predicted_gpu_seconds"] for p in f],
-                "x:",
-                color=line.get_color(),
-                alpha=0.6,
-                label=f"{row['name']} predicted",
-            )
-            c = next(p for p in f if p["chosen"])
-            fx.plot(
-                [c["simulated_generation_s"]],
-                [c["simulated_generation_gpu_seconds"]],
-                "*",
-                ms=16,
-                color=line.get_color(),
-                markeredgecolor="black",
-            )
-        fx.set_xlabel("generation time (s)")
-        fx.set_ylabel("generation GPU-seconds (serverless)")
-        fx.set_title("last step's frontier: a point per actor count N (star: chosen)")
-        fx.grid(alpha=0.3)
-        fx.legend(fontsize=7)
-    ax.set_xlabel("step time (s)")
-    ax.set_ylabel("GPU-seconds per step (serverless billing)")
-    ax.set_title(title + "\nstars: mean step; lower-left is better")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def kv_flag(memory: str) -> str:
@@ -608,47 +541,3 @@ def frontier_sizes(value: str | None, gpus: int, gpa: int) -> list[int]:
             param_hint="--frontier-gpus",
         )
     return sizes
-
-
-def plot_frontier(rows: list[dict[str, Any]], front: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Run time against GPU-seconds (serverful: every GPU held, burst engines as held): each baseline a line
-    through its cluster sizes, each scheduler of the run a point labelled with its peak GPUs. A point is a win
-    only where it is left of and below the baselines' line at its own peak."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise click.ClickException("--frontier-plot needs matplotlib: pip install 'rlhfless[plot]'") from exc
-    fig, ax = plt.subplots(figsize=(11, 5.5))
-    for name in dict.fromkeys(r["name"] for r in front):
-        pts = sorted((r for r in front if r["name"] == name), key=lambda r: r["gpus"])
-        xs = [p["total_gpu_seconds_serverful"] for p in pts]
-        ys = [p["total_time_s"] for p in pts]
-        (line,) = ax.plot(xs, ys, "o-", alpha=0.7, label=f"{name} at {', '.join(str(p['gpus']) for p in pts)} GPUs")
-        for p, x, y in zip(pts, xs, ys, strict=True):
-            ax.annotate(
-                f"{p['gpus']}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=line.get_color()
-            )
-    baseline_names = {r["name"] for r in front}
-    for row in rows:
-        if row["name"] in baseline_names:  # already on its line
-            continue
-        x, y = row["total_gpu_seconds_serverful"], row["total_time_s"]
-        (pt,) = ax.plot(
-            [x], [y], "*", ms=14, markeredgecolor="black", label=f"{row['name']} (peak {row['peak_gpus']} GPUs)"
-        )
-        ax.annotate(
-            f"{row['peak_gpus']}", (x, y), textcoords="offset points", xytext=(6, -10), fontsize=7, color=pt.get_color()
-        )
-    ax.set_xlabel("GPU-seconds of the run (serverful: every GPU held, burst engines while held)")
-    ax.set_ylabel("run time (s)")
-    ax.set_title(
-        title + "\nlines: baselines at each cluster size (GPUs beside each point); stars: the others, at their peak"
-    )
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

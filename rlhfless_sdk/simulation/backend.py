@@ -23,15 +23,9 @@ from rlhfless_sdk.api.records import (
 )
 from rlhfless_sdk.planning.engine_model import DONE, RUNNING, EngineModel, EngineSamples
 from rlhfless_sdk.planning.planner import StepPlanner
+from rlhfless_sdk.rollout.billing import EngineUsage, StepUsage
 from rlhfless_sdk.rollout.carry import CarryBook
-from rlhfless_sdk.rollout.controller import (
-    EngineStatus,
-    EngineUsage,
-    Finished,
-    Poll,
-    StepController,
-    StepUsage,
-)
+from rlhfless_sdk.rollout.controller import EngineStatus, Finished, Poll, StepController
 from rlhfless_sdk.rollout.drivers import Ran
 from rlhfless_sdk.workloads.traces import WorkloadStep
 

@@ -32,11 +32,8 @@ from rlhfless_sdk.api.records import (
     StepReport,
 )
 from rlhfless_sdk.planning.planner import rollout_planner_for
-from rlhfless_sdk.rollout.controller import (
-    StepOutcome,
-    billing,
-    stopped_at,
-)
+from rlhfless_sdk.rollout.billing import billing, stopped_at
+from rlhfless_sdk.rollout.controller import StepOutcome
 from rlhfless_sdk.rollout.drivers import Driven, PlainStep, session_for
 from rlhfless_sdk.rollout.modes import BATCH_CUT, PLAIN, Mode
 from rlhfless_sdk.simulation.backend import WorkloadIO, covered

@@ -14,10 +14,8 @@ from rlhfless_sdk.api.records import (
     StepPlan,
     StepReport,
 )
-from rlhfless_sdk.rollout.controller import (
-    StepOutcome,
-    StepUsage,
-)
+from rlhfless_sdk.rollout.billing import StepUsage
+from rlhfless_sdk.rollout.controller import StepOutcome
 from rlhfless_sdk.rollout.drivers import Driven
 from rlhfless_sdk.simulation.bound import WorkBound
 

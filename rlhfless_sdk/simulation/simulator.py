@@ -38,14 +38,8 @@ from rlhfless_sdk.api.records import (
     TimePerTokenProfile,
 )
 from rlhfless_sdk.planning.planner import StepPlanner, planner_for
-from rlhfless_sdk.rollout.controller import (
-    StepController,
-    StepOutcome,
-    StepUsage,
-    billing,
-    held,
-    stopped_at,
-)
+from rlhfless_sdk.rollout.billing import StepUsage, billing, held, stopped_at
+from rlhfless_sdk.rollout.controller import StepController, StepOutcome
 from rlhfless_sdk.rollout.drivers import Driven, PlainStep, session_for
 from rlhfless_sdk.rollout.modes import ASYNC, BATCH_CUT, PLAIN, TAIL_ROUNDS, TOKEN_BUDGET, Mode, mode_for
 from rlhfless_sdk.simulation.backend import SimulatedBackend, WorkloadIO

@@ -35,10 +35,7 @@ from rlhfless_sdk.api.records import (
     TimePerTokenProfile,
 )
 from rlhfless_sdk.planning.planner import StepPlanner
-from rlhfless_sdk.rollout.controller import (
-    EngineUsage,
-    StepUsage,
-)
+from rlhfless_sdk.rollout.billing import EngineUsage, StepUsage
 from rlhfless_sdk.rollout.drivers import Driven
 from rlhfless_sdk.rollout.modes import tail_of
 
