@@ -7,8 +7,9 @@ from typing import Literal
 
 import numpy as np
 from pydantic import Field
+from rlhfless_policies._base import Parameterless
 
-from rlhfless_sdk import NoParams, PromptBatch, Record
+from rlhfless_sdk import PromptBatch, Record
 
 
 class SortedParams(Record):
@@ -55,7 +56,7 @@ class SortedAssigner:
         return out
 
 
-class LeastPendingAssigner:
+class LeastPendingAssigner(Parameterless):
     """OpenRLHF 0.11.2's dispatch: each prompt, in order, to the engine with the fewest unfinished samples.
 
     At plan time nothing has finished yet, so the count is the samples assigned so far (ties: lowest index).
@@ -63,9 +64,6 @@ class LeastPendingAssigner:
 
     description = "OpenRLHF 0.11.2: engine with the fewest unfinished samples"
     reads_predictions = False  # consults no predicted length
-
-    def __init__(self, params: NoParams | None = None) -> None:
-        pass
 
     def assign(self, batch: PromptBatch, predicted: np.ndarray, num_actors: int) -> np.ndarray:
         p = len(batch)
@@ -83,20 +81,17 @@ class LeastPendingAssigner:
         return out
 
 
-class RoundRobinAssigner:
+class RoundRobinAssigner(Parameterless):
     """Prompt i goes to actor i mod N."""
 
     description = "prompt i to actor i mod N"
     reads_predictions = False  # consults no predicted length
 
-    def __init__(self, params: NoParams | None = None) -> None:
-        pass
-
     def assign(self, batch: PromptBatch, predicted: np.ndarray, num_actors: int) -> np.ndarray:
         return np.arange(len(batch), dtype=np.int64) % num_actors
 
 
-class StaticChunksAssigner:
+class StaticChunksAssigner(Parameterless):
     """verl's synchronous rollout: the batch's samples (each prompt repeated n times, interleaved, so a group's
     samples are adjacent) are split into equal contiguous chunks, one per engine, whatever their lengths.
 
@@ -107,15 +102,12 @@ class StaticChunksAssigner:
     description = "verl (synchronous): the samples in equal contiguous chunks, one per engine"
     reads_predictions = False  # consults no predicted length
 
-    def __init__(self, params: NoParams | None = None) -> None:
-        pass
-
     def assign(self, batch: PromptBatch, predicted: np.ndarray, num_actors: int) -> np.ndarray:
         s = batch.total_samples
         return np.arange(s, dtype=np.int64) * num_actors // max(s, 1)
 
 
-class BalancedAssigner:
+class BalancedAssigner(Parameterless):
     """Beyond the paper: longest-processing-time-first on predicted work (n * length).
 
     Prompts in decreasing predicted work each go to the actor with the least predicted work so far, which
@@ -123,9 +115,6 @@ class BalancedAssigner:
     """
 
     description = "longest-processing-time-first on predicted tokens (beyond the paper)"
-
-    def __init__(self, params: NoParams | None = None) -> None:
-        pass
 
     def assign(self, batch: PromptBatch, predicted: np.ndarray, num_actors: int) -> np.ndarray:
         p = len(batch)

@@ -8,8 +8,9 @@ from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import Field, NonNegativeInt
+from rlhfless_policies._base import Parameterless
 
-from rlhfless_sdk import ActorProgress, MigrationDecision, NoParams, Record, SampleProgress, StepProgress
+from rlhfless_sdk import ActorProgress, MigrationDecision, Record, SampleProgress, StepProgress
 
 
 class _Destinations:
@@ -232,14 +233,11 @@ def _move(
     return out
 
 
-class NoMigrator:
+class NoMigrator(Parameterless):
     """Baseline: never migrate."""
 
     description = "baseline: never migrate"
     reads_predictions = False  # consults no predicted length
-
-    def __init__(self, params: NoParams | None = None) -> None:
-        pass
 
     def decide(self, progress: StepProgress) -> list[MigrationDecision]:
         return []

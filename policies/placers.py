@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from rlhfless_policies._base import Parameterless
 
-from rlhfless_sdk import Actor, ActorPlacement, Cluster, NoParams, RlhflessError
+from rlhfless_sdk import Actor, ActorPlacement, Cluster, RlhflessError
 
 
 class _Allocator:
@@ -36,11 +37,8 @@ class _Allocator:
         return self._grab(actor, self.order[i])
 
 
-class _Placer:
+class _Placer(Parameterless):
     """What both placers share: no parameters, and a fresh allocator for each ``place`` call."""
-
-    def __init__(self, params: NoParams | None = None) -> None:
-        pass
 
     def place(
         self, decode_loads: np.ndarray, cluster: Cluster, gpus_per_actor: int, extra: Sequence[Actor]

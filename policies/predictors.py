@@ -8,6 +8,7 @@ from typing import Literal
 
 import numpy as np
 from pydantic import Field, PositiveInt
+from rlhfless_policies._base import Parameterless
 from rlhfless_policies.model_predictor import ModelParams, ModelPredictor
 
 from rlhfless_sdk import (
@@ -15,7 +16,6 @@ from rlhfless_sdk import (
     HistoryError,
     HistoryLocked,
     LengthHistory,
-    NoParams,
     PromptBatch,
     Record,
     RlhflessError,
@@ -137,13 +137,10 @@ class PromptLengthPredictor:
         return None
 
 
-class OraclePredictor:
+class OraclePredictor(Parameterless):
     """The true mean length of each prompt's samples: an upper bound for simulations, never a real policy."""
 
     description = "true lengths, for simulation bounds only"
-
-    def __init__(self, params: NoParams | None = None) -> None:
-        pass
 
     def predict(self, batch: PromptBatch) -> np.ndarray:
         if batch.true_lengths is None:

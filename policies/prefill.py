@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 from pydantic import Field, PositiveInt
+from rlhfless_policies._base import Parameterless
 
-from rlhfless_sdk import NoParams, PrefillPlan, PromptBatch, Record
+from rlhfless_sdk import PrefillPlan, PromptBatch, Record
 
 _B = 0x9E3779B97F4A7C15  # odd, hence invertible modulo 2**64
 _B_INV = pow(_B, -1, 2**64)
@@ -117,16 +118,13 @@ class DedupPrefillPlanner:
         )
 
 
-class NoPrefillPlanner:
+class NoPrefillPlanner(Parameterless):
     """Baseline: no deduplication; every sample prefills its whole prompt on its decode actor."""
 
     description = "baseline: every sample prefills its whole prompt"
     reads_predictions = False  # consults no predicted length
 
     name = "none"
-
-    def __init__(self, params: NoParams | None = None) -> None:
-        pass
 
     def plan(self, batch: PromptBatch, capacity_tokens: int) -> PrefillPlan:
         before = int((batch.prompt_lengths * batch.n_samples).sum())

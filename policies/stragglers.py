@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 from pydantic import Field, PositiveInt
+from rlhfless_policies._base import Parameterless
 
-from rlhfless_sdk import NoParams, Record
+from rlhfless_sdk import Record
 
 
-class NoStragglerPolicy:
+class NoStragglerPolicy(Parameterless):
     """Baseline (OpenRLHF, verl): every sample runs to its end within its step."""
 
     description = "baseline: every sample finishes within its step"
     reads_predictions = False  # consults no predicted length
-
-    def __init__(self, params: NoParams | None = None) -> None:
-        pass
 
     def segment_tokens(self, step: int) -> int | None:
         return None

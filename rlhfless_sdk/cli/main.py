@@ -455,7 +455,7 @@ def compare_predictors_cmd(
     """Replay a workload in step order and score each length predictor (MAE, Acc@50/100, Kendall tau)."""
     from rlhfless_sdk.api.config import PolicyRef
     from rlhfless_sdk.cli.compare import compare_predictors
-    from rlhfless_sdk.cli.simulate import check_workload_flags, kv_flag, load_workload, make_cluster
+    from rlhfless_sdk.cli.simulate import check_workload_flags, engine_workload, make_cluster
     from rlhfless_sdk.simulation.simulator import Simulator
     from rlhfless_sdk.workloads.traces import workload_summary
 
@@ -489,16 +489,7 @@ def compare_predictors_cmd(
             param_hint="'--scheduler'",
         )
     prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)
-    workload = load_workload(
-        trace,
-        prompts,
-        samples,
-        steps,
-        seed,
-        max_tokens=prof.kv_capacity_tokens,
-        capacity_flag=kv_flag(memory),
-        **shape,
-    )
+    workload = engine_workload(trace, prompts, samples, steps, seed, prof, memory, shape)
     if len(workload.steps) < 2:
         raise click.BadParameter(
             f"trace {trace} holds 1 step: nothing to score (each predictor is scored on the steps after the "

