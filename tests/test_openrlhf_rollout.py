@@ -458,6 +458,7 @@ class MoveTwice:
 
     def __init__(self, params):
         self.sample = None  # (uid, index, engine it was moved to, tokens it had)
+        self.moved_with: int | None = None  # its tokens in the first snapshot that shows it moved (the cut's)
 
     def decide(self, progress):
         from rlhfless_sdk.api.records import MigrationDecision
@@ -473,7 +474,13 @@ class MoveTwice:
         else:
             uid, index, on, had = self.sample
             s = next((x for x in progress.unfinished if (x.uid, x.sample_index) == (uid, index)), None)
-            if s is None or s.actor_id != on or s.migrations != 1 or s.tokens_generated < had + 32:
+            if s is None or s.actor_id != on or s.migrations != 1:
+                return []
+            # the cut lands after the decision (later on a loaded machine): move it back only once it has run on
+            # its new engine, past what it carried there
+            if self.moved_with is None:
+                self.moved_with = s.tokens_generated
+            if s.tokens_generated < max(had + 32, self.moved_with + 8):
                 return []
         to = next(e for e in engines if e != s.actor_id)
         self.sample = (s.uid, s.sample_index, to, s.tokens_generated)
@@ -1563,11 +1570,12 @@ def test_the_stream_waits_for_the_learner_at_any_queue_size_without_calling_it_a
 
 
 def test_the_stream_keeps_the_engines_fed_while_openrlhfs_actor_waits(stack, openrlhf_learning):
-    """Between the generator's calls OpenRLHF's actor waits for a queue slot (here through each 2 s learning step);
-    the stream's feeder keeps dispatching meanwhile, so a sample that finishes frees its slot for the next one then,
-    not at the next call (engines of 2 slots each here, so that slots, not the age bound, hold samples back). Every
-    group still trains once, B a batch, within the age bound; the prompts each checkpoint keeps are those drawn
-    and not trained (the feeder draws nothing between calls)."""
+    """Between the generator's calls OpenRLHF's actor waits for a queue slot (here through each 4 s learning step,
+    longer than a batch's generation even on a loaded machine); the stream's feeder keeps dispatching meanwhile, so
+    a sample that finishes frees its slot for the next one then, not at the next call (engines of 2 slots each here,
+    so that slots, not the age bound, hold samples back). Every group still trains once, B a batch, within the age
+    bound; the prompts each checkpoint keeps are those drawn and not trained (the feeder draws nothing between
+    calls)."""
     from rlhfless_openrlhf.stream import EngineStream
 
     from rlhfless_sdk.api.profiles import load_profile
@@ -1598,7 +1606,7 @@ def test_the_stream_keeps_the_engines_fed_while_openrlhfs_actor_waits(stack, ope
     prompts = VARIED[:5]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(EngineStream, "dispatch", counted)
-        _gen, batches = _stream_in_async_loop(stack, prompts, b, learn_s=2.0, prepare=prepare)
+        _gen, batches = _stream_in_async_loop(stack, prompts, b, learn_s=4.0, prepare=prepare)
     _check_stream_batches(batches, prompts, b)
     waits = [(calls[i][1], calls[i + 1][0]) for i in range(len(calls) - 1)]  # the actor outside the generator
     between = sum(sent for t, sent in fed if any(a < t < z for a, z in waits))
