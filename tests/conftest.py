@@ -6,6 +6,7 @@ import importlib.util
 import os
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -20,6 +21,20 @@ settings.register_profile(
 )
 settings.register_profile("thorough", max_examples=1000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def _register_helpers() -> None:
+    """The tests' shared helpers (``_helpers.py``) as the module ``rlhfless_test_helpers``, imported by the test
+    modules (``import rlhfless_test_helpers as H``): ``tests`` is no package, so they cannot import it by path."""
+    if "rlhfless_test_helpers" in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+
+
+_register_helpers()
 
 _ENV = ("RLHFLESS_PLUGINS", "RLHFLESS_DISABLE_PLUGIN_AUTOLOAD", "RLHFLESS_TRACE_HOOKS")
 

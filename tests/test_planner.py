@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-from pathlib import Path
 
 import numpy as np
 import pytest
+import rlhfless_test_helpers as H  # registered by conftest.py
 
 from rlhfless_sdk import PolicySpec
 from rlhfless_sdk.api.kinds import KIND
@@ -19,10 +18,6 @@ from rlhfless_sdk.planning.planner import StepPlanner, check_placement
 from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
 
 PROFILE = load_profile("qwen2.5-7b-l40s")
-
-_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 
 class Raising:

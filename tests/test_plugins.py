@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+import rlhfless_test_helpers as H  # registered by conftest.py
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -25,9 +23,6 @@ from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.kinds import KIND, KINDS
 from rlhfless_sdk.api.profiles import load_profile
 
-_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 S = H.sibling("strategies")
 PROFILE = load_profile("qwen2.5-7b-l40s")
 REG_ALL = PluginManager().registry

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-from pathlib import Path
 
 import numpy as np
 import pytest
+import rlhfless_test_helpers as H  # registered by conftest.py
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -18,9 +17,6 @@ from rlhfless_sdk.api.records import Actor, CandidateEstimate, FinishedSample
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.planner import MigrationController, StepPlanner, check_assignment, check_placement
 
-_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 S = H.sibling("strategies")
 
 REG = PluginManager().registry

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+import rlhfless_test_helpers as H  # registered by conftest.py
 from click.testing import CliRunner
 
 from rlhfless_sdk.api.batch import PromptBatch
@@ -20,10 +19,6 @@ from rlhfless_sdk.cli.simulate import make_cluster
 from rlhfless_sdk.simulation.simulator import Simulator
 from rlhfless_sdk.workloads.synthetic import SyntheticWorkload, finished_samples
 from rlhfless_sdk.workloads.traces import synthetic_workload
-
-_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 
 def sample(uid: str, length: int, k: int = 0) -> FinishedSample:

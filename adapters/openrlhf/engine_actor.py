@@ -57,6 +57,11 @@ def forced_params(params: Any, length: int) -> Any:
     return out
 
 
+#: Seconds a step's start waits for an engine to say whether it sleeps before taking it for lost (a utility call
+#: to a live EngineCore answers in milliseconds; one to a dead core never does).
+BEGIN_STEP_TIMEOUT_S = 120.0
+
+
 class _Untrained(Exception):
     """Raised out of OpenRLHF's executor (from ``generate``) for a sample that will not train as it is: carried
     into a later step or aborted. ``generate_group`` builds its response dict itself, skipping the executor's
@@ -113,6 +118,8 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         self._rl_generated = 0
         self._rl_tokenizer: tuple[str, asyncio.Future] | None = None  # the shared tokenizer resolved, by its ref
         self._rl_version = 0  # weight updates this engine has resumed from (OpenRLHF's partial-rollout broadcast)
+        self._rl_updates: list[tuple[float, float]] = []  # wall clock (paused, resumed) of each of them
+        self._rl_paused_at: float | None = None
         self._rl_marks: dict[str, list[tuple[int, int]]] = {}  # key -> (version, its tokens then) at start, updates
 
     # -- accounting --------------------------------------------------------------------------------------
@@ -382,6 +389,7 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         under the new weights on top of the KV its older tokens left (an in-flight update, as PipelineRL does):
         each token's rollout logprob is the one it was sampled with, and the importance correction the launcher
         turns on weighs it against the trained policy."""
+        self._rl_paused_at = time.time()
         await self.llm.pause_generation(mode="keep", clear_cache=False)
 
     async def resume_generation(self) -> None:  # type: ignore[override]
@@ -392,11 +400,31 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
             if key in self._rl_marks:
                 self._rl_marks[key].append((self._rl_version, tokens))
         await super().resume_generation()
+        now = time.time()
+        self._rl_updates.append((self._rl_paused_at if self._rl_paused_at is not None else now, now))
+        self._rl_paused_at = None
 
     async def rl_begin_step(self) -> bool:
-        """Fresh stats for a step; True when the engine is awake (OpenRLHF wakes every engine before a step)."""
+        """Fresh stats for a step; True when the engine is awake (OpenRLHF wakes every engine before a step). An
+        engine whose vLLM EngineCore died raises the engine-lost error: asking a dead core whether it sleeps would
+        wait forever (seen when the core died between steps, before anything noticed)."""
         self.rl_reset_stats()
-        self._rl_asleep = await self.llm.is_sleeping()
+        ask = asyncio.ensure_future(self.llm.is_sleeping())
+        waited = 0.0
+        while True:
+            if not self.rl_alive():
+                ask.cancel()
+                raise RuntimeError("EngineDeadError: vLLM's EngineCore died under this engine actor")
+            done, _ = await asyncio.wait({ask}, timeout=1.0)
+            if done:
+                break
+            waited += 1.0
+            if waited >= BEGIN_STEP_TIMEOUT_S:
+                ask.cancel()
+                raise RuntimeError(
+                    f"EngineDeadError: vLLM's EngineCore did not answer in {BEGIN_STEP_TIMEOUT_S:g} s (is_sleeping)"
+                )
+        self._rl_asleep = ask.result()
         return not self._rl_asleep
 
     def rl_stats(self) -> EngineStats:
@@ -412,6 +440,7 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
             generated_tokens=self._rl_generated,
             dedup_saved_tokens=self._rl_dedup_saved,
             weights_version=self._rl_version,
+            updates=list(self._rl_updates),
             engine_alive=self.rl_alive(),
             **self.rl_capacity(),
         )

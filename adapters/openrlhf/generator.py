@@ -44,6 +44,7 @@ from rlhfless_sdk.rollout.tail import TailRounds
 from rlhfless_sdk.workloads.replay import LengthReplay
 
 __all__ = ["RlhflessSamplesGenerator", "RolloutEngineLost", "log_lines", "merge_metrics", "prompt_uid"]
+from rlhfless_openrlhf.engine_factory import learner_gpus
 from rlhfless_openrlhf.step_io import EnginesIO
 
 log = logging.getLogger("rlhfless.openrlhf")
@@ -136,6 +137,11 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         self._stream_base: int | None = None
         self._stream_batches = 0
         self._stream_mark: tuple[float, dict[int, float]] | None = None  # (time, engine busy s) at the last batch
+        self._stream_began: float | None = None  # wall clock of the stream's start
+        self._stream_handed: list[float] = []  # wall clock each stream batch was handed to OpenRLHF's learner
+        # GPUs OpenRLHF's learner holds beside the engines (0 where a tool stands in for the learner)
+        self.learner_gpus = learner_gpus(self.args) if hasattr(self.args, "actor") else 0
+        self.last_billing: dict[str, Any] = {}  # what the last stream batch billed, as window_gpu_seconds read it
         self._engine_profile: TimePerTokenProfile | None = None  # ``engine_profile``, read from the engines once
 
     @property

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlhfless_sdk import StepReport
@@ -22,6 +22,7 @@ class EngineStats:
     generated_tokens: int  # response tokens of the step's finished (or cut) pieces on this engine
     dedup_saved_tokens: int = 0  # of the cached tokens, those within a prefix the dedup plan warmed here
     weights_version: int = 0  # weight updates resumed from so far (never reset: a run's count)
+    updates: list[tuple[float, float]] = field(default_factory=list)  # wall clock (paused, resumed) of each update
     engine_alive: bool = True  # vLLM's EngineCore is up (False: it died under this live actor, e.g. CUDA OOM)
     kv_capacity_tokens: int = 0  # tokens this engine's KV cache holds (vLLM's blocks x block size; 0: not known)
     max_num_seqs: int = 0  # sequences it runs at once (vLLM's scheduler setting; 0: not known)

@@ -39,6 +39,7 @@ from rlhfless_openrlhf.ray_backend import ENGINE_ERRORS, EnginePool, engine_gpus
 
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.records import StepReport
+from rlhfless_sdk.rollout.billing import window_gpu_seconds
 from rlhfless_sdk.rollout.run_log import fresh_uid
 from rlhfless_sdk.rollout.stream import GroupBook, KvSlots, batch_ages, version_runs
 
@@ -324,6 +325,7 @@ class StreamGeneration:
             stats = self.pool.stats(self.pool.live())
             self._stream_base = min((s.weights_version for s in stats.values()), default=0)
             self._stream_mark = (time.time(), {e: s.busy_s for e, s in stats.items()})
+            self._stream_began = self._stream_mark[0]
         book = GroupBook([], b, int(pipeline.max_age), closed=False, first_batch=self._stream_batches)
         self.stream = st = EngineStream(
             self.pool,
@@ -416,11 +418,45 @@ class StreamGeneration:
         self.log.trace(groups)
         self._stream_batches += 1
         self._finish_stream_batch(st, chosen, groups, batch_ages(runs, st.base + k), t0)
+        self._stream_handed.append(time.time())
         exhausted = book.closed and not book.untrained
         if exhausted:
             st.stop()
             self.stream = None
         return experiences, consumed, exhausted
+
+    def _stream_billing(self, lo: float, hi: float, engines: int, gpus: int, stats: dict[int, Any]) -> dict[str, Any]:
+        """What the window [lo, hi] of a stream batch bills, by the formula the simulated stream bills with
+        (``rlhfless_sdk.rollout.billing.window_gpu_seconds``): each live engine held for the whole window (real
+        engines are never stopped), the learner's GPUs while they train each batch handed to them (from its
+        hand-over, or the end of the update before, to the start of the update after; to now while it trains) and
+        during the weight updates (the engines' pause to resume); serverful, every GPU for the window."""
+        # the i-th update: from the first engine's pause to the last one's resume (the broadcast pauses them all)
+        per_engine = [s.updates for s in stats.values()]
+        count = min((len(u) for u in per_engine), default=0)
+        updates = [(min(u[i][0] for u in per_engine), max(u[i][1] for u in per_engine)) for i in range(count)]
+        updates = [u for u in updates if u[0] >= (self._stream_began or lo)]  # those since the stream began
+        trains = []
+        for j, handed in enumerate(self._stream_handed):
+            if j > len(updates):  # batch j - 1 has not updated the weights yet: the learner has not taken batch j
+                break
+            start = handed if j == 0 else max(handed, updates[j - 1][1])
+            trains.append((self.learner_gpus, (start, updates[j][0] if j < len(updates) else hi)))
+        spans = [(lo, hi)] * engines
+        learner_updates = (self.learner_gpus, updates)
+        self.last_billing = {
+            "lo": lo,
+            "hi": hi,
+            "engines": spans,
+            "gpus_per_engine": gpus,
+            "trains": trains,
+            "updates": learner_updates,
+            "gpus": engines * gpus + self.learner_gpus,
+        }
+        return {
+            "gpu_seconds": window_gpu_seconds(lo, hi, spans, gpus, trains, learner_updates),
+            "gpu_seconds_serverful": (engines * gpus + self.learner_gpus) * (hi - lo),
+        }
 
     def _finish_stream_batch(
         self, st: EngineStream, chosen: list[int], groups: list, ages: tuple[int, int, int], t0: float
@@ -440,20 +476,21 @@ class StreamGeneration:
         tokens, stale, oldest = ages
         mean = sum(used) / len(used) if used else 0.0
         lengths = [x for _, _, ls in groups for x in ls]
+        billed = self._stream_billing(since, now, len(live), gpus, stats)
         report = StepReport(
             step=self.step,
             scheduler=self.planner.config.name,
             time_s=window,
             generation_s=window,
-            gpu_seconds=window * len(live) * gpus,
-            gpu_seconds_serverful=window * len(live) * gpus,
+            gpu_seconds=billed["gpu_seconds"],
+            gpu_seconds_serverful=billed["gpu_seconds_serverful"],
             idle_fraction=min(max(1.0 - sum(used) / (window * max(len(used), 1)), 0.0), 1.0),
             imbalance=max(max(used) / mean, 1.0) if mean > 0 else 1.0,
             num_actors=max(len(live), 1),
             samples=len(lengths),
             response_tokens=int(sum(lengths)),
             actor_busy_s=used,
-            peak_gpus=len(live) * gpus,
+            peak_gpus=len(live) * gpus + self.learner_gpus,
             stale_token_fraction=stale / tokens if tokens else 0.0,
             max_token_age_steps=oldest,
             groups_trained=len(chosen),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -101,6 +102,37 @@ def billing(u: StepUsage) -> dict[str, Any]:
         # the fleet (engines and learner share it, or split it in an async pipeline) plus burst engines held
         "peak_gpus": g + burst_held * gpa,
     }
+
+
+def covered(spans: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
+    """Seconds of [lo, hi] inside at least one of ``spans`` ((start, end) pairs)."""
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in spans if min(b, hi) > max(a, lo))
+    total, end = 0.0, lo
+    for a, b in clipped:
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def window_gpu_seconds(
+    lo: float,
+    hi: float,
+    engines: Sequence[tuple[float, float]],
+    gpus_per_engine: int,
+    trains: Sequence[tuple[int, tuple[float, float]]],
+    updates: tuple[int, Sequence[tuple[float, float]]],
+) -> float:
+    """Serverless GPU-seconds of a pipeline's window [lo, hi] (a stream batch's report, the simulated and the real
+    one alike): each engine's GPUs while it is held (``engines``: one (from, until) span each), each training's
+    learner GPUs while it trains (``trains``: (GPUs, span) per batch trained) and the learner GPUs during the
+    weight updates (``updates``: (GPUs, spans)). Serverful is every GPU of the run for ``hi - lo``."""
+    learners, update_spans = updates
+    return (
+        sum(covered([span], lo, hi) for span in engines) * gpus_per_engine
+        + sum(n * covered([span], lo, hi) for n, span in trains)
+        + learners * covered(update_spans, lo, hi)
+    )
 
 
 def stopped_at(u: StepUsage, t: float) -> StepUsage:

@@ -72,17 +72,6 @@ def _round_batch(steps: Sequence[WorkloadStep], refs: Sequence[Any]) -> tuple[Pr
     return batch, np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
 
 
-def covered(spans: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
-    """Seconds of [lo, hi] inside at least one of ``spans`` ((start, end) pairs)."""
-    clipped = sorted((max(a, lo), min(b, hi)) for a, b in spans if min(b, hi) > max(a, lo))
-    total, end = 0.0, lo
-    for a, b in clipped:
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
-
-
 class SimulatedBackend:
     """The simulator as a rollout backend: decode actors on a simulated clock, driven by ``StepController``.
 

@@ -32,11 +32,11 @@ from rlhfless_sdk.api.records import (
     StepReport,
 )
 from rlhfless_sdk.planning.planner import rollout_planner_for
-from rlhfless_sdk.rollout.billing import billing, stopped_at
+from rlhfless_sdk.rollout.billing import billing, covered, stopped_at
 from rlhfless_sdk.rollout.controller import StepOutcome
 from rlhfless_sdk.rollout.drivers import Driven, PlainStep, session_for
 from rlhfless_sdk.rollout.modes import BATCH_CUT, PLAIN, Mode
-from rlhfless_sdk.simulation.backend import WorkloadIO, covered
+from rlhfless_sdk.simulation.backend import WorkloadIO
 from rlhfless_sdk.simulation.results import SimulatedStep, SimulationResult, carried_ages
 from rlhfless_sdk.workloads.traces import Workload
 

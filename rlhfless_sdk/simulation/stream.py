@@ -25,6 +25,7 @@ from rlhfless_sdk.api.records import (
     TimePerTokenProfile,
 )
 from rlhfless_sdk.planning.engine_model import DONE, QUEUED, EngineModel, EngineSamples
+from rlhfless_sdk.rollout.billing import covered, window_gpu_seconds
 from rlhfless_sdk.rollout.stream import (
     BalancedSplit,
     GroupBook,
@@ -35,7 +36,6 @@ from rlhfless_sdk.rollout.stream import (
     run_stream,
     version_runs,
 )
-from rlhfless_sdk.simulation.backend import covered
 from rlhfless_sdk.simulation.results import SimulatedStep, SimulationResult
 from rlhfless_sdk.workloads.traces import Workload
 
@@ -280,12 +280,8 @@ class StreamRun:
             learners = stats.learners[k]
             trained = stats.trained_tokens[k]
             prepare_s, learn_s = trained * rates[0] / learners, trained * rates[1] / learners
-            sync = covered(stats.updates, lo, hi)
-            billed = (
-                sum(covered([span], lo, hi) for span in held.values()) * gpa
-                + sum((g - stats.split[j]) * covered([t], lo, hi) for j, t in enumerate(stats.train))
-                + learners * sync
-            )
+            trains = [(g - stats.split[j], t) for j, t in enumerate(stats.train)]
+            billed = window_gpu_seconds(lo, hi, list(held.values()), gpa, trains, (learners, stats.updates))
             sids = [sid for c in chosen for sid in book.groups[c].samples]
             responses = len(sids)
             total, stale, oldest = batch_ages((engines.tokens_by_version(sid) for sid in sids), k)
