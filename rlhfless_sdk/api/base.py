@@ -37,14 +37,17 @@ class Record(BaseModel):
         if info.field_name is None:
             return value
         if isinstance(value, bool):
-            field = cls.model_fields.get(info.field_name)
-            if field is not None and _numeric(field.annotation):
-                raise ValueError(f"expected a number, got {str(value).lower()}")
-        elif isinstance(value, list) and any(isinstance(v, bool) for v in value):
-            field = cls.model_fields.get(info.field_name)
-            if field is not None and _numeric(field.annotation):  # list items: split_schedule: [true, 2]
-                i = next(i for i, v in enumerate(value) if isinstance(v, bool))
-                raise ValueError(f"item {i}: expected a number, got {str(value[i]).lower()}")
+            where, found = "", value
+        elif (
+            isinstance(value, list)
+            and (i := next((k for k, v in enumerate(value) if isinstance(v, bool)), None)) is not None
+        ):
+            where, found = f"item {i}: ", value[i]  # list items: split_schedule: [true, 2]
+        else:
+            return value
+        field = cls.model_fields.get(info.field_name)
+        if field is not None and _numeric(field.annotation):
+            raise ValueError(f"{where}expected a number, got {str(found).lower()}")
         return value
 
 

@@ -242,13 +242,14 @@ def plan_cmd(
     prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)  # a synchronous engine's
     gpa = prof.gpus_per_actor
     configs = comparable_configs(schedulers, registry, max_actors, allow_burst_engines, gpus, gpa)
-    if rollout_gpus is not None and not any(mode_for(c, registry).pipelined for c in configs):
+    modes = {c.name: mode_for(c, registry) for c in configs}
+    if rollout_gpus is not None and not any(m.pipelined for m in modes.values()):
         raise click.BadParameter(
             f"{rollout_gpus}: plans a pipeline's step on its rollout GPUs, and every scheduler here is synchronous "
             f"({', '.join(c.name for c in configs)}): drop it, or add an async or stream scheduler",
             param_hint="'--rollout-gpus'",
         )
-    splits = {c.name: rollout_split(c, mode_for(c, registry), rollout_gpus, gpus, gpa) for c in configs}
+    splits = {c.name: rollout_split(c, modes[c.name], rollout_gpus, gpus, gpa) for c in configs}
     cluster = Cluster.of_gpus(gpus, gpus_per_node)
     workload = SyntheticWorkload(prompts, samples, seed=seed)
     check_samples(prompts, samples, history + 1, steps_flag="--history", bytes_per_sample=BYTES_PER_PLANNED_SAMPLE)

@@ -16,7 +16,7 @@ from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import Cluster, dumps
 from rlhfless_sdk.cli.args import MAX_GPUS, check_samples, run_profile
 from rlhfless_sdk.cli.plots import plot, plot_frontier
-from rlhfless_sdk.rollout.modes import mode_for
+from rlhfless_sdk.rollout.modes import Mode, mode_for
 from rlhfless_sdk.simulation.results import SimulationResult
 from rlhfless_sdk.simulation.simulator import Simulator, equal_peak
 from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
@@ -342,14 +342,13 @@ def simulate_main(
         )
     configs = comparable_configs(names, registry, max_actors, allow_burst_engines, gpus, prof.gpus_per_actor)
     split = parse_rollout_gpus(rollout_gpus)
+    modes = [mode_for(c, registry) for c in configs]
     if split is not None:
-        check_split_takers(rollout_gpus or "", configs, registry)
+        check_split_takers(rollout_gpus or "", configs, modes)
     if isinstance(split, int):  # a fixed split for every pipeline that has one (an elastic stream re-plans its own)
         configs = [
-            c.derive(pipeline={**c.pipeline.model_dump(), "rollout_gpus": split})
-            if mode_for(c, registry).fixed_split
-            else c
-            for c in configs
+            c.derive(pipeline={**c.pipeline.model_dump(), "rollout_gpus": split}) if m.fixed_split else c
+            for c, m in zip(configs, modes, strict=True)
         ]
     shape = {
         "median_length": median_length,
@@ -499,10 +498,10 @@ def check_workload_flags(trace: str | None, steps: int, length_growth: float = 1
         )
 
 
-def check_split_takers(value: str, configs: Sequence[SchedulerConfig], registry: Registry) -> None:
+def check_split_takers(value: str, configs: Sequence[SchedulerConfig], modes: Sequence[Mode]) -> None:
     """``--rollout-gpus`` sets the split of an async pipeline or a stream at a fixed split: refused when no
-    scheduler of the run has one (a synchronous one has no split; an elastic stream re-plans its own)."""
-    modes = [mode_for(c, registry) for c in configs]
+    scheduler of the run (``configs``, their ``modes``) has one (a synchronous one has no split; an elastic stream
+    re-plans its own)."""
     if any(m.fixed_split for m in modes):
         return
     what = ", ".join(
