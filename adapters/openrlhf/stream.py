@@ -1,12 +1,13 @@
 """The streaming pipeline on OpenRLHF's engines, inside its async loop (``--train.async_enable`` with
 ``--train.partial_rollout_enable``).
 
-The SDK's ``GroupBook`` (``rlhfless_sdk.rollout.stream``) decides what the simulator's stream decides: which sample
-an engine with a free slot gets next (a started group's samples first, a new group only as the admission rule
-allows), which groups a batch trains (those that would be too old for the next batch, then the earliest-started
-complete ones, B in all) and so the bound on token age. ``EngineStream`` is the real backend: samples go one per
-Ray call to the least-loaded live engine and run there across calls of the generator, so the engines never wait
-for a batch boundary; a call returns as soon as the book can form its batch. OpenRLHF's learner trains each batch
+The SDK's ``StreamLoop`` (``rlhfless_sdk.rollout.stream_loop``), the object the simulator's stream runs, decides
+here too: which engine with a free slot gets which sample next (a started group's samples first, a new group only as
+the admission rule allows, the engine with the most free slots first), how many an engine may run (``KvSlots``),
+which groups a batch trains (those that would be too old for the next batch, then the earliest-started complete
+ones, B in all) and so the bound on token age. ``EngineStream`` only serves it: samples go one per Ray call to the
+engine the loop chose and run there across calls of the generator, so the engines never wait for a batch
+boundary; a call returns as soon as the loop can form its batch. OpenRLHF's learner trains each batch
 and its partial-rollout broadcast pauses the engines between decode iterations, loads the weights and resumes
 them: the running samples go on under the new weights. Each engine counts those updates (``weights_version``) and
 each sample's response says under which version each run of its tokens was generated, so a batch's token ages are
@@ -27,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +42,9 @@ from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.records import StepReport
 from rlhfless_sdk.rollout.billing import window_gpu_seconds
 from rlhfless_sdk.rollout.run_log import fresh_uid
-from rlhfless_sdk.rollout.stream import GroupBook, KvSlots, batch_ages, version_runs
+from rlhfless_sdk.rollout.stream import batch_ages, version_runs
+from rlhfless_sdk.rollout.stream_book import GroupBook
+from rlhfless_sdk.rollout.stream_loop import KvSlots, StreamLoop
 
 log = logging.getLogger("rlhfless.openrlhf")
 
@@ -87,16 +90,14 @@ class EngineStream:
         version ``base + k``); ``source``: the dataloader iterator it draws from (a new one is a new epoch);
         ``uids``: the uids of its groups not trained yet (``draw`` makes a repeated prompt's distinct); ``kv``: holds
         an engine to fewer samples where its KV cache binds (the SDK's ``KvSlots``, read from the finished lengths)."""
-        self.pool, self.book, self.draw = pool, book, draw
-        self.n, self.slots, self.base, self.source = n, max(int(slots), 1), base, source
+        self.pool, self.draw = pool, draw
+        self.loop = StreamLoop(book, slots, kv)  # the stream's decisions, the simulator's too
+        self.n, self.base, self.source = n, base, source
         self.prompts: dict[int, StreamPrompt] = {}  # group -> its prompt, until it trains
         self.pending: dict[Any, tuple[int, int]] = {}  # Ray reference -> (sample, engine)
         self.load: dict[int, int] = defaultdict(int)  # engine -> its samples in flight
-        self.retry: deque[int] = deque()  # samples whose engine died: regenerated from scratch first
         self.responses: dict[int, dict[str, Any]] = {}  # finished sample -> response, until its group trains
-        self.redone = 0  # samples regenerated after their engine died
         self.uids = set() if uids is None else uids
-        self.kv = kv
         # the feeder thread (``feed``) and the generator's calls share the stream's state under this lock
         self.cond = threading.Condition()
         self.drawing = True  # prompts may be drawn from the dataloader now (inside a generator call only)
@@ -106,9 +107,30 @@ class EngineStream:
         self._feeder: threading.Thread | None = None
         self._stop = threading.Event()
 
+    @property
+    def book(self) -> GroupBook:
+        return self.loop.book
+
+    @property
+    def slots(self) -> int:
+        return self.loop.slots
+
+    @property
+    def kv(self) -> KvSlots | None:
+        return self.loop.kv
+
+    @kv.setter
+    def kv(self, kv: KvSlots | None) -> None:
+        self.loop.kv = kv
+
+    @property
+    def redone(self) -> int:
+        """Samples regenerated after their engine died."""
+        return self.loop.redone
+
     def limit(self) -> int:
         """Samples an engine runs at once now: ``slots``, fewer where ``kv`` holds it back."""
-        return self.slots if self.kv is None else max(1, min(self.slots, self.kv.slots()))
+        return self.loop.limit()
 
     def version(self) -> int:
         """The live engines' weights version, relative to ``base`` (the least updated one: an update resumes the
@@ -118,14 +140,9 @@ class EngineStream:
             raise RuntimeError("every rollout engine has died; cannot generate")
         return min(s.weights_version for s in stats.values()) - self.base
 
-    def _next(self, version: int) -> int | None:
-        """The stream's next sample under weights ``version``: a started group's next, else a new group's first
-        as the admission rule allows (its prompt drawn from the dataloader now); None: none may start."""
-        book = self.book
-        if book.next_sample >= book.samples and not book.closed and book.may_start(version) > 0 and self.drawing:
-            self._draw_one()
-        got = book.take(1, version)
-        return got[0] if got else None
+    def _more(self) -> bool:
+        """A new group for the loop, drawn from the dataloader: only inside a generator call (``drawing``)."""
+        return self.drawing and self._draw_one()
 
     def _draw_one(self) -> bool:
         """The dataloader's next prompt as a new group at the end of the book (False: dry, the book closed)."""
@@ -148,24 +165,19 @@ class EngineStream:
         return drawn
 
     def dispatch(self, version: int, submit: Submit) -> int:
-        """Give every free slot of the live engines a sample (least-loaded engine first); returns how many."""
+        """Give every free slot of the live engines a sample, as the SDK's ``StreamLoop`` hands them out (the
+        engine with the most free slots first); returns how many."""
         live = self.pool.live()
         if not live:
             raise RuntimeError("every rollout engine has died; cannot generate")
-        sent, limit = 0, self.limit()
-        while True:
-            free = [e for e in live if self.load[e] < limit]
-            if not free:
-                return sent
-            engine = min(free, key=lambda e: (self.load[e], e))
-            sid = self.retry.popleft() if self.retry else self._next(version)
-            if sid is None:
-                return sent
+        limit = self.limit()
+        fill = self.loop.fill({e: limit - self.load[e] for e in live}, version, self._more)
+        for sid, engine in fill.sent:
             gid = self.book.group_of[sid]
             ref = submit(engine, self.prompts[gid], sid - self.book.groups[gid].samples[0])
             self.pending[ref] = (sid, engine)
             self.load[engine] += 1
-            sent += 1
+        return len(fill.sent)
 
     # -- the feeder: engines fed between the generator's calls ------------------------------------------------
     def feed(self, submit: Submit, interval_s: float) -> None:
@@ -218,8 +230,7 @@ class EngineStream:
             if engine in self.pool.dead:
                 del self.pending[ref]  # never read: a late answer cannot make the sample twice
                 self.load[engine] -= 1
-                self.retry.append(sid)
-                self.redone += 1
+                self.loop.requeue(sid)
 
     def _collect(self, ready: list) -> list[int]:
         """The finished samples among the returned references ``ready`` (the book told). A sample whose engine died
@@ -237,14 +248,14 @@ class EngineStream:
                 if not engine_lost(exc):
                     raise
                 self.pool.mark_dead(engine, exc)
-                self.retry.append(sid)
-                self.redone += 1
+                self.loop.requeue(sid)
                 continue
             self.responses[sid] = response
-            self.book.finish(sid, time.time())
             done.append(sid)
-        if self.kv is not None and done:
-            self.kv.observe(
+        if done:
+            self.loop.finished(
+                done,
+                time.time(),
                 [len(self.prompts[self.book.group_of[sid]].token_ids) for sid in done],
                 [response_tokens(self.responses[sid]) for sid in done],
             )
@@ -252,7 +263,7 @@ class EngineStream:
 
     def running(self) -> int:
         """Samples in flight on the engines (or waiting to be regenerated)."""
-        return len(self.pending) + len(self.retry)
+        return len(self.pending) + len(self.loop.retry)
 
     def untrained_prompts(self) -> list[int]:
         """The prompt ids of every group drawn and not trained yet, in stream order (what a checkpoint keeps)."""
@@ -373,7 +384,7 @@ class StreamGeneration:
             st.drawing = True
             while True:
                 st.check()
-                chosen = book.form(k)
+                chosen = st.loop.form(k)
                 if chosen is not None:
                     break
                 if book.closed and not book.untrained:
@@ -442,7 +453,7 @@ class StreamGeneration:
                 break
             start = handed if j == 0 else max(handed, updates[j - 1][1])
             trains.append((self.learner_gpus, (start, updates[j][0] if j < len(updates) else hi)))
-        spans = [(lo, hi)] * engines
+        spans = [[(lo, hi)]] * engines
         learner_updates = (self.learner_gpus, updates)
         self.last_billing = {
             "lo": lo,

@@ -18,15 +18,17 @@ its first sample was dispatched (every later token is younger). Two rules keep i
 So batch k holds B groups, more only when the groups it must take outnumber B (``StreamStats.oversized``), and no
 token is older than ``max_age``. Every group trains exactly once; the last batch takes what is left.
 
-A backend gives the loop a ``StreamEngines`` (start samples, advance its clock, say which engines want work, pause
-for a weight update) and a ``Learner`` (how long a batch trains, and the update after it); the simulator's run on a
-simulated clock, a real one would poll its engines on the wall clock. The split between generation and learning
-may change between batches (``SplitPolicy``: an elastic split).
+The stream's decisions (which engine gets which sample, the slots, what a finish tells the book, which groups a
+batch trains) are ``StreamLoop``'s (``rlhfless_sdk.rollout.stream_loop``), the same object on every backend.
+``run_stream`` drives it on a simulated clock: a backend gives it a ``StreamEngines`` (start samples, advance its
+clock, say which engines want work, pause for a weight update) and a ``Learner`` (how long a batch trains, and the
+update after it). On OpenRLHF's engines the adapter's ``EngineStream`` drives the same loop on the wall clock, while
+OpenRLHF's async loop trains and broadcasts. The split between generation and learning may change between batches
+(``SplitPolicy``: an elastic split; simulated only).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -35,12 +37,15 @@ import numpy as np
 
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.records import TimePerTokenProfile
-from rlhfless_sdk.planning.engine_model import drain_s, remaining_draw, steady_context, steady_rate, steady_step
+from rlhfless_sdk.planning.engine_model import drain_s, remaining_draw, steady_rate, steady_step
 from rlhfless_sdk.rollout.stream_book import GroupBook, StreamStats
+from rlhfless_sdk.rollout.stream_loop import KvSlots, StreamLoop
 
 
 class StreamEngines(Protocol):
     """A backend's engines as the streaming loop drives them."""
+
+    max_num_seqs: int  # samples an engine runs at once
 
     def now(self) -> float: ...
 
@@ -129,62 +134,6 @@ def joined_train_s(work: float, gpus: int, joining: int = 0, after_s: float = 0.
     if joining and work > gpus * after_s:
         return after_s + (work - gpus * after_s) / (gpus + joining)
     return work / gpus
-
-
-@dataclass
-class KvSlots:
-    """How many samples each engine runs at once: ``max_num_seqs``, or fewer where the KV cache binds.
-
-    vLLM admits a sample when the KV cache holds its tokens so far, not the tokens it will grow to; with long
-    responses the running samples then outgrow the cache, and vLLM preempts the newest and recomputes it later (a
-    prefill of its prompt and every token it had) while admitting nothing until a sample finishes. So a stream keeps
-    at most ``fill`` x the samples the KV cache holds in steady state (``kv_capacity_tokens`` over the KV a running
-    sample holds on average, ``steady_context`` of the lengths finished so far) on an engine, and never more than
-    ``max_num_seqs``; until ``first`` samples have finished (nothing is known of the lengths), ``max_num_seqs``. The
-    window is the last ``window`` finished samples, re-read every ``every`` (lengths drift during a run).
-
-    ``fill`` 0.9: one engine of the L40S profile fed without pause (the engine model) on the long-reasoning lengths
-    is 1.12x as fast at 0.9 as at vLLM's 256, and 1.08x at 5x those lengths; of 0.85, 0.9 and 0.95, 0.9 is the
-    fastest at 5x and within 1% of the fastest at 1x (``examples/kv_slots_engine.py``; docs/results.md, "Holding
-    each engine to what its KV cache holds")."""
-
-    profile: TimePerTokenProfile
-    fill: float = 0.9
-    first: int = 200
-    every: int = 200
-    window: int = 2000
-    current: int = 0  # the slots now (0: not read yet, ``max_num_seqs``)
-    seen: int = 0  # samples finished so far
-    _read_at: int = 0
-    _prompt: deque[float] = field(init=False)
-    _response: deque[float] = field(init=False)
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.fill <= 1.0:
-            raise RlhflessError(f"kv_slots fill must be in (0, 1]; got {self.fill}")
-        self.current = self.profile.max_num_seqs
-        self._prompt, self._response = deque(maxlen=self.window), deque(maxlen=self.window)
-
-    def observe(self, prompt: Sequence[float], response: Sequence[float]) -> None:
-        """Finished samples' prompt and response tokens."""
-        if len(prompt) != len(response):
-            raise RlhflessError(f"kv_slots: {len(prompt)} prompt lengths for {len(response)} responses")
-        self._prompt.extend(float(p) for p in prompt)
-        self._response.extend(float(r) for r in response)
-        self.seen += len(prompt)
-        if self.seen >= self.first and self.seen - self._read_at >= self.every:
-            self._read_at = self.seen
-            self.current = self.slots_for(np.fromiter(self._prompt, float), np.fromiter(self._response, float))
-
-    def slots_for(self, prompt: np.ndarray, response: np.ndarray) -> int:
-        """The slots for samples like these: ``fill`` x the KV's steady concurrency, at most ``max_num_seqs``."""
-        ctx = steady_context(prompt, response)
-        if ctx <= 0:
-            return self.profile.max_num_seqs
-        return max(1, min(self.profile.max_num_seqs, int(self.fill * self.profile.kv_capacity_tokens / ctx)))
-
-    def slots(self) -> int:
-        return self.current
 
 
 @dataclass
@@ -399,6 +348,7 @@ def run_stream(
     ``slots``: how many samples an engine runs at once, from the lengths finished so far (default: ``max_num_seqs``)."""
     if not gpus_per_engine <= rollout_gpus <= gpus - 1:
         raise RlhflessError(f"rollout_gpus={rollout_gpus} must leave one of the {gpus} GPUs to learn and run an engine")
+    loop = StreamLoop(book, engines.max_num_seqs, slots)
     stats = StreamStats()
     stats.marks.append((engines.now(), engines.generated_tokens(), 0.0))
     version, k = 0, 0
@@ -409,15 +359,13 @@ def run_stream(
     changed = True  # a group completed (or the learner freed) since the last try at forming a batch
     while book.untrained or training is not None:
         now = engines.now()
-        for e, n in sorted(engines.wants(slots.slots() if slots is not None else None).items()):
-            got = book.take(n, version) if n > 0 else []
-            if got:
-                engines.start(got, [e] * len(got))
-            if len(got) < n and book.next_sample < book.samples:
-                stats.gated_s += check_s
+        fill = loop.fill(engines.wants(loop.held_back()), version)
+        if fill.sent:
+            engines.start([sid for sid, _ in fill.sent], [e for _, e in fill.sent])
+        stats.gated_s += check_s * fill.gated
         if training is None and book.untrained and now >= learner_free and changed:
             changed = False
-            chosen = book.form(k)
+            chosen = loop.form(k)
             if chosen is None and book.done_samples == book.samples:
                 raise RlhflessError(f"batch {k} cannot be formed although every sample has finished")
             if chosen is not None:
@@ -427,7 +375,7 @@ def run_stream(
                 stats.running = engines.running_lengths()
                 stats.batches.append(chosen)
                 if slots is not None:
-                    stats.slots.append(slots.slots())
+                    stats.slots.append(loop.limit())
                 stats.marks.append((now, engines.generated_tokens(), stats.gated_s))
                 joining = 0
                 if split is not None:
@@ -451,11 +399,9 @@ def run_stream(
         elif learner_free > now:
             t = min(t, learner_free)
         finished = engines.advance(t)
-        for sid in finished:
-            book.finish(sid, engines.now())
+        if finished:
+            loop.finished(finished, engines.now(), *engines.lengths(finished))
             changed = True
-        if slots is not None and finished:
-            slots.observe(*engines.lengths(finished))
         if training is None and engines.now() >= learner_free > now:
             changed = True
         if training is not None and engines.now() >= training[2]:

@@ -11,9 +11,8 @@ go to the other engines' queues first, each re-prefilling its prompt and the tok
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -36,7 +35,7 @@ from rlhfless_sdk.rollout.stream import (
     run_stream,
     version_runs,
 )
-from rlhfless_sdk.simulation.results import SimulatedStep, SimulationResult
+from rlhfless_sdk.simulation.results import OnStep, SimulatedStep, SimulationResult
 from rlhfless_sdk.workloads.traces import Workload
 
 #: queued samples an engine keeps beyond its running batch (a short queue, so the stream balances engines)
@@ -63,6 +62,10 @@ class SimulatedStream:
         self.resize(engines, 0.0)
 
     # -- StreamEngines -----------------------------------------------------------------------------------------
+    @property
+    def max_num_seqs(self) -> int:
+        return self.profile.max_num_seqs
+
     def now(self) -> float:
         return self.t
 
@@ -206,7 +209,7 @@ class StreamRun:
         self,
         config: SchedulerConfig,
         workload: Workload,
-        on_step: Callable[[StepReport], Any] | None,
+        on_step: OnStep,
         r: int | None,
     ) -> SimulationResult:
         """The streaming pipeline (``rlhfless_sdk.rollout.stream``) with ``r`` rollout GPUs at first: the
@@ -281,7 +284,7 @@ class StreamRun:
             trained = stats.trained_tokens[k]
             prepare_s, learn_s = trained * rates[0] / learners, trained * rates[1] / learners
             trains = [(g - stats.split[j], t) for j, t in enumerate(stats.train)]
-            billed = window_gpu_seconds(lo, hi, list(held.values()), gpa, trains, (learners, stats.updates))
+            billed = window_gpu_seconds(lo, hi, [[s] for s in held.values()], gpa, trains, (learners, stats.updates))
             sids = [sid for c in chosen for sid in book.groups[c].samples]
             responses = len(sids)
             total, stale, oldest = batch_ages((engines.tokens_by_version(sid) for sid in sids), k)
