@@ -30,6 +30,7 @@ from rlhfless_sdk.api.plugins import PluginManager, get_plugin_manager, reset_pl
 from rlhfless_sdk.api.protocols import (
     ActorPlacer,
     ActorScaler,
+    Candidate,
     CostModel,
     KeepsCutTokens,
     LengthPredictor,
@@ -66,6 +67,7 @@ __all__ = [
     "ActorPlacer",
     "ActorProgress",
     "ActorScaler",
+    "Candidate",
     "CandidateEstimate",
     "Cluster",
     "ConfigError",

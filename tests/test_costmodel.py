@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlhfless_sdk.api.profiles import load_profile
+from rlhfless_sdk.api.protocols import Candidate
 from rlhfless_sdk.api.records import Cluster, PrefillPlan
 from rlhfless_sdk.planning.engine_model import EngineCostModel, LengthSpread
 from rlhfless_sdk.simulation.simulator import Simulator
@@ -24,9 +25,8 @@ def test_with_true_lengths_the_check_model_is_the_simulator(registry):
     sim = Simulator(PROFILE.model_copy(update={"kv_capacity_tokens": 40_000}), Cluster.uniform(1, 4), registry=registry)
     res = sim.run(registry.scheduler("openrlhf"), work)
     ws, step = work.steps[1], res.steps[1]
-    est = EngineCostModel(sim.profile).estimate(
-        ws.batch, ws.lengths, np.asarray(step.plan.assignment), step.plan.num_actors, PrefillPlan(), warm_actors=4
-    )
+    candidate = Candidate(ws.batch, ws.lengths, np.asarray(step.plan.assignment), step.plan.num_actors, PrefillPlan())
+    est = EngineCostModel(sim.profile).estimate(candidate, warm_actors=4)
     assert step.report.cold_starts == 0
     assert est.time_s == pytest.approx(step.report.generation_s, rel=1e-9)
 
@@ -150,7 +150,7 @@ def test_zero_predictions_and_zero_lengths_give_finite_estimates(true_scale):
     model = EngineCostModel(PROFILE)
     drawn = model.lengths(batch, zeros, spread)
     assert drawn.min() >= 0 and drawn.max() <= 2048
-    est = model.estimate(batch, zeros, np.zeros(len(batch), dtype=np.int64), 1, PrefillPlan(), spread=spread)
+    est = model.estimate(Candidate(batch, zeros, np.zeros(len(batch), dtype=np.int64), 1, PrefillPlan()), spread=spread)
     assert np.isfinite(est.time_s) and est.time_s < 1e4
     left = spread.remaining(np.zeros(5), np.arange(5.0))
     assert np.isfinite(left).all() and (left >= 1).all()

@@ -19,11 +19,11 @@ from rlhfless_sdk.rollout.drivers import refusal
 from rlhfless_sdk.rollout.modes import (
     ASYNC,
     BATCH_CUT,
-    MODES,
     PLAIN,
     TAIL_ROUNDS,
     TOKEN_BUDGET,
     mode_for,
+    mode_names,
     planned_mode,
 )
 from rlhfless_sdk.simulation.simulator import Simulator
@@ -84,7 +84,7 @@ def test_a_token_budget_policy_gets_its_driver_and_a_backend_without_it_refuses_
     planner = planner_for(config, _profile(), Cluster.of_gpus(8, 8), registry)
     mode = planned_mode(planner)
     assert mode.name == TOKEN_BUDGET
-    assert refusal(config, mode, MODES, "the simulator") is None
+    assert refusal(config, mode, mode_names(), "the simulator") is None
     why = refusal(config, mode, {PLAIN, BATCH_CUT}, "a test backend")
     assert why is not None and "'partial'" in why and "token-budget" in why and "a test backend" in why
     assert "plain, batch-cut" in why  # what the backend does run
@@ -115,6 +115,90 @@ def test_a_third_party_straggler_policy_declares_its_capability_by_protocol(regi
         config = base.derive(name=name, straggler={"name": name})
         assert planned_mode(planner_for(config, _profile(), Cluster.of_gpus(8, 8), registry)).name == mode
         assert mode_for(config, registry).name == mode
+
+
+def test_a_toy_pipeline_registered_in_one_file_runs_on_the_simulator_and_openrlhf_refuses_it_in_one_line(registry):
+    """A new way of running steps is one registration where it is written (here, this test: no source file of the
+    project changes): ``pipeline: mode: toy`` validates, mode_of names it, the simulator runs it through its
+    ``simulate``, and the OpenRLHF adapter, which does not run it, refuses it in one line naming the pipeline."""
+    from rlhfless_openrlhf.capabilities import adapter_refusal
+
+    from rlhfless_sdk.rollout.modes import PipelineSpec, register_pipeline, unregister
+
+    ran = []
+
+    def simulate(sim, config, workload, on_step, mode):  # the toy: plain steps, each on the whole fleet
+        ran.append(mode)
+        return sim.run_plain(sim.planner(config), workload, on_step)
+
+    register_pipeline(PipelineSpec("toy", keeps_tokens=False, simulate=simulate))
+    try:
+        config = registry.scheduler("openrlhf").derive(name="toyed", pipeline={"mode": "toy"})
+        mode = mode_for(config, registry)
+        assert mode.name == "toy" and mode.pipelined and not mode.keeps_tokens
+        sim = Simulator(_profile(), Cluster.of_gpus(8, 8), registry=registry)
+        assert "toy" in sim.modes
+        result = sim.run(config, synthetic_workload(SyntheticWorkload(16, 4, seed=0), 2))
+        assert ran == [mode] and len(result.reports) == 2
+        why = adapter_refusal(config, registry)
+        assert why is not None and "\n" not in why and "pipeline: toy" in why and "the OpenRLHF adapter" in why
+    finally:
+        unregister("toy")
+    with pytest.raises(Exception, match="unknown pipeline mode 'toy'"):
+        registry.scheduler("openrlhf").derive(name="toyed", pipeline={"mode": "toy"})
+
+
+def test_a_new_straggler_behaviour_is_its_policy_and_its_driver(registry_with):
+    """A straggler behaviour with a driver of its own: the policy (a plugin's, here) and the driver's registration
+    (what it claims, its session), nothing else. The simulator runs its steps through the session; the OpenRLHF
+    adapter refuses it in one line naming the policy."""
+    from rlhfless_openrlhf.capabilities import adapter_refusal
+
+    from rlhfless_sdk.rollout.drivers import PlainStep
+    from rlhfless_sdk.rollout.modes import DriverSpec, register_driver, unregister
+
+    class Halves:  # the toy behaviour: each step trains every group, drawn as the source gives them
+        def __init__(self, params=None) -> None:
+            pass
+
+        def segment_tokens(self, step):
+            return None
+
+    class HalvesSession:
+        mode = "halves"
+
+        def __init__(self, planner, b, stream):
+            self.planner, self.steps, self.book = planner, 0, None  # it carries nothing
+
+        def next(self, io, step):
+            prompts = io.draw(None)
+            if not prompts:
+                return None
+            self.steps += 1
+            return PlainStep(self.planner, io.step_number(step)).run(io, io.batch(prompts))
+
+    sessions = []
+
+    def session(planner, b, stream):
+        sessions.append(HalvesSession(planner, b, stream))
+        return sessions[-1]
+
+    registry = registry_with(
+        mine=H.policy_plugin(straggler=[PolicySpec(name="halves", factory=Halves, params=NoParams)])
+    )
+    register_driver(DriverSpec("halves", lambda config, straggler, ask: isinstance(straggler, Halves), session=session))
+    try:
+        config = registry.scheduler("openrlhf").derive(name="halved", straggler={"name": "halves"})
+        assert mode_for(config, registry).name == "halves"
+        result = Simulator(_profile(), Cluster.of_gpus(8, 8), registry=registry).run(
+            config, synthetic_workload(SyntheticWorkload(16, 4, seed=0), 3)
+        )
+        assert len(result.reports) == 3 and sessions and sessions[0].steps == 3
+        why = adapter_refusal(config, registry)
+        assert why is not None and "'halves'" in why and "halves step driver" in why
+    finally:
+        unregister("halves")
+    assert mode_for(config, registry).name == TOKEN_BUDGET  # unregistered: the built-in claim for a non-baseline
 
 
 def _every_preset() -> list[str]:

@@ -261,16 +261,12 @@ def test_config_names_the_stream_fields_of_each_mode():
             PipelineConfig(mode=mode, partial_rollout=partial, pause_keeps_kv=False)
 
 
+#: A stream's shape: samples a group, groups a batch, the age bound.
+SHAPE = {"n": st.integers(1, 4), "batch_groups": st.integers(1, 6), "max_age": st.integers(0, 3)}
+
+
 @settings(deadline=None, max_examples=60)
-@given(
-    data=st.data(),
-    groups=st.integers(1, 30),
-    n=st.integers(1, 4),
-    batch_groups=st.integers(1, 6),
-    max_age=st.integers(0, 3),
-    gpus=st.integers(2, 6),
-    slots=st.integers(2, 16),
-)
+@given(data=st.data(), groups=st.integers(1, 30), gpus=st.integers(2, 6), slots=st.integers(2, 16), **SHAPE)
 def test_a_pinned_split_schedule_is_followed_and_still_trains_every_group_once(
     data, groups, n, batch_groups, max_age, gpus, slots
 ):
@@ -519,12 +515,10 @@ def test_the_drain_split_is_the_argmin_it_claims(seen, running, gpus, current, s
 @given(
     data=st.data(),
     prompts=st.integers(1, 30),
-    n=st.integers(1, 4),
-    batch_groups=st.integers(1, 6),
-    max_age=st.integers(0, 3),
     queue=st.integers(1, 3),
     slots=st.integers(1, 12),
     epochs=st.integers(1, 3),
+    **SHAPE,
 )
 def test_an_open_stream_drawn_as_it_goes_trains_every_group_once_within_the_age_bound(
     data, prompts, n, batch_groups, max_age, queue, slots, epochs

@@ -7,10 +7,18 @@ then each policy name and its parameters against the plugin registry (the policy
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import yaml
-from pydantic import Field, NonNegativeInt, PositiveInt, ValidationError, create_model, model_validator
+from pydantic import (
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from rlhfless_sdk.api.base import Record
 from rlhfless_sdk.api.errors import ConfigError, ConfigProblem
@@ -47,6 +55,10 @@ def _policy_field(kind: PolicyKind) -> tuple[Any, Any]:
     return PolicyRef, Field(description=doc)
 
 
+#: The names ``pipeline: mode`` accepts (``rlhfless_sdk.rollout.modes.register_pipeline`` adds one).
+PIPELINE_MODES: list[str] = ["sync", "async", "stream"]
+
+
 class PipelineConfig(Record):
     """How generation and learning share the cluster and the clock.
 
@@ -64,7 +76,7 @@ class PipelineConfig(Record):
     A framework adapter's docs name the framework flags each setting models.
     """
 
-    mode: Literal["sync", "async", "stream"] = "sync"
+    mode: str = Field(default="sync", description="sync, async, stream, or a pipeline a plugin registered.")
     queue_size: PositiveInt = Field(default=1, description="async: batches generated ahead of training.")
     partial_rollout: bool = Field(default=False, description="async: keep generating through a weight update.")
     pause_keeps_kv: bool = Field(
@@ -115,6 +127,13 @@ class PipelineConfig(Record):
     def pipelined(self) -> bool:
         """Generation and learning on GPUs of their own, at once (``async`` or ``stream``)."""
         return self.mode != "sync"
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, mode: str) -> str:
+        if mode not in PIPELINE_MODES:
+            raise ValueError(f"unknown pipeline mode {mode!r} (known: {', '.join(PIPELINE_MODES)})")
+        return mode
 
     @model_validator(mode="after")
     def _async_only(self) -> PipelineConfig:

@@ -8,6 +8,7 @@ baseline for that step rather than corrupting a training run.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -144,17 +145,23 @@ class KeepsCutTokens(OverProvisioning, Protocol):
     def keeps_tokens(self, step: int) -> bool: ...
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate plan of a step as a cost model estimates it: the batch, the predicted lengths (one per prompt,
+    or one per sample in prompt order to evaluate a plan against lengths that differ within a group), each sample's
+    decode actor (or each prompt's), the decode actors and the prefill plan."""
+
+    batch: PromptBatch
+    predicted: np.ndarray
+    sample_actor: np.ndarray
+    num_actors: int
+    prefill: PrefillPlan
+
+
 @runtime_checkable
 class CostModel(Protocol):
-    """Estimates a step's time and GPU-seconds for one candidate plan (the SDK's interface; see cost model)."""
+    """Estimates a step's time and GPU-seconds for one candidate plan (the SDK's interface; see cost model).
+    ``migrates``: the scheduler cuts and migrates laggards; ``warm_actors``: actors ``0..warm_actors-1`` need no
+    start-up."""
 
-    def estimate(
-        self,
-        batch: PromptBatch,
-        predicted: np.ndarray,
-        sample_actor: np.ndarray,
-        num_actors: int,
-        prefill: PrefillPlan,
-        migrates: bool = False,
-        warm_actors: int = 0,
-    ) -> CandidateEstimate: ...
+    def estimate(self, candidate: Candidate, migrates: bool = False, warm_actors: int = 0) -> CandidateEstimate: ...

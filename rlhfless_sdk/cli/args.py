@@ -216,45 +216,27 @@ def run_profile(
 
 def synthetic_shape_options(fn: Any) -> Any:
     """The synthetic workload's length distribution (used when no ``--trace`` is given)."""
-    options = [
-        click.option(
-            "--median-length",
-            default=300.0,
-            type=FiniteFloat(0.0, inclusive=False),
-            show_default=True,
-            help="Synthetic: median response length.",
-        ),
-        click.option(
-            "--length-sigma",
-            default=0.6,
-            type=FiniteFloat(0.0),
-            show_default=True,
-            help="Synthetic: log-normal spread across prompts.",
-        ),
-        click.option(
-            "--sample-sigma",
-            default=0.35,
-            type=FiniteFloat(0.0),
-            show_default=True,
-            help="Synthetic: spread within a prompt's group.",
-        ),
-        click.option(
-            "--max-length", default=1024, type=POSITIVE, show_default=True, help="Synthetic: response length cap."
-        ),
-        click.option(
+    synthetic = [  # (flag, default, type, help)
+        ("--median-length", 300.0, FiniteFloat(0.0, inclusive=False), "median response length."),
+        ("--length-sigma", 0.6, FiniteFloat(0.0), "log-normal spread across prompts."),
+        ("--sample-sigma", 0.35, FiniteFloat(0.0), "spread within a prompt's group."),
+        ("--max-length", 1024, POSITIVE, "response length cap."),
+        (
             "--runaway",
-            default=0.0,
-            type=FiniteFloat(0.0, maximum=1.0),
-            show_default=True,
-            help="Synthetic: share of samples that never stop and hit --max-length (repetition loops).",
+            0.0,
+            FiniteFloat(0.0, maximum=1.0),
+            "share of samples that never stop and hit --max-length (repetition loops).",
         ),
-        click.option(
+        (
             "--length-growth",
-            default=1.0,
-            type=FiniteFloat(0.0, inclusive=False),
-            show_default=True,
-            help="Synthetic: the last step's lengths are X times the first's, growing geometrically (reasoning RL).",
+            1.0,
+            FiniteFloat(0.0, inclusive=False),
+            "the last step's lengths are X times the first's, growing geometrically (reasoning RL).",
         ),
+    ]
+    options = [
+        click.option(flag, default=default, type=kind, show_default=True, help=f"Synthetic: {text}")
+        for flag, default, kind, text in synthetic
     ]
     for option in reversed(options):
         fn = option(fn)

@@ -10,6 +10,7 @@ import numpy as np
 
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.history import isolated_history
+from rlhfless_sdk.api.protocols import Candidate
 from rlhfless_sdk.api.records import CandidateEstimate, StepPlan
 from rlhfless_sdk.planning.planner import StepPlanner
 from rlhfless_sdk.workloads.synthetic import SyntheticWorkload, finished_samples
@@ -45,7 +46,8 @@ def plan_synthetic(
             plan = planner.plan(batch, step=history_steps)
         assert batch.true_lengths is not None
         mae = float(np.abs(np.asarray(plan.predicted_lengths) - batch.true_lengths).mean()) if len(batch) else 0.0
-        actual = planner.cost_model.estimate(batch, true, np.asarray(plan.assignment), plan.num_actors, plan.prefill)
+        candidate = Candidate(batch, true, np.asarray(plan.assignment), plan.num_actors, plan.prefill)
+        actual = planner.cost_model.estimate(candidate)
         out.append(PlannedStep(config.name, plan, mae, actual, rollout_gpus))
     return out
 

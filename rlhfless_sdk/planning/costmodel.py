@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.protocols import Candidate
 from rlhfless_sdk.api.records import CandidateEstimate, PrefillPlan, TimePerTokenProfile
 
 
@@ -50,21 +51,20 @@ class AnalyticCostModel:
     def __init__(self, profile: TimePerTokenProfile) -> None:
         self.profile = profile
 
-    def actor_busy_s(
-        self,
-        batch: PromptBatch,
-        predicted: np.ndarray,
-        sample_actor: np.ndarray,
-        num_actors: int,
-        prefill: PrefillPlan,
-    ) -> np.ndarray:
+    def actor_busy_s(self, candidate: Candidate) -> np.ndarray:
         """Predicted busy seconds of each decode actor (prefill of its own tokens plus decode).
 
         ``predicted`` holds one length per prompt, or one per sample (samples in prompt order) to evaluate a
         plan against lengths that differ within a group (true lengths, in a simulator or a report).
         """
         prof = self.profile
-        actor = np.asarray(sample_actor, dtype=np.int64)
+        batch, predicted, num_actors, prefill = (
+            candidate.batch,
+            candidate.predicted,
+            candidate.num_actors,
+            candidate.prefill,
+        )
+        actor = np.asarray(candidate.sample_actor, dtype=np.int64)
         per_sample = np.shape(predicted)[0] == batch.total_samples != len(batch)
         first = actor[batch.sample_offsets[:-1]] if len(batch) else actor[:0]
         if not per_sample and np.array_equal(np.repeat(first, batch.n_samples), actor):
@@ -105,21 +105,13 @@ class AnalyticCostModel:
         pre = np.where(count > 0, prof.prefill_base_s + prof.prefill_per_new_token_s * prefill_new, 0.0)
         return np.where(count > 0, decode + pre, 0.0)
 
-    def estimate(
-        self,
-        batch: PromptBatch,
-        predicted: np.ndarray,
-        sample_actor: np.ndarray,
-        num_actors: int,
-        prefill: PrefillPlan,
-        migrates: bool = False,
-        warm_actors: int = 0,
-    ) -> CandidateEstimate:
+    def estimate(self, candidate: Candidate, migrates: bool = False, warm_actors: int = 0) -> CandidateEstimate:
         """``migrates``: the scheduler cuts and migrates laggards, so the slowest actor sheds its tail down to
         the mean busy time, but no sample ends sooner than its own decode steps take. ``warm_actors``: actors
         ``0..warm_actors-1`` (and the prefill actor, when any is warm) need no start-up."""
         prof = self.profile
-        busy = self.actor_busy_s(batch, predicted, sample_actor, num_actors, prefill)
+        busy = self.actor_busy_s(candidate)
+        predicted, prefill = candidate.predicted, candidate.prefill
         used = int(np.count_nonzero(busy))
         cold = int(np.count_nonzero(busy[warm_actors:]))
         start_up, prefill_actor_s, extra = start_up_and_prefill(prof, cold, prefill, warm_actors)
@@ -129,4 +121,4 @@ class AnalyticCostModel:
             decode = min(decode, max(float(busy[busy > 0].mean()), longest))
         time_s = start_up + prefill_actor_s + decode
         gpu_seconds = prof.gpus_per_actor * float(busy.sum()) + extra
-        return CandidateEstimate(num_actors=num_actors, time_s=time_s, gpu_seconds=gpu_seconds)
+        return CandidateEstimate(num_actors=candidate.num_actors, time_s=time_s, gpu_seconds=gpu_seconds)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from rlhfless_sdk.api.batch import PromptBatch
+from rlhfless_sdk.api.protocols import Candidate
 from rlhfless_sdk.api.records import CandidateEstimate, PrefillPlan, TimePerTokenProfile
 from rlhfless_sdk.planning.costmodel import shared_prefix_per_prompt, start_up_and_prefill
 
@@ -503,23 +504,17 @@ class EngineCostModel:
         out = spread.scaled(pred, spread.factors(prompt_of), cap)
         return np.clip(np.rint(np.minimum(out, cap)), 0, cap).astype(np.int64)  # a response may be empty
 
-    def _decode(
-        self, batch: PromptBatch, lengths: np.ndarray, actor: np.ndarray, num_actors: int, prefill: PrefillPlan
-    ) -> tuple[float, float, list[int], float]:
+    def _decode(self, c: Candidate, lengths: np.ndarray, actor: np.ndarray) -> tuple[float, float, list[int], float]:
         """(slowest engine's last token, billed engine-seconds, engines used, mean busy) for one draw."""
-        s = EngineSamples.of_batch(batch, lengths, [], actor.tolist(), prefill)
-        used = [e for e in run_engines(self.profile, s, num_actors, range(len(s.target))) if e.used]
+        s = EngineSamples.of_batch(c.batch, lengths, [], actor.tolist(), c.prefill)
+        used = [e for e in run_engines(self.profile, s, c.num_actors, range(len(s.target))) if e.used]
         last = max((e.last_token for e in used), default=0.0)
         busy = float(np.mean([e.busy for e in used])) if used else 0.0
         return last, sum(e.last_token - e.first for e in used), [e.aid for e in used], busy
 
     def estimate(
         self,
-        batch: PromptBatch,
-        predicted: np.ndarray,
-        sample_actor: np.ndarray,
-        num_actors: int,
-        prefill: PrefillPlan,
+        candidate: Candidate,
         migrates: bool = False,
         warm_actors: int = 0,
         spread: LengthSpread | None = None,
@@ -527,17 +522,17 @@ class EngineCostModel:
     ) -> CandidateEstimate:
         """One length draw (the same for every candidate, so candidates compare on equal terms). Taking the
         slowest of several draws per candidate was tried: it made a deadline scaler pick fewer engines, not more."""
-        prof = self.profile
-        actor = np.asarray(sample_actor, dtype=np.int64)
+        prof, batch, prefill = self.profile, candidate.batch, candidate.prefill
+        actor = np.asarray(candidate.sample_actor, dtype=np.int64)
         if actor.shape[0] == len(batch) != batch.total_samples:
             actor = np.repeat(actor, batch.n_samples)
-        lengths = self.lengths(batch, predicted, spread or LengthSpread(), caps=caps)
-        decode, billed, used, busy = self._decode(batch, lengths, actor, num_actors, prefill)
+        lengths = self.lengths(batch, candidate.predicted, spread or LengthSpread(), caps=caps)
+        decode, billed, used, busy = self._decode(candidate, lengths, actor)
         if migrates and used:  # cut-and-migrate sheds the slowest engine's tail down to the mean busy time
             decode = min(decode, max(busy, float(lengths.max(initial=0)) * prof.decode_base_s))
         cold = sum(1 for a in used if a >= warm_actors)
         start_up, prefill_actor_s, extra = start_up_and_prefill(prof, cold, prefill, warm_actors)
         gpu_seconds = prof.gpus_per_actor * billed + extra
         return CandidateEstimate(
-            num_actors=num_actors, time_s=start_up + prefill_actor_s + decode, gpu_seconds=gpu_seconds
+            num_actors=candidate.num_actors, time_s=start_up + prefill_actor_s + decode, gpu_seconds=gpu_seconds
         )

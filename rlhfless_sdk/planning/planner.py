@@ -23,7 +23,7 @@ from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.history import HistoryError
 from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
-from rlhfless_sdk.api.protocols import CostModel
+from rlhfless_sdk.api.protocols import Candidate, CostModel
 from rlhfless_sdk.api.records import (
     Actor,
     CandidateEstimate,
@@ -255,7 +255,7 @@ class StepPlanner:
             flags: dict[str, Any] = {"migrates": True} if migrates else {}  # a cost model without them still works
             if self.warm_actors:
                 flags["warm_actors"] = self.warm_actors
-            estimates.append(self.cost_model.estimate(batch, pred, sample_actor, n, prefill, **flags))
+            estimates.append(self.cost_model.estimate(Candidate(batch, pred, sample_actor, n, prefill), **flags))
         checked = self.check_model is not None and getattr(self.policies["scaler"], "wants_checked_estimates", False)
         if checked:  # the scaler compares candidates within 1%: all of them per sample, not some of each kind
             # no step measured yet: nothing is known about the estimates' error, so count it as 100%
@@ -389,11 +389,7 @@ class StepPlanner:
         assert self.check_model is not None
         migrates = self.config.migrates() and getattr(self.policies["scaler"], "wants_migration_estimates", False)
         return self.check_model.estimate(
-            batch,
-            pred,
-            sample_actor,
-            n,
-            prefill,
+            Candidate(batch, pred, sample_actor, n, prefill),
             migrates=migrates,
             warm_actors=self.warm_actors,
             spread=self.spread,

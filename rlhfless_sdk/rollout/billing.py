@@ -118,18 +118,19 @@ def covered(spans: Sequence[tuple[float, float]], lo: float, hi: float) -> float
 def window_gpu_seconds(
     lo: float,
     hi: float,
-    engines: Sequence[tuple[float, float]],
+    engines: Sequence[Sequence[tuple[float, float]]],
     gpus_per_engine: int,
     trains: Sequence[tuple[int, tuple[float, float]]],
     updates: tuple[int, Sequence[tuple[float, float]]],
 ) -> float:
-    """Serverless GPU-seconds of a pipeline's window [lo, hi] (a stream batch's report, the simulated and the real
-    one alike): each engine's GPUs while it is held (``engines``: one (from, until) span each), each training's
-    learner GPUs while it trains (``trains``: (GPUs, span) per batch trained) and the learner GPUs during the
-    weight updates (``updates``: (GPUs, spans)). Serverful is every GPU of the run for ``hi - lo``."""
+    """Serverless GPU-seconds of a pipeline's window [lo, hi] (a stream batch's or an async step's report, the
+    simulated and the real one alike): each engine's GPUs while it is held (``engines``: the (from, until) spans
+    of each engine), each training's learner GPUs while it trains (``trains``: (GPUs, span) per batch trained) and
+    the learner GPUs during the weight updates (``updates``: (GPUs, spans)). Serverful is every GPU of the run for
+    ``hi - lo``."""
     learners, update_spans = updates
     return (
-        sum(covered([span], lo, hi) for span in engines) * gpus_per_engine
+        sum(covered(spans, lo, hi) for spans in engines) * gpus_per_engine
         + sum(n * covered([span], lo, hi) for n, span in trains)
         + learners * covered(update_spans, lo, hi)
     )

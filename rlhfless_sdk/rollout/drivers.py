@@ -26,7 +26,15 @@ from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.records import FinishedSample, StepPlan
 from rlhfless_sdk.rollout.carry import CarryBook, Settlement, batch_cut, plan_pieces
 from rlhfless_sdk.rollout.controller import StepController, StepOutcome
-from rlhfless_sdk.rollout.modes import BATCH_CUT, MODES, PLAIN, TAIL_ROUNDS, TOKEN_BUDGET, Mode
+from rlhfless_sdk.rollout.modes import (
+    BATCH_CUT,
+    PLAIN,
+    TAIL_ROUNDS,
+    TOKEN_BUDGET,
+    Mode,
+    drivers,
+    mode_names,
+)
 from rlhfless_sdk.rollout.tail import Round, TailRounds, first_done, note_completed, round_fields
 
 if TYPE_CHECKING:
@@ -46,7 +54,7 @@ def refusal(config: SchedulerConfig, mode: Mode, modes: Collection[str], backend
         what = f"its straggler policy {config.policy('straggler').name!r}"
     return (
         f"scheduler {config.name!r}: {what} needs the {mode.name} step driver, which {backend} does not run "
-        f"(it runs: {', '.join(m for m in MODES if m in modes)})"
+        f"(it runs: {', '.join(m for m in mode_names() if m in modes)})"
     )
 
 
@@ -314,9 +322,11 @@ class BatchCutStep:
 
 # -- a run's steps: one session per mode, holding what persists between steps ----------------------------------
 class DriverSession(Protocol):
-    """The steps of one run in one mode: ``next`` drives the next step (None: nothing is left to run)."""
+    """The steps of one run in one mode: ``next`` drives the next step (None: nothing is left to run); ``book``: what
+    it carries between steps (None: nothing)."""
 
     mode: str
+    book: CarryBook | None
 
     def next(self, io: StepIO, step: int) -> Driven | None: ...
 
@@ -373,13 +383,25 @@ class BatchCutSession:
         return BatchCutStep(self.planner, self.book, self.b, step).run(io)
 
 
+#: The built-in drivers' sessions (a registered driver brings its own, ``DriverSpec.session``).
+_SESSIONS: dict[str, Callable[..., DriverSession]] = {
+    TOKEN_BUDGET: lambda planner, b, stream: BudgetSession(planner, CarryBook()),
+    TAIL_ROUNDS: TailSession,
+    BATCH_CUT: lambda planner, b, stream: BatchCutSession(planner, b, CarryBook()),
+}
+
+
+def steps_alone(mode: str) -> bool:
+    """Whether the driver ``mode`` runs each step on its own, every sample to its end (no session: ``PlainStep``)."""
+    spec = drivers()[mode]
+    return spec.session is None and mode not in _SESSIONS
+
+
 def session_for(mode: str, planner: StepPlanner, b: int, stream: Iterable[Hashable]) -> DriverSession:
     """The session of a carrying or over-provisioning ``mode`` (B = ``b`` groups a step, prompts from ``stream``
     where the mode draws them one at a time)."""
-    if mode == TOKEN_BUDGET:
-        return BudgetSession(planner, CarryBook())
-    if mode == TAIL_ROUNDS:
-        return TailSession(planner, b, stream)
-    if mode == BATCH_CUT:
-        return BatchCutSession(planner, b, CarryBook())
-    raise ValueError(f"no session for the {mode} step driver")
+    spec = drivers().get(mode)
+    factory = spec.session if spec is not None and spec.session is not None else _SESSIONS.get(mode)
+    if factory is None:
+        raise ValueError(f"no session for the {mode} step driver")
+    return factory(planner, b, stream)

@@ -13,6 +13,11 @@ it, and nothing else reads ``pipeline.mode`` or probes a policy to pick a loop. 
 
 A pipeline (``pipeline: async`` or ``stream``) runs its batches with its straggler policy's driver; its mode's
 ``name`` is the pipeline's (``async``, ``stream``), which is what a backend declares it runs.
+
+Both lists are registries. A new way of running steps registers itself where it is written: a step driver with
+``register_driver`` (what it claims, whether it keeps tokens of older weights, the session that runs its steps), a
+pipeline with ``register_pipeline`` (its ``pipeline: mode`` name and the simulator's run of it). A backend that does
+not run a registered mode refuses it in one line (``rlhfless_sdk.rollout.drivers.refusal``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.config import PIPELINE_MODES, SchedulerConfig
 from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 from rlhfless_sdk.api.protocols import KeepsCutTokens, OverProvisioning
@@ -34,9 +39,77 @@ if TYPE_CHECKING:
 
 PLAIN, TOKEN_BUDGET, TAIL_ROUNDS, BATCH_CUT, ASYNC = "plain", "token-budget", "tail-rounds", "batch-cut", "async"
 STREAM = "stream"
-MODES = (PLAIN, TOKEN_BUDGET, TAIL_ROUNDS, BATCH_CUT, ASYNC, STREAM)
 
 log = logging.getLogger("rlhfless.modes")
+
+#: (config, its straggler policy, a checked ``keeps_tokens(0)`` call) -> whether a driver runs this scheduler's steps
+Claim = Callable[[SchedulerConfig, Any, Callable[[], bool]], bool]
+
+
+@dataclass(frozen=True)
+class DriverSpec:
+    """A step driver: its ``name``, which schedulers it runs (``claims``; drivers are asked in the order they were
+    registered, a new one before the built-in ones), whether it trains tokens of older weights (``keeps_tokens``)
+    and its ``session`` (``(planner, B, prompts) -> DriverSession``: the steps of a run; a built-in's is in
+    ``rlhfless_sdk.rollout.drivers``; none at all: one step at a time, ``PlainStep``)."""
+
+    name: str
+    claims: Claim
+    keeps_tokens: bool = False
+    session: Callable[..., Any] | None = None
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """A pipeline (``pipeline: mode``): its name, whether it trains tokens of older weights, and the simulator's
+    run of it (``(simulator, config, workload, on_step, mode) -> SimulationResult``; None: the simulator's own)."""
+
+    name: str
+    keeps_tokens: bool = False
+    simulate: Callable[..., Any] | None = None
+
+
+_DRIVERS: dict[str, DriverSpec] = {}
+_PIPELINES: dict[str, PipelineSpec] = {}
+
+
+def register_driver(spec: DriverSpec) -> None:
+    """Add a step driver; asked before those registered earlier (a driver that claims a new capability wins)."""
+    if spec.name in _DRIVERS or spec.name in _PIPELINES:
+        raise ValueError(f"a step driver or pipeline named {spec.name!r} is already registered")
+    ahead = {spec.name: spec, **_DRIVERS}
+    _DRIVERS.clear()
+    _DRIVERS.update(ahead)
+
+
+def register_pipeline(spec: PipelineSpec) -> None:
+    """Add a pipeline; ``pipeline: mode`` accepts its name from now on."""
+    if spec.name in _PIPELINES or spec.name in _DRIVERS:
+        raise ValueError(f"a step driver or pipeline named {spec.name!r} is already registered")
+    _PIPELINES[spec.name] = spec
+    if spec.name not in PIPELINE_MODES:
+        PIPELINE_MODES.append(spec.name)
+
+
+def unregister(name: str) -> None:
+    """Remove a registered driver or pipeline (a test's toy mode)."""
+    _DRIVERS.pop(name, None)
+    if _PIPELINES.pop(name, None) is not None and name in PIPELINE_MODES:
+        PIPELINE_MODES.remove(name)
+
+
+def drivers() -> dict[str, DriverSpec]:
+    """Every registered step driver, in the order they are asked."""
+    return _DRIVERS
+
+
+def pipeline_spec(name: str) -> PipelineSpec:
+    return _PIPELINES[name]
+
+
+def mode_names() -> list[str]:
+    """Every mode a backend may declare: the drivers', then the pipelines' (built-in first)."""
+    return [*reversed(drivers()), *_PIPELINES]
 
 
 @dataclass(frozen=True)
@@ -69,7 +142,7 @@ class Mode:
     def keeps_tokens(self) -> bool:
         """Whether it trains tokens generated under older weights (carried across a weight update, or generated on
         through one: the stream)."""
-        return self.name in (TOKEN_BUDGET, BATCH_CUT, STREAM)
+        return (_PIPELINES[self.pipeline] if self.pipelined else drivers()[self.driver]).keeps_tokens
 
     @property
     def carries(self) -> bool:
@@ -83,13 +156,23 @@ def mode_of(config: SchedulerConfig, straggler: Any, keeps_tokens: Callable[[], 
     directly, a failure or an answer that is not a bool taken as the baseline's (False), with a warning."""
     pipeline = config.pipeline
     ask = keeps_tokens or (lambda: _asked(straggler))
-    if isinstance(straggler, OverProvisioning):
-        driver = BATCH_CUT if isinstance(straggler, KeepsCutTokens) and ask() else TAIL_ROUNDS
-    elif config.policy("straggler").name != KIND["straggler"].baseline:
-        driver = TOKEN_BUDGET
-    else:
-        driver = PLAIN
+    driver = next(spec.name for spec in drivers().values() if spec.claims(config, straggler, ask))
     return Mode(pipeline=pipeline.mode, driver=driver, elastic=pipeline.elastic, tail=tail_of(config))
+
+
+def cuts_and_keeps(config: SchedulerConfig, straggler: Any, ask: Callable[[], bool]) -> bool:
+    """``batch-cut``'s claim: the policy over-provisions and keeps its cut samples' tokens."""
+    return isinstance(straggler, OverProvisioning) and isinstance(straggler, KeepsCutTokens) and ask()
+
+
+def over_provisions(config: SchedulerConfig, straggler: Any, ask: Callable[[], bool]) -> bool:
+    """``tail-rounds``' claim: the policy over-provisions (and drops what it cuts)."""
+    return isinstance(straggler, OverProvisioning)
+
+
+def not_the_baseline(config: SchedulerConfig, straggler: Any, ask: Callable[[], bool]) -> bool:
+    """``token-budget``'s claim: any straggler policy other than the baseline."""
+    return config.policy("straggler").name != KIND["straggler"].baseline
 
 
 def tail_of(config: SchedulerConfig) -> str:
@@ -134,3 +217,12 @@ def _asked(policy: Any) -> bool:
         log.warning("straggler policy keeps_tokens(0) returned %r, not a bool: taken as False", answer)
         return False
     return bool(answer)
+
+
+# the built-ins (their sessions are in ``rlhfless_sdk.rollout.drivers``), drivers asked last to first
+register_driver(DriverSpec(PLAIN, lambda config, straggler, ask: True))
+register_driver(DriverSpec(TOKEN_BUDGET, not_the_baseline, keeps_tokens=True))
+register_driver(DriverSpec(TAIL_ROUNDS, over_provisions))
+register_driver(DriverSpec(BATCH_CUT, cuts_and_keeps, keeps_tokens=True))
+register_pipeline(PipelineSpec(ASYNC))
+register_pipeline(PipelineSpec(STREAM, keeps_tokens=True))

@@ -22,22 +22,20 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.records import (
     Cluster,
     StepPlan,
-    StepReport,
 )
 from rlhfless_sdk.planning.planner import rollout_planner_for
-from rlhfless_sdk.rollout.billing import billing, covered, stopped_at
+from rlhfless_sdk.rollout.billing import billing, covered, stopped_at, window_gpu_seconds
 from rlhfless_sdk.rollout.controller import StepOutcome
 from rlhfless_sdk.rollout.drivers import Driven, PlainStep, session_for
 from rlhfless_sdk.rollout.modes import BATCH_CUT, PLAIN, Mode
 from rlhfless_sdk.simulation.backend import WorkloadIO
-from rlhfless_sdk.simulation.results import SimulatedStep, SimulationResult, carried_ages
+from rlhfless_sdk.simulation.results import OnStep, SimulatedStep, SimulationResult, carried_ages
 from rlhfless_sdk.workloads.traces import Workload
 
 
@@ -187,7 +185,7 @@ class AsyncRun:
         self,
         config: SchedulerConfig,
         workload: Workload,
-        on_step: Callable[[StepReport], Any] | None,
+        on_step: OnStep,
         r: int,
         mode: Mode,
     ) -> SimulationResult:
@@ -274,13 +272,9 @@ class AsyncRun:
             lo, hi = (times[k - 1].sync_end if k else 0.0), b.sync_end
             prepare_s, learn_s = self._learning(token_counts[k], learners)
             usage = replace(u, gpus=g, learner_gpus=learners, prepare_s=prepare_s, learn_s=learn_s, step_s=hi - lo)
-            engines_gpu_s = sum(covered([*spans, *syncs], lo, hi) for spans in engine_spans.values()) * gpa
             idle_engines = r // gpa - len(engine_spans)  # never worked: held during broadcasts only
-            billed = (
-                engines_gpu_s
-                + idle_engines * gpa * covered(syncs, lo, hi)
-                + learners * covered([*trains, *syncs], lo, hi)
-            )
+            held = [[*spans, *syncs] for spans in engine_spans.values()] + [syncs] * idle_engines
+            billed = window_gpu_seconds(lo, hi, held, gpa, [(learners, t) for t in trains], (learners, syncs))
             report = rep.model_copy(
                 update={
                     **billing(usage),

@@ -3,7 +3,7 @@ and totals (``SimulationResult``), and the token ages of a carried batch (``carr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,9 @@ from rlhfless_sdk.rollout.billing import StepUsage
 from rlhfless_sdk.rollout.controller import StepOutcome
 from rlhfless_sdk.rollout.drivers import Driven
 from rlhfless_sdk.simulation.bound import WorkBound
+
+#: What a run calls with each step's report as it is made (None: nothing).
+OnStep = Callable[[StepReport], Any] | None
 
 
 @dataclass

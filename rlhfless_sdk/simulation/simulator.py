@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -40,12 +41,20 @@ from rlhfless_sdk.api.records import (
 from rlhfless_sdk.planning.planner import StepPlanner, planner_for
 from rlhfless_sdk.rollout.billing import StepUsage, billing, held, stopped_at
 from rlhfless_sdk.rollout.controller import StepController, StepOutcome
-from rlhfless_sdk.rollout.drivers import Driven, PlainStep, session_for
-from rlhfless_sdk.rollout.modes import ASYNC, BATCH_CUT, PLAIN, TAIL_ROUNDS, TOKEN_BUDGET, Mode, mode_for
+from rlhfless_sdk.rollout.drivers import Driven, PlainStep, session_for, steps_alone
+from rlhfless_sdk.rollout.modes import (
+    BATCH_CUT,
+    STREAM,
+    TOKEN_BUDGET,
+    Mode,
+    mode_for,
+    mode_names,
+    pipeline_spec,
+)
 from rlhfless_sdk.simulation.backend import SimulatedBackend, WorkloadIO
 from rlhfless_sdk.simulation.bound import WorkBound, work_bound
 from rlhfless_sdk.simulation.pipeline import AsyncRun
-from rlhfless_sdk.simulation.results import SimulatedStep, SimulationResult
+from rlhfless_sdk.simulation.results import OnStep, SimulatedStep, SimulationResult
 from rlhfless_sdk.simulation.stream import StreamRun
 from rlhfless_sdk.simulation.tail_prepare import TailUsage
 from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
@@ -61,8 +70,11 @@ def equal_peak(config: SchedulerConfig, fleet_actors: int) -> SchedulerConfig:
 class Simulator(AsyncRun, StreamRun, TailUsage):
     """Runs a scheduler over a workload on a simulated cluster; see the module docstring for the model."""
 
-    #: The step drivers this backend runs (``rlhfless_sdk.rollout.drivers``): all of them.
-    modes = frozenset({PLAIN, TOKEN_BUDGET, TAIL_ROUNDS, BATCH_CUT, ASYNC})
+    @property
+    def modes(self) -> list[str]:
+        """The modes this backend runs: every registered one (a driver through its session, a pipeline through its
+        ``simulate``)."""
+        return mode_names()
 
     def __init__(
         self,
@@ -113,7 +125,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         self,
         config: SchedulerConfig,
         workload: Workload,
-        on_step: Callable[[StepReport], Any] | None = None,
+        on_step: OnStep = None,
         frontier: bool = False,
     ) -> SimulationResult:
         """Every step of ``workload`` under ``config``, with the workload's work bound on this cluster. A
@@ -152,7 +164,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         self,
         config: SchedulerConfig,
         workload: Workload,
-        on_step: Callable[[StepReport], Any] | None,
+        on_step: OnStep,
         frontier: bool,
     ) -> SimulationResult:
         mode = mode_for(config, self.registry)
@@ -161,15 +173,18 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
             raise RlhflessError(refused)
         self.warm, self.warm_prefill = frozenset(), False
         self.run_algo = self.algo or workload.algo
+        simulate = pipeline_spec(mode.pipeline).simulate if mode.pipelined else None
+        if simulate is not None:  # a registered pipeline runs itself on this simulator
+            return simulate(self, config, workload, on_step, mode)
         if mode.pipelined:
             if mode.elastic:  # the split is re-planned as it runs
                 return self.run_stream(config, workload, on_step, None)
             fixed = self.rollout_gpus(config)
             if fixed is None:
                 return self.best_split(config, workload, on_step, mode)
-            return self.run_pipeline(config, workload, on_step, fixed, mode)
+            return self.pipeline_run(mode)(config, workload, on_step, fixed)
         planner = self.planner(config)
-        if mode.driver == PLAIN:
+        if steps_alone(mode.driver):  # one step at a time, every sample to its end
             return self.run_plain(planner, workload, on_step, frontier)
         return self.run_driven(planner, workload, on_step, mode.driver)
 
@@ -177,7 +192,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         self,
         planner: StepPlanner,
         workload: Workload,
-        on_step: Callable[[StepReport], Any] | None = None,
+        on_step: OnStep = None,
         frontier: bool = False,
     ) -> SimulationResult:
         """Every step of the workload, each sample run to its end in its step (``PlainStep``)."""
@@ -209,9 +224,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
             )
         return fixed
 
-    def best_split(
-        self, config: SchedulerConfig, workload: Workload, on_step: Callable[[StepReport], Any] | None, mode: Mode
-    ) -> SimulationResult:
+    def best_split(self, config: SchedulerConfig, workload: Workload, on_step: OnStep, mode: Mode) -> SimulationResult:
         """The async pipeline at the split a user tuning it would keep: every split is run on the first
         ``split_probe_steps`` steps (all of them when None) and the fastest there runs the whole workload."""
         probe_steps = self.split_probe_steps
@@ -219,7 +232,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         tried: list[dict] = []
         best: tuple[float, int, SimulationResult] | None = None
         for r in self.splits():
-            res = self.run_pipeline(config, probe, None, r, mode)
+            res = self.pipeline_run(mode)(config, probe, None, r)
             t = sum(x.time_s for x in res.reports)
             tried.append({"rollout_gpus": r, "time_s": t})
             if best is None or t < best[0]:
@@ -227,25 +240,16 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         assert best is not None
         _, r, res = best
         if probe is not workload:
-            res = self.run_pipeline(config, workload, on_step, r, mode)
+            res = self.pipeline_run(mode)(config, workload, on_step, r)
         elif on_step is not None:
             for rep in res.reports:
                 on_step(rep)
         res.split_search = tried
         return res
 
-    def run_pipeline(
-        self,
-        config: SchedulerConfig,
-        workload: Workload,
-        on_step: Callable[[StepReport], Any] | None,
-        r: int,
-        mode: Mode,
-    ) -> SimulationResult:
-        """The config's pipeline (its ``mode``) with ``r`` rollout GPUs."""
-        if mode.pipeline == "stream":
-            return self.run_stream(config, workload, on_step, r)
-        return self.run_async(config, workload, on_step, r, mode)
+    def pipeline_run(self, mode: Mode) -> Callable[[SchedulerConfig, Workload, OnStep, int], SimulationResult]:
+        """The run of ``mode``'s pipeline, called with (config, workload, on_step, rollout GPUs)."""
+        return self.run_stream if mode.pipeline == STREAM else partial(self.run_async, mode=mode)
 
     def hold(self, planner: StepPlanner, usage: StepUsage) -> StepUsage:
         """``usage`` of a finished step (its learning included), with each burst engine kept for the next step
@@ -281,7 +285,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         self,
         planner: StepPlanner,
         workload: Workload,
-        on_step: Callable[[StepReport], Any] | None = None,
+        on_step: OnStep = None,
         mode: str = BATCH_CUT,
     ) -> SimulationResult:
         """Every step of a carrying or over-provisioning ``mode``, run by its driver session over the workload's
@@ -305,9 +309,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
             out.append(self._settle_step(planner, driven, on_step))
             r += 1
 
-    def _settle_step(
-        self, planner: StepPlanner, driven: Driven, on_step: Callable[[StepReport], Any] | None
-    ) -> SimulatedStep:
+    def _settle_step(self, planner: StepPlanner, driven: Driven, on_step: OnStep) -> SimulatedStep:
         """A driven step billed: the engines up to when it ended, the learner on the tokens (prompt + response)
         that train, burst engines kept or released; the report with the driver's fields."""
         rep, u = driven.outcome.report, driven.outcome.usage
