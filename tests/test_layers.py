@@ -137,6 +137,27 @@ def test_the_mode_is_decided_in_one_place():
     assert hits == []
 
 
+def test_the_streams_decisions_are_made_in_one_place():
+    """The stream's book (admission, finishes, batches) is driven by ``rlhfless_sdk.rollout.stream_loop`` alone:
+    the simulator's loop and the adapter's ``EngineStream`` go through its ``StreamLoop``."""
+    import re
+
+    root = SDK.parent
+    decides = re.compile(r"\.(take|finish|form|may_start)\(")
+    allowed = {SDK / "rollout" / "stream_loop.py", SDK / "rollout" / "stream_book.py"}
+    hits = [
+        f"{p.relative_to(root)}:{i}: {line.strip()}"
+        for folder in (SDK / "rollout", SDK / "simulation", root / "adapters")
+        for p in folder.rglob("*.py")
+        if p not in allowed
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if decides.search(line) and "book" in line
+    ]
+    assert hits == []
+    assert "StreamLoop(" in (SDK / "rollout" / "stream.py").read_text(encoding="utf-8")
+    assert "StreamLoop(" in (root / "adapters" / "openrlhf" / "stream.py").read_text(encoding="utf-8")
+
+
 def test_the_adapters_production_path_imports_no_simulator():
     """The OpenRLHF adapter's production path (the launcher, the samples generator, the Ray backend, the engine and
     trainer classes) imports nothing from the SDK's simulation layer; only its tools (``adapters/openrlhf/tools/``:

@@ -20,6 +20,7 @@ from rlhfless_sdk.api.records import Cluster
 from rlhfless_sdk.cli.main import main
 from rlhfless_sdk.planning.engine_model import EngineSamples, steady_context, steady_rate, steady_step
 from rlhfless_sdk.rollout.stream import BalancedSplit, GroupBook, KvSlots, PinnedSplit, StreamStats, run_stream
+from rlhfless_sdk.rollout.stream_loop import StreamLoop
 from rlhfless_sdk.simulation.simulator import Simulator
 from rlhfless_sdk.simulation.stream import SimulatedStream, _StreamLearner
 from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
@@ -523,8 +524,9 @@ def test_the_drain_split_is_the_argmin_it_claims(seen, running, gpus, current, s
 def test_an_open_stream_drawn_as_it_goes_trains_every_group_once_within_the_age_bound(
     data, prompts, n, batch_groups, max_age, queue, slots, epochs
 ):
-    """The book as the OpenRLHF adapter drives it (``rlhfless_openrlhf.stream``): groups added as the dataloader is
-    drawn (only when a slot is free and the admission rule lets a group start), the book closed when it runs dry;
+    """The SDK's ``StreamLoop`` as the OpenRLHF adapter drives it (``rlhfless_openrlhf.stream``): groups added as the
+    dataloader is drawn (when a slot is free and the admission rule lets a group start, and after each batch those
+    that may start before the next call: ``to_draw``), the book closed when it runs dry;
     samples finishing in any order; OpenRLHF's async loop forming batch k only while at most ``queue`` batches wait
     for the learner, whose update after each batch advances the version; ``epochs`` passes over the prompts, each a
     new book numbering its batches on from the last. In every epoch every group trains exactly once, whole, B a
@@ -533,29 +535,30 @@ def test_an_open_stream_drawn_as_it_goes_trains_every_group_once_within_the_age_
     version, formed = 0, 0
     for _epoch in range(epochs):
         book = GroupBook([], batch_groups, max_age, closed=False, first_batch=formed)
-        drawn = 0
+        loop = StreamLoop(book, slots)
+        drawn = [0]
         running: list[int] = []
         dispatched_under: dict[int, int] = {}
         batches: list[list[int]] = []
+
+        def more(book=book, drawn=drawn) -> bool:  # the dataloader's next prompt, or the book closed when dry
+            if drawn[0] < prompts:
+                book.add(n)
+                drawn[0] += 1
+                return True
+            book.close()
+            return False
+
         for _ in range(20_000):
-            while len(running) < slots:  # the free slots get the stream's next samples
-                if book.next_sample >= book.samples and not book.closed and book.may_start(version) > 0:
-                    if drawn < prompts:
-                        book.add(n)
-                        drawn += 1
-                    else:
-                        book.close()
-                got = book.take(1, version)
-                if not got:
-                    break
-                running.append(got[0])
-                dispatched_under[got[0]] = version
+            for sid, _engine in loop.fill({0: slots - len(running)}, version, more).sent:  # the free slots
+                running.append(sid)
+                dispatched_under[sid] = version
             assert book.started - book.trained <= (max_age + 1) * batch_groups
             if formed - version <= queue:  # a queue slot is free (one batch may be training besides)
                 untrained = [g for g in book.groups if g.batch < 0]
                 must = sum(0 <= g.version <= formed - max_age for g in untrained)
                 size = min(batch_groups, len(untrained)) if book.closed else batch_groups
-                chosen = book.form(formed)
+                chosen = loop.form(formed)
                 if chosen is not None:
                     assert len(chosen) == max(size, must)  # B, more only for groups that cannot wait
                     for g in chosen:
@@ -563,6 +566,8 @@ def test_an_open_stream_drawn_as_it_goes_trains_every_group_once_within_the_age_
                         assert all(formed - dispatched_under[s] <= max_age for s in book.groups[g].samples)
                     batches.append(chosen)
                     formed += 1
+                    while loop.to_draw(formed) > 0 and more():  # the groups that may start before the next call
+                        pass
                     continue
             if book.closed and not book.untrained:
                 break
@@ -570,7 +575,7 @@ def test_an_open_stream_drawn_as_it_goes_trains_every_group_once_within_the_age_
             assert moves, f"stalled: version {version}, formed {formed}, started {book.started}, running {running}"
             if data.draw(st.sampled_from(moves)) == "finish":
                 sid = running.pop(data.draw(st.integers(0, len(running) - 1)))
-                book.finish(sid, 0.0)
+                loop.finished([sid], 0.0, [0.0], [0.0])
             else:
                 version += 1  # the learner trained the oldest waiting batch and broadcast its weights
         else:
@@ -578,3 +583,39 @@ def test_an_open_stream_drawn_as_it_goes_trains_every_group_once_within_the_age_
         trained = [g for b in batches for g in b]
         assert sorted(trained) == list(range(prompts))  # every group once
         assert all(len(b) >= batch_groups for b in batches[:-1])
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    sizes=st.lists(st.integers(1, 4), min_size=1, max_size=12),
+    free=st.dictionaries(st.integers(0, 5), st.integers(0, 9), max_size=6),
+    batch_groups=st.integers(1, 4),
+    max_age=st.integers(0, 2),
+    retry=st.integers(0, 3),
+)
+def test_the_stream_loop_fills_each_engine_within_its_free_slots_most_free_first(
+    sizes, free, batch_groups, max_age, retry
+):
+    """``StreamLoop.fill``, the one dispatch both backends use: samples to regenerate first, then the stream's in
+    order as the admission rule allows; no engine gets more than its free slots; each sample goes to an engine
+    with the most free slots left at that moment (ties: the lowest id); an engine is counted gated only while the
+    rule holds samples back."""
+    book = GroupBook(sizes, batch_groups, max_age)
+    loop = StreamLoop(book, 8)
+    first = book.take(retry, 0)  # started earlier, their engine died
+    for sid in first:
+        loop.requeue(sid)
+    left = dict(free)
+    fill = loop.fill(free, 0)
+    sent = [sid for sid, _ in fill.sent]
+    assert sent[: len(first)] == first[: len(sent)]  # regenerated first, in order
+    rest = sent[len(first) :]
+    assert rest == list(range(len(first), len(first) + len(rest)))  # the stream's next, in order, none twice
+    for _sid, engine in fill.sent:
+        most = max(left.values())
+        assert left[engine] == most and engine == min(e for e, n in left.items() if n == most)
+        left[engine] -= 1
+    assert all(n >= 0 for n in left.values())
+    wanting = sum(1 for n in left.values() if n > 0)
+    assert fill.gated == (wanting if book.next_sample < book.samples else 0)
+    assert loop.redone == len(first)

@@ -157,8 +157,8 @@ class EngineStream:
         """Draw now the groups the admission rule may start under weights ``version`` (the newest the engines can
         reach before the generator's next call), so that the feeder has them without touching the dataloader;
         returns how many were drawn. Called with ``cond`` held."""
-        book, drawn = self.book, 0
-        while not book.closed and len(book.groups) - book.started < book.may_start(version):
+        drawn = 0
+        while self.loop.to_draw(version) > 0:
             if not self._draw_one():
                 break
             drawn += 1

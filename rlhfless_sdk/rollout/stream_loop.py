@@ -120,6 +120,12 @@ class StreamLoop:
         got = book.take(1, version)
         return got[0] if got else None
 
+    def to_draw(self, version: int) -> int:
+        """Groups an open stream should add now so that every group the admission rule lets start under weights
+        ``version`` is in the book (0: enough are)."""
+        book = self.book
+        return 0 if book.closed else max(book.may_start(version) - (len(book.groups) - book.started), 0)
+
     def fill(self, free: dict[int, int], version: int, more: Callable[[], bool] | None = None) -> Fill:
         """Samples for the engines' free slots (``free``: engine -> how many more it takes now), one at a time to
         the engine with the most left (ties: the lowest id)."""
