@@ -131,11 +131,19 @@ for _kind in POLICIES:  # one hook per kind: rlhfless_register_predictors, ..._p
 
 
 def shipped_presets() -> list[SchedulerConfig]:
-    """The scheduler presets in the ``configs/`` folder (package ``rlhfless_configs``)."""
+    """The scheduler configs in the ``configs/`` folder (package ``rlhfless_configs``): the presets and baselines,
+    and ``configs/research/``, the research set (simulated only; each says ``group: research``)."""
     out = []
-    for entry in sorted(files("rlhfless_configs").iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".yaml"):
-            out.append(parse_scheduler_config(entry.read_text(encoding="utf-8"), f"configs/{entry.name}"))
+    for folder, prefix in (
+        (files("rlhfless_configs"), "configs"),
+        (files("rlhfless_configs") / "research", "configs/research"),
+    ):
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+            if entry.name.endswith(".yaml"):
+                config = parse_scheduler_config(entry.read_text(encoding="utf-8"), f"{prefix}/{entry.name}")
+                if (config.group == "research") != (prefix == "configs/research"):
+                    raise RuntimeError(f"{prefix}/{entry.name}: group {config.group!r} in the wrong folder")
+                out.append(config)
     return out
 
 

@@ -456,7 +456,7 @@ ROWS: dict[str, Row] = {
             "simulate",
             *SMALL,
             "--scheduler",
-            raw_scheduler_file(t, "rlhfless-onpolicy-tail", "tl", straggler="partial-batch"),
+            raw_scheduler_file(t, "research-onpolicy-tail", "tl", straggler="partial-batch"),
         ],
         ("--scheduler", "'tl'", "tail_prepare and tail_learn", "'partial-batch'", "carries cut samples"),
     ),
@@ -465,7 +465,7 @@ ROWS: dict[str, Row] = {
             "simulate",
             *SMALL,
             "--scheduler",
-            raw_scheduler_file(t, "rlhfless-onpolicy-overlap", "tp", straggler={"name": "partial"}),
+            raw_scheduler_file(t, "research-onpolicy-overlap", "tp", straggler={"name": "partial"}),
         ],
         ("--scheduler", "'tp'", "pipeline.tail_prepare", "'partial'"),
     ),
@@ -473,7 +473,7 @@ ROWS: dict[str, Row] = {
         lambda t: [
             *COMPARE,
             "--scheduler",
-            raw_scheduler_file(t, "rlhfless-onpolicy-overlap", "tp", straggler={"name": "partial"}),
+            raw_scheduler_file(t, "research-onpolicy-overlap", "tp", straggler={"name": "partial"}),
         ],
         ("--scheduler", "'tp'", "pipeline.tail_prepare"),
     ),
@@ -498,7 +498,7 @@ ROWS: dict[str, Row] = {
             "simulate",
             *SMALL,
             "--scheduler",
-            raw_scheduler_file(t, "rlhfless-stream", "b", {"split_schedule": [True, 2]}),
+            raw_scheduler_file(t, "research-elastic-stream", "b", {"split_schedule": [True, 2]}),
         ],
         ("b.yaml",),
         detail=("pipeline.split_schedule", "item 0: expected a number, got true"),
@@ -575,13 +575,14 @@ ROWS: dict[str, Row] = {
         ("--rollout-gpus", "openrlhf (synchronous)", "rlhfless (synchronous)"),
     ),
     "40-rollout-gpus-best-with-an-elastic-stream": Row(
-        lambda t: ["simulate", *SMALL, "--scheduler", "rlhfless-stream", "--rollout-gpus", "best"],
-        ("--rollout-gpus", "rlhfless-stream (an elastic stream, which re-plans its split)"),
+        lambda t: ["simulate", *SMALL, "--scheduler", "research-elastic-stream", "--rollout-gpus", "best"],
+        ("--rollout-gpus", "research-elastic-stream (an elastic stream, which re-plans its split)"),
     ),
     "40-rollout-gpus-with-an-async-one-applies": Row(
         lambda t: [
             "simulate",
             *SMALL,
+            *("--gpus", "5"),  # one engine and the 4 GPUs a 7B GRPO learner's state needs
             "--scheduler",
             "openrlhf",
             "--scheduler",
@@ -597,7 +598,7 @@ ROWS: dict[str, Row] = {
             "simulate",
             *SMALL,
             "--scheduler",
-            raw_scheduler_file(t, "rlhfless-stream", "e", {"rollout_gpus": 1}),
+            raw_scheduler_file(t, "research-elastic-stream", "e", {"rollout_gpus": 1}),
         ],
         ("e.yaml",),
         detail=("pipeline", "rollout_gpus fixes the split, which elastic: true re-plans"),
@@ -621,15 +622,15 @@ ROWS: dict[str, Row] = {
         ("--trace", "--prompts, --runaway shape the synthetic workload"),
     ),
     "40-compare-predictors-in-a-stream": Row(
-        lambda t: [*COMPARE, "--scheduler", "rlhfless-stream"],
-        ("--scheduler", "'rlhfless-stream' consults no predictor", "--no-simulate"),
+        lambda t: [*COMPARE, "--scheduler", "research-elastic-stream"],
+        ("--scheduler", "'research-elastic-stream' consults no predictor", "--no-simulate"),
     ),
     "40-compare-predictors-in-openrlhf": Row(
         lambda t: [*COMPARE, "--scheduler", "openrlhf"],
         ("--scheduler", "'openrlhf' consults no predictor", "none of its policies reads a predicted length"),
     ),
     "40-compare-predictors-in-a-stream-accuracy-only": Row(
-        lambda t: [*COMPARE, "--scheduler", "rlhfless-stream", "--no-simulate"]
+        lambda t: [*COMPARE, "--scheduler", "research-elastic-stream", "--no-simulate"]
     ),
     "40-two-scheduler-files-one-name": Row(
         lambda t: [

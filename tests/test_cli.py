@@ -30,8 +30,29 @@ def test_help_and_version():
 def test_plugins_lists_every_kind_with_its_plugin():
     res = run("plugins")
     assert res.exit_code == 0, res.output
-    for kind in ("predictor:", "prefill_planner:", "assigner:", "migrator:", "scaler:", "placer:", "scheduler:"):
+    for kind in ("predictor:", "prefill_planner:", "assigner:", "migrator:", "scaler:", "placer:"):
         assert kind in res.output
+    # the schedulers in three lists: presets (what OpenRLHF runs), baselines, the research set (simulated only)
+    heads = [line for line in res.output.splitlines() if line.startswith("scheduler (")]
+    assert [h.split(":")[0] for h in heads] == [
+        "scheduler (presets",
+        "scheduler (baselines",
+        "scheduler (research set",
+    ]
+    lines = res.output.splitlines()
+    listed = {}
+    for head in heads:
+        at = lines.index(head) + 1
+        while at < len(lines) and lines[at].startswith("  "):
+            listed.setdefault(head.split(":")[0], []).append(lines[at].split()[0])
+            at += 1
+    assert {"rlhfless", "rlhfless-stream", "rlhfless-onpolicy"} <= set(listed["scheduler (presets"])
+    assert set(listed["scheduler (research set"]) == {
+        "oracle",
+        "research-elastic-stream",
+        "research-onpolicy-overlap",
+        "research-onpolicy-tail",
+    }
     line = next(line for line in res.output.splitlines() if line.strip().startswith("cost-aware"))
     assert "rlhfless-policies" in line and "lambda" in line
 

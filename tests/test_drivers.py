@@ -60,6 +60,12 @@ def _profile():
     return load_profile(PROFILE)
 
 
+def _small_learner():
+    """The profile without its learner block, for async pipelines on 4 GPUs (a 7B learner's state needs 4 L40S
+    alone: ``tests/test_stream.py`` tests that floor)."""
+    return _profile().model_copy(update={"learner": None})
+
+
 EXPECTED = {
     "openrlhf": PLAIN,
     "verl": PLAIN,
@@ -276,7 +282,7 @@ def test_an_async_pipeline_cut_at_b_groups_trains_every_token_once_and_bounds_it
         SyntheticWorkload(per_step, samples, seed=seed, median_length=60.0, max_length=400), steps
     )
     total_prompts = sum(len(ws.batch) for ws in work.steps)
-    sim = Simulator(_profile(), Cluster.of_gpus(4, 4), registry=registry)
+    sim = Simulator(_small_learner(), Cluster.of_gpus(4, 4), registry=registry)
     reports = sim.run(config, work).reports
     b = max(len(ws.batch) for ws in work.steps)
     assert [r.groups_trained for r in reports[:-1]] == [b] * (len(reports) - 1)
@@ -289,7 +295,7 @@ def test_an_async_pipeline_refuses_a_driver_it_does_not_model(registry):
     from rlhfless_sdk.api.errors import RlhflessError
 
     config = registry.scheduler("openrlhf-async").derive(name="async-tail", straggler={"name": "tail-batch"})
-    sim = Simulator(_profile(), Cluster.of_gpus(4, 4), registry=registry)
+    sim = Simulator(_small_learner(), Cluster.of_gpus(4, 4), registry=registry)
     work = synthetic_workload(SyntheticWorkload(4, 2, seed=0, median_length=60.0, max_length=400), 2)
     with pytest.raises(RlhflessError, match=r"'async-tail'.*tail-rounds.*partial-batch"):
         sim.run(config.derive(pipeline={"mode": "async", "rollout_gpus": 2}), work)

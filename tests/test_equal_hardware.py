@@ -72,7 +72,8 @@ def test_every_step_bills_within_its_hardware_and_no_run_beats_the_work_bound(
 ):
     """... on one-GPU engines or tensor-parallel ones (``tp``): the bound is on one-GPU engines either way."""
     registry = registry_with()
-    prof = load_profile("qwen2.5-7b-l40s").model_copy(update={"colocated_kv_capacity_tokens": 3000})
+    # no learner block: a 4-GPU fleet cannot hold a 7B learner's state beside an engine (tests/test_stream.py)
+    prof = load_profile("qwen2.5-7b-l40s").model_copy(update={"colocated_kv_capacity_tokens": 3000, "learner": None})
     gpus = 4
     sim = Simulator(
         prof.sharded(tp),

@@ -7,6 +7,7 @@ import importlib.metadata
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip("openrlhf", reason="the adapter's tests need openrlhf 0.11.2 (installed by the test command)")
 
@@ -331,6 +332,52 @@ def _runnable_presets() -> list[str]:
     return [n for n in runs if n != "openrlhf"]  # that one runs OpenRLHF unchanged: no hook at all
 
 
+def _presets() -> list[str]:
+    from rlhfless_sdk import get_plugin_manager
+
+    registry = get_plugin_manager().registry
+    return [n for n in registry.names("scheduler") if registry.scheduler(n).group == "preset"]
+
+
+def test_every_preset_runs_through_the_launcher_and_nothing_else_is_a_preset():
+    """What ``rlhfless plugins`` lists as a preset is exactly what the launcher runs: every preset resolves; every
+    research config is refused; a baseline is OpenRLHF's own behaviour (``openrlhf`` runs it unchanged, its async
+    modes are its own flags, ``verl`` is verl's dispatch)."""
+    from rlhfless_openrlhf.capabilities import adapter_refusal
+
+    from rlhfless_sdk import get_plugin_manager
+
+    registry = get_plugin_manager().registry
+    presets = _presets()
+    assert {"rlhfless", "rlhfless-fast", "rlhfless-onpolicy", "rlhfless-stream", "rlhfless-paper"} <= set(presets)
+    for name in registry.names("scheduler"):
+        config = registry.scheduler(name)
+        refused = adapter_refusal(config, registry)
+        if config.group == "preset":
+            assert refused is None, refused
+            assert resolve({"--scheduler": name}) is not None
+        elif config.group == "research":
+            assert refused is not None and "research set" in refused
+
+
+@pytest.mark.parametrize("launch", ["sync", "async"])
+@pytest.mark.parametrize("preset", _presets())
+def test_each_preset_launches_in_each_mode_it_supports(monkeypatch, preset, launch):
+    """Every preset through the launcher's hook on OpenRLHF's own args, in a synchronous and an async launch: each
+    runs in both, but the stream, which streams only in OpenRLHF's async loop and is refused in one line without it."""
+    from rlhfless_sdk import get_plugin_manager
+
+    streams = get_plugin_manager().registry.scheduler(preset).pipeline.mode == "stream"
+    _hooked(monkeypatch, preset, ["--actor.model_name_or_path", "m"])
+    flags = {"train.async_enable": True} if launch == "async" else {}
+    if streams and launch == "sync":
+        with pytest.raises(SystemExit, match=rf"'{preset}'.*streams.*--train\.async_enable"):
+            _hierarchized(**flags)
+        return
+    args = _hierarchized(**flags)
+    assert bool(getattr(args.train, "async_enable", False)) == (launch == "async")
+
+
 @pytest.mark.parametrize("preset", _runnable_presets())
 def test_a_scheduler_that_trains_stale_tokens_gets_importance_correction_by_default(monkeypatch, caplog, preset):
     """OpenRLHF's default is no correction (``off``). A preset whose straggler policy keeps a cut sample's tokens
@@ -376,8 +423,7 @@ def test_straggler_presets_run_in_openrlhfs_async_mode_with_their_age_bound_said
 def test_the_stream_runs_only_in_openrlhfs_async_loop_with_partial_rollout_broadcasts(monkeypatch, caplog):
     """``rlhfless-stream``: refused in one line without ``--train.async_enable`` (its engines generate on while the
     learner trains), with sleeping engines or dynamic filtering; in the async loop the partial-rollout broadcast
-    (pause, load, resume) is turned on with a line saying so, the age bound and the correction are said, and so is
-    that OpenRLHF's fixed learner leaves the elastic split to the simulator."""
+    (pause, load, resume) is turned on with a line saying so, and the age bound and the correction are said."""
     import logging
 
     _hooked(monkeypatch, "rlhfless-stream", ["--actor.model_name_or_path", "m"])
@@ -394,7 +440,7 @@ def test_the_stream_runs_only_in_openrlhfs_async_loop_with_partial_rollout_broad
     assert args.train.partial_rollout_enable is True and args.algo.advantage.is_correction_level == "token"
     assert any("--train.partial_rollout_enable on" in line for line in said)
     assert any("no token more than 2 weight updates old" in line for line in said)
-    assert any("elastic split is not applied" in line for line in said)
+    assert not any("elastic" in line for line in said)
     assert any("up to 2 weight updates stale" in line and "correction on" in line for line in said)
     assert any("queue 1)" in line and "up to 1 batch(es) ahead of training" in line for line in said)
     caplog.clear()
@@ -404,20 +450,23 @@ def test_the_stream_runs_only_in_openrlhfs_async_loop_with_partial_rollout_broad
     assert any("up to 2 batch(es) ahead" in line and "a queue above 2 adds nothing" in line for line in said)
 
 
-def test_the_fixed_split_stream_runs_in_openrlhfs_async_loop_at_the_split_launched(monkeypatch, caplog):
-    """``rlhfless-stream-fixed`` (the stream as OpenRLHF can run it): the same async-loop settings and age bound as
-    ``rlhfless-stream``, and no elastic split to leave out."""
-    import logging
-
-    _hooked(monkeypatch, "rlhfless-stream-fixed", ["--actor.model_name_or_path", "m"])
-    with pytest.raises(SystemExit, match=r"rlhfless-stream-fixed.*streams.*--train\.async_enable"):
-        _hierarchized()
-    with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
-        args = _hierarchized(**{"train.async_enable": True})
-    said = [r.getMessage() for r in caplog.records]
-    assert args.train.partial_rollout_enable is True and args.algo.advantage.is_correction_level == "token"
-    assert any("no token more than 2 weight updates old" in line for line in said)
-    assert not any("elastic" in line for line in said)
+@pytest.mark.parametrize(
+    ("name", "why", "instead"),
+    [
+        ("research-elastic-stream", "resizes the learner between batches", "rlhfless-stream"),
+        ("research-onpolicy-tail", "tail_learn", "rlhfless-onpolicy"),
+        ("research-onpolicy-overlap", "tail_prepare", "rlhfless-onpolicy"),
+        ("oracle", "reads true lengths", "rlhfless"),
+    ],
+)
+def test_the_research_set_is_refused_at_launch_naming_why_and_the_preset_that_runs(name, why, instead):
+    """The research set (``group: research``, ``configs/research/``) is simulated only: the launcher refuses each
+    one in one line, before OpenRLHF starts, naming its mechanism and the preset OpenRLHF runs instead."""
+    with pytest.raises(SystemExit) as refused:
+        resolve({"--scheduler": name})
+    message = str(refused.value.code)
+    assert "\n" not in message and f"'{name}' is in the research set" in message
+    assert why in message and f"on OpenRLHF: {instead})" in message
 
 
 def test_the_demo_and_fidelity_refuse_the_stream_naming_the_async_loop():
@@ -434,13 +483,18 @@ def test_the_demo_and_fidelity_refuse_the_stream_naming_the_async_loop():
 
 
 @pytest.mark.parametrize(
-    ("preset", "option"), [("rlhfless-onpolicy-overlap", "tail_prepare"), ("rlhfless-onpolicy-tail", "tail_learn")]
+    ("preset", "option"), [("research-onpolicy-overlap", "tail_prepare"), ("research-onpolicy-tail", "tail_learn")]
 )
-def test_work_in_the_tail_is_refused_on_openrlhf_naming_the_preset_to_use(preset, option):
-    """OpenRLHF scores and learns on its whole model groups at once: the launcher refuses the simulator-only
-    on-policy presets in one line, naming the one that runs there."""
-    with pytest.raises(SystemExit, match=rf"{preset}.*{option}.*on OpenRLHF: rlhfless-onpolicy"):
-        resolve({"--scheduler": preset})
+def test_work_in_the_tail_is_refused_on_openrlhf_naming_the_preset_to_use(tmp_path, preset, option):
+    """OpenRLHF scores and learns on its whole model groups at once: the launcher refuses a user's config that
+    works in the tail (here the research set's, as the user's own group) in one line, naming the preset that runs."""
+    from rlhfless_sdk import get_plugin_manager
+
+    config = get_plugin_manager().registry.scheduler(preset).derive(name="mine", group="preset")
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    with pytest.raises(SystemExit, match=rf"'mine'.*{option}.*on OpenRLHF: rlhfless-onpolicy"):
+        resolve({"--scheduler.config": str(path)})
 
 
 @pytest.mark.parametrize("argv", [[IS_FLAG, "seq"], [f"{IS_FLAG}=seq"], ["--algo.advantage.is_correction_lev", "seq"]])
@@ -486,7 +540,7 @@ def test_an_explicit_correction_off_is_refused_through_openrlhfs_own_cli(monkeyp
     assert not ray.is_initialized()
 
 
-@pytest.mark.parametrize("preset", ["rlhfless-fast", "rlhfless-onpolicy", "rlhfless-stream", "rlhfless-stream-fixed"])
+@pytest.mark.parametrize("preset", ["rlhfless-fast", "rlhfless-onpolicy", "rlhfless-stream"])
 def test_oversampling_is_refused_for_a_scheduler_that_carries_work_or_streams(monkeypatch, preset):
     """OpenRLHF's ``--rollout.vllm_generate_batch_size`` above ``--rollout.batch_size`` (async only) trains the groups
     beyond a batch from a buffer a weight update later and leaves that buffer out of its checkpoints: a scheduler
@@ -716,13 +770,13 @@ LAUNCHED = [
     ("rlhfless-fast", "async"),
     ("rlhfless-onpolicy", "sync"),
     ("rlhfless-onpolicy", "async"),
-    ("rlhfless-stream-fixed", "async"),
+    ("rlhfless-stream", "async"),
 ]
 #: What CI launches: every shape once and, with the launches above, every preset and mode (``RLHFLESS_LAUNCH_MATRIX=
 #: full`` launches every preset and mode in every shape it runs in: 22 launches, about 12 minutes here).
 CI_LAUNCHES = [
     ("ppo-critic-reward-colocate-all", "rlhfless-onpolicy", "sync"),
-    ("reinforce-baseline-async", "rlhfless-stream-fixed", "async"),
+    ("reinforce-baseline-async", "rlhfless-stream", "async"),
     ("grpo-async-eval-colocate-actor-ref", "rlhfless-onpolicy", "async"),
     ("grpo-tensor-parallel-2", "rlhfless-fast", "sync"),
     ("ppo-critic-reward-colocate-all", "rlhfless", "async"),

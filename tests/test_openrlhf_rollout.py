@@ -562,7 +562,7 @@ def _global_recorded():
 
 @pytest.mark.parametrize("kv", ["holds-the-tail", "holds-one-sample"])
 def test_kv_consolidation_moves_the_tail_only_where_the_kv_holds_it(stack, registry_with, kv):
-    """The global migrator with ``kv_fill`` on real engines (what ``rlhfless-onpolicy-tail`` consolidates with):
+    """The global migrator with ``kv_fill`` on real engines (what ``research-onpolicy-tail`` consolidates with):
     each snapshot carries every engine's KV, its running samples' prompts and tokens, against the engines' KV
     capacity (read from the engines; here set to each case's). With a capacity that holds the whole tail on one
     engine, the other engine's samples all move to that one, once, and every sample ends with all its tokens and
@@ -1453,6 +1453,7 @@ def _stream_in_async_loop(stack, prompts, b, *, queue_size=1, episodes=1, learn_
     )
     thread, failed = fit_in_thread(actor, rollout)
     batches = []
+    taken = time.time()
     while True:
         payload = rollout.get(timeout=600)
         if payload == "done":
@@ -1473,7 +1474,10 @@ def _stream_in_async_loop(stack, prompts, b, *, queue_size=1, episodes=1, learn_
             }
         )
         slots.put(len(batches))  # the learner took the batch: the generator may form the next one
-        time.sleep(learn_s)  # "training": the engines generate on meanwhile
+        # "training": the engines generate on meanwhile; ``learn_s`` callable: of the seconds the batch took to come
+        # after the last training step
+        time.sleep(learn_s(time.time() - taken) if callable(learn_s) else learn_s)
+        taken = time.time()
         ray.get([e.pause_generation.remote() for e in engines])  # the partial-rollout broadcast's calls
         ray.get([e.resume_generation.remote() for e in engines])
     thread.join(timeout=120)
@@ -1660,8 +1664,9 @@ def test_the_stream_waits_for_the_learner_at_any_queue_size_without_calling_it_a
 
 
 def test_the_stream_keeps_the_engines_fed_while_openrlhfs_actor_waits(stack, openrlhf_learning):
-    """Between the generator's calls OpenRLHF's actor waits for a queue slot (here through each 4 s learning step,
-    longer than a batch's generation even on a loaded machine); the stream's feeder keeps dispatching meanwhile, so
+    """Between the generator's calls OpenRLHF's actor waits for a queue slot (here through each learning step, twice
+    as long as its batch took to come, so the actor waits on a machine however loaded); the stream's feeder keeps
+    dispatching meanwhile, so
     a sample that finishes frees its slot for the next one then, not at the next call (engines of 2 slots each here,
     so that slots, not the age bound, hold samples back). Every group still trains once, B a batch, within the age
     bound; the prompts each checkpoint keeps are those drawn and not trained (the feeder draws nothing between
@@ -1696,7 +1701,10 @@ def test_the_stream_keeps_the_engines_fed_while_openrlhfs_actor_waits(stack, ope
     prompts = VARIED[:5]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(EngineStream, "dispatch", counted)
-        _gen, batches = _stream_in_async_loop(stack, prompts, b, learn_s=4.0, prepare=prepare)
+        # each learning step lasts twice the time its batch took to come, so the generator's next call always finds
+        # the queue full and OpenRLHF's actor waits, however loaded the machine is
+        learn = lambda gen_s: max(2.0, 2 * gen_s)  # noqa: E731
+        _gen, batches = _stream_in_async_loop(stack, prompts, b, learn_s=learn, prepare=prepare)
     _check_stream_batches(batches, prompts, b)
     waits = [(calls[i][1], calls[i + 1][0]) for i in range(len(calls) - 1)]  # the actor outside the generator
     between = sum(sent for t, sent in fed if any(a < t < z for a, z in waits))

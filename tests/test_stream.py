@@ -26,7 +26,10 @@ from rlhfless_sdk.simulation.stream import SimulatedStream, _StreamLearner
 from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
 from rlhfless_sdk.workloads.traces import synthetic_workload
 
-PROFILE = load_profile("qwen2.5-7b-l40s")
+#: The shipped 7B profile without its learner block: these tests run streams on 2-6 GPUs, where a 7B GRPO learner's
+#: state (4 L40S at least) would leave no engine; the learner's floor and restarts are tested on the full profile.
+FULL = load_profile("qwen2.5-7b-l40s")
+PROFILE = FULL.model_copy(update={"learner": None})
 
 
 def small_profile(max_num_seqs: int, kv: int):
@@ -326,7 +329,7 @@ def test_kv_slots_cut_preemptions_on_a_kv_bound_stream_and_every_token_is_genera
     registry = get_plugin_manager().registry
     out = {}
     for fill in (None, 0.9):
-        config = registry.resolve("rlhfless-stream").derive(
+        config = registry.resolve("research-elastic-stream").derive(
             pipeline={"mode": "stream", "max_age": 2, "elastic": True, "kv_slots": fill}
         )
         result = Simulator(PROFILE, Cluster.of_gpus(4, 4), registry=registry).run(config, workload)
@@ -365,12 +368,12 @@ def test_split_schedule_applies_to_an_elastic_stream_and_names_a_bad_entry():
         PipelineConfig(mode="async", split_schedule=[4])
     registry = get_plugin_manager().registry
     pipeline = {"mode": "stream", "max_age": 2, "elastic": True, "split_schedule": [0, 4]}
-    config = registry.resolve("rlhfless-stream").derive(pipeline=pipeline)
+    config = registry.resolve("research-elastic-stream").derive(pipeline=pipeline)
     sim = Simulator(PROFILE, Cluster.of_gpus(4, 4), registry=registry)
     with pytest.raises(RlhflessError, match="split_schedule entry 4 is not a split of 4 GPUs"):
         sim.run(config, _lr_workload(2))
     pipeline["split_schedule"] = [0, 2, 1]
-    result = sim.run(registry.resolve("rlhfless-stream").derive(pipeline=pipeline), _lr_workload(3))
+    result = sim.run(registry.resolve("research-elastic-stream").derive(pipeline=pipeline), _lr_workload(3))
     assert result.stream["splits"][1:] == [2, 1]
 
 
@@ -381,7 +384,7 @@ def _lr_workload(steps: int = 4):
 
 def test_the_stream_preset_trains_every_prompt_once_with_age_at_most_two():
     registry = get_plugin_manager().registry
-    config = registry.resolve("rlhfless-stream")
+    config = registry.resolve("research-elastic-stream")
     sim = Simulator(PROFILE, Cluster.of_gpus(4, 4), registry=registry)
     workload = _lr_workload()
     result = sim.run(config, workload)
@@ -411,7 +414,7 @@ def test_a_fixed_stream_split_runs_at_the_split_it_is_given():
 
 def test_the_fixed_split_preset_runs_the_whole_stream_at_the_fastest_split_of_its_first_steps():
     registry = get_plugin_manager().registry
-    config = registry.resolve("rlhfless-stream-fixed")
+    config = registry.resolve("rlhfless-stream")
     sim = Simulator(PROFILE, Cluster.of_gpus(4, 4), registry=registry)
     workload = _lr_workload(3)
     result = sim.run(config, workload)
@@ -423,21 +426,26 @@ def test_the_fixed_split_preset_runs_the_whole_stream_at_the_fastest_split_of_it
 
 
 def test_simulate_prints_and_returns_the_stream_split():
-    args = ["simulate", "--prompts", "32", "--samples", "4", "--steps", "3", "--gpus", "4", "--gpus-per-node", "4"]
-    args += ["--scheduler", "openrlhf-async", "--scheduler", "rlhfless-stream"]
+    args = ["simulate", "--prompts", "32", "--samples", "4", "--steps", "3", "--gpus", "8", "--gpus-per-node", "8"]
+    args += ["--scheduler", "openrlhf-async", "--scheduler", "research-elastic-stream"]
     table = CliRunner().invoke(main, args)
     assert table.exit_code == 0, table.output
     assert "(stream: rollout GPUs batch by batch " in table.output
     out = CliRunner().invoke(main, [*args, "--json"])
     assert out.exit_code == 0, out.output
     rows = {r["name"]: r for r in json.loads(out.output)["schedulers"]}
-    stream = rows["rlhfless-stream"]["stream"]
-    assert len(stream["splits"]) == stream["batches"] == len(rows["rlhfless-stream"]["steps"])
-    assert all(1 <= r <= 3 for r in stream["splits"])
+    stream = rows["research-elastic-stream"]["stream"]
+    assert len(stream["splits"]) == stream["batches"] == len(rows["research-elastic-stream"]["steps"])
+    assert stream["learner_floor"] == 4  # a 7B GRPO learner's ZeRO-3 state fills 4 L40S
+    assert all(1 <= r <= 4 for r in stream["splits"])
+    before = [stream["first_split"], *stream["splits"]]
+    assert [x["batch"] for x in stream["restarts"]] == [
+        k for k in range(len(stream["splits"])) if before[k + 1] != before[k]
+    ]
     assert rows["openrlhf-async"]["stream"] is None
-    plan = CliRunner().invoke(main, ["plan", "--scheduler", "rlhfless-stream"])
+    plan = CliRunner().invoke(main, ["plan", "--scheduler", "research-elastic-stream"])
     assert plan.exit_code != 0
-    assert "'rlhfless-stream' is a stream pipeline" in " ".join(plan.output.split())
+    assert "'research-elastic-stream' is a stream pipeline" in " ".join(plan.output.split())
 
 
 @given(
@@ -619,3 +627,47 @@ def test_the_stream_loop_fills_each_engine_within_its_free_slots_most_free_first
     wanting = sum(1 for n in left.values() if n > 0)
     assert fill.gated == (wanting if book.next_sample < book.samples else 0)
     assert loop.redone == len(first)
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    data=st.data(),
+    groups=st.integers(2, 30),
+    gpus=st.integers(3, 12),
+    floor=st.integers(1, 4),
+    restart=st.floats(0.0, 300.0),
+    batch_groups=st.integers(1, 4),
+)
+def test_an_elastic_learner_never_runs_below_its_floor_and_every_resize_pays_a_restart(
+    data, groups, gpus, floor, restart, batch_groups
+):
+    """The elastic split with a learner whose state needs ``floor`` GPUs and whose resize is a restart from
+    checkpoint (``restart`` s): no batch trains on fewer than ``floor`` GPUs, every change of the split is a
+    restart recorded at its batch, and that batch's training takes the restart plus its work on the new GPUs."""
+    if gpus - floor < 1:
+        return
+    n = 2
+    lengths = data.draw(st.lists(st.integers(1, 3000), min_size=groups * n, max_size=groups * n))
+    profile = small_profile(16, kv=16 * 3000)
+    sizes = [n] * groups
+    gid = [g for g in range(groups) for _ in range(n)]
+    samples = EngineSamples(gid, [i % n for i in range(len(gid))], [50] * len(gid), [0] * len(gid), lengths,
+                            [0.0] * len(gid), [0] * len(gid))  # fmt: skip
+    tokens = [sum(50 + lengths[g * n + i] for i in range(n)) for g in range(groups)]
+    rate = sum(profile.learner_rates("grpo"))
+    learner = _StreamLearner(tokens, rate, profile.weight_sync_s)
+    split = BalancedSplit(profile, gpus, rate, switch_s=restart, min_learners=floor)
+    r = split.first()
+    assert gpus - r >= floor
+    engines = SimulatedStream(profile, samples, r)
+    book = GroupBook(sizes, batch_groups, 1)
+    stats = run_stream(
+        engines, learner, book, gpus=gpus, rollout_gpus=r, split=split, switch_s=restart, min_learners=floor
+    )
+    assert min(stats.learners) >= floor
+    before = [r, *stats.split]
+    resized = [k for k in range(len(stats.split)) if before[k + 1] != before[k]]
+    assert [k for k, _ in stats.restarts] == resized and all(x == restart for _, x in stats.restarts)
+    for k, (start, end) in enumerate(stats.train):
+        work = stats.trained_tokens[k] * rate / stats.learners[k]
+        assert end - start == pytest.approx((restart if k in resized else 0.0) + work, rel=1e-9, abs=1e-9)

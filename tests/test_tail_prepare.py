@@ -125,7 +125,7 @@ def test_a_gradient_group_is_the_fewest_gpus_that_hold_its_models():
     profile = load_profile("qwen2.5-7b-l40s")
     assert group_gpus(profile, "grpo") == 2 and group_gpus(profile, "ppo") == 3
     assert learning_switch_s(profile, "grpo", 2) == pytest.approx(scoring_switch_s(profile) + 61.0 / 2 / 25, rel=1e-2)
-    assert gradient_reduce_s(profile) == pytest.approx(2 * profile.weight_sync_s)
+    assert gradient_reduce_s(profile) == pytest.approx(2 * 15.22 / 12.5)
 
 
 def test_tail_learn_extends_tail_prepare():
@@ -144,7 +144,7 @@ def test_learning_in_the_tail_of_a_consolidated_step_is_on_policy_and_bills_its_
     registry = get_plugin_manager().registry
     profile = load_profile("qwen2.5-7b-l40s")
     work = synthetic_workload(LONG_REASONING, steps=2)
-    tail = registry.scheduler("rlhfless-onpolicy-tail")
+    tail = registry.scheduler("research-onpolicy-tail")
     runs = {}
     for k in (0, 1, 2):  # no tail work; one optimizer step a batch; two
         pipeline = {"tail_prepare": k > 0, "tail_learn": k > 0, "updates_per_batch": max(k, 1)}
@@ -173,7 +173,7 @@ def test_a_tail_too_short_to_consolidate_is_left_alone_and_frees_no_gpu_to_learn
     learn in the tail were freed by the consolidation or after it, never before it (they were released)."""
     registry = get_plugin_manager().registry
     profile = load_profile("qwen2.5-7b-l40s")
-    tail = registry.scheduler("rlhfless-onpolicy-tail")
+    tail = registry.scheduler("research-onpolicy-tail")
     plain = tail.derive(name="no-tail-work", pipeline={"tail_prepare": False, "tail_learn": False})
     short = synthetic_workload(SyntheticWorkload(num_prompts=64, n_samples=4), steps=2)
     reports = {}

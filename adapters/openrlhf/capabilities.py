@@ -32,16 +32,26 @@ def adapter_refusal(
     """Why the adapter cannot run ``config`` (None: it can), naming the policy or pipeline that needs more.
     ``async_loop=False``: steps run one after the other (the demo, the fidelity check), where a stream cannot."""
     mode = mode_for(config, registry)
+    research = f"scheduler {config.name!r} is in the research set (simulated only; `rlhfless simulate` runs it): "
+    if mode.elastic:
+        return (
+            f"{research}its elastic split (pipeline: elastic) resizes the learner between batches, which OpenRLHF's "
+            "DeepSpeed learner cannot do without a restart from checkpoint (on OpenRLHF: rlhfless-stream)"
+        )
+    if config.policy("predictor").name == "oracle":
+        return f"{research}its oracle predictor reads true lengths, which no real run knows (on OpenRLHF: rlhfless)"
     if mode.tail:
         learns = mode.tail == "learn"
         work = "scores and learns on" if learns else "scores"
         groups = "actor, reference and reward groups" if learns else "reference and reward groups"
+        lead = research + "it" if config.group == "research" else f"scheduler {config.name!r}"
         return (
-            f"scheduler {config.name!r} {work} complete groups in the generation tail on the GPUs whose engines are "
-            f"done (pipeline: tail_prepare{', tail_learn' if learns else ''}), but OpenRLHF scores and learns on its "
-            f"whole {groups} at once, sharded over every GPU; `rlhfless simulate` runs it (on OpenRLHF: "
-            "rlhfless-onpolicy)"
+            f"{lead} {work} complete groups in the generation tail on the GPUs whose engines are done (pipeline: "
+            f"tail_prepare{', tail_learn' if learns else ''}), but OpenRLHF scores and learns on its whole {groups} "
+            "at once, sharded over every GPU; `rlhfless simulate` runs it (on OpenRLHF: rlhfless-onpolicy)"
         )
+    if config.group == "research":
+        return f"{research}no OpenRLHF learner runs its mechanism (`rlhfless plugins` lists the presets that run)"
     if mode.name == STREAM and not async_loop:
         return f"scheduler {config.name!r} {STREAM_NEEDS}; `rlhfless simulate` runs it too"
     why = refusal(config, mode, MODES, BACKEND)

@@ -20,7 +20,7 @@ generator draws, inside its call, the groups the admission rule may start before
 so a checkpoint's dataloader state and the prompts it keeps always agree.
 
 OpenRLHF's learner holds the GPUs it was launched with, so the split between generation and learning is the one
-launched; the elastic split is the simulator's (``rlhfless simulate``).
+launched; an elastic split is research, simulated only (``research-elastic-stream``).
 """
 
 from __future__ import annotations

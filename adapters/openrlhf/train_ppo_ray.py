@@ -314,13 +314,6 @@ def check_stream(args: Any, settings: dict[str, Any]) -> None:
             name,
         )
     queue = int(_flag(args, "train", "async_queue_size") or 1)
-    if settings["mode"]["elastic"]:
-        log.info(
-            "rlhfless: scheduler %r: OpenRLHF's learner holds the GPUs it was launched with, so the elastic split is "
-            "not applied; the stream runs on the %s engine(s) launched",
-            name,
-            _flag(args, "vllm", "num_engines"),
-        )
     max_age = int(pipeline.get("max_age", 1))
     log.info(
         "rlhfless: scheduler %r streams in OpenRLHF's async loop (queue %d): batches of B complete groups, no "

@@ -7,7 +7,7 @@ then each policy name and its parameters against the plugin registry (the policy
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import yaml
 from pydantic import (
@@ -176,6 +176,11 @@ _WithPolicies = create_model("_WithPolicies", __base__=_Named, **{k.name: _polic
 class SchedulerConfig(_WithPolicies):  # type: ignore[misc,valid-type]
     """A scheduler: one policy of each kind (a field per row of the kind table), plus the planner's parameters."""
 
+    group: Literal["preset", "baseline", "research"] = Field(
+        default="preset",
+        description="preset: a scheduler a framework adapter launches; baseline: a framework's own behaviour, "
+        "measured against; research: a mechanism no framework's learner runs, simulated only.",
+    )
     min_actors: PositiveInt = Field(default=1, description="Fewest decode actors the scaler may choose.")
     max_actors: PositiveInt | None = Field(
         default=None, description="Most decode actors the scaler may choose; default: every GPU of the cluster."

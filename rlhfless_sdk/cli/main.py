@@ -93,8 +93,15 @@ def plugins_cmd(as_json: bool) -> None:
             rows.append({"kind": kind, "name": name, "plugin": spec.plugin, "description": spec.description})
     for name in reg.names("scheduler"):
         preset = reg.schedulers[name]
+        group = preset.config.group
         rows.append(
-            {"kind": "scheduler", "name": name, "plugin": preset.plugin, "description": preset.config.description}
+            {
+                "kind": "scheduler",
+                "name": name,
+                "plugin": preset.plugin,
+                "description": preset.config.description,
+                "group": group,
+            }
         )
     for name, (cmd, plugin) in sorted(reg.commands.items()):
         rows.append({"kind": "command", "name": name, "plugin": plugin, "description": cmd.get_short_help_str(60)})
@@ -108,13 +115,24 @@ def plugins_cmd(as_json: bool) -> None:
         return
     width = max(len(r["name"]) for r in rows)
     pwidth = max(len(r["plugin"]) for r in rows)
-    for kind in (*POLICY_KINDS, "scheduler", "command"):
-        kind_rows = [r for r in rows if r["kind"] == kind]
+    titles = {
+        "scheduler": "scheduler (presets: what OpenRLHF runs, `--scheduler NAME`)",
+        "scheduler (baseline)": "scheduler (baselines: frameworks' own behaviour, measured against)",
+        "scheduler (research)": "scheduler (research set: simulated only, no OpenRLHF learner runs it)",
+    }
+    for kind in (*POLICY_KINDS, *titles, "command"):
+        kind_rows = [r for r in rows if _listed_as(r) == kind]
         if not kind_rows:
             continue
-        click.secho(f"{kind}:", bold=True)
+        click.secho(f"{titles.get(kind, kind)}:", bold=True)
         for r in kind_rows:
             click.echo(f"  {r['name']:<{width}}  {r['plugin']:<{pwidth}}  {r['description']}")
+
+
+def _listed_as(row: dict) -> str:
+    """The heading a ``plugins`` row is listed under: its kind, a scheduler's group beside it."""
+    group = row.get("group", "preset")
+    return row["kind"] if group == "preset" else f"{row['kind']} ({group})"
 
 
 @main.group("config")

@@ -88,9 +88,8 @@ class Learner(Protocol):
         """Tokens (prompts and responses) that training ``groups`` trains."""
         ...
 
-    def train_s(self, tokens: float, gpus: int, joining: int = 0, after_s: float = 0.0) -> float:
-        """Seconds that training ``tokens`` takes on ``gpus`` GPUs (scoring and update), ``joining`` more GPUs taking
-        part from ``after_s`` seconds on."""
+    def train_s(self, tokens: float, gpus: int) -> float:
+        """Seconds that training ``tokens`` takes on ``gpus`` GPUs (scoring and update)."""
         ...
 
     sync_s: float  # a weight update's seconds
@@ -128,14 +127,6 @@ def batch_ages(runs: Iterable[Sequence[tuple[int, int]]], trained_version: int) 
     return total, stale, oldest
 
 
-def joined_train_s(work: float, gpus: int, joining: int = 0, after_s: float = 0.0) -> float:
-    """Seconds ``work`` GPU-seconds of training take on ``gpus`` GPUs, ``joining`` more taking part from ``after_s``
-    seconds on (they help only when the work outlasts their join)."""
-    if joining and work > gpus * after_s:
-        return after_s + (work - gpus * after_s) / (gpus + joining)
-    return work / gpus
-
-
 @dataclass
 class BalancedSplit:
     """Re-plans the split when a batch starts training, so that generating a batch takes as long as training it.
@@ -144,7 +135,8 @@ class BalancedSplit:
     engine's generation rate for samples like those of the batch about to train, whose lengths are now known; the
     profile gives the learner's GPU-seconds per trained token. The split is the argmin over every whole-engine split
     of the slower side's time for such a batch (``batch_s``); it moves only when that gains more than ``min_gain`` and,
-    over the batches left, more than a move costs (``switch_s``: an engine's start-up, a GPU's join of the learner).
+    over the batches left, more than a move costs (``switch_s``: the learner's restart from checkpoint at its new
+    size; it never gets fewer GPUs than its state needs, ``min_learners``).
     Once every prompt of the stream is dispatched (the drain), when the learning left outlasts the join, the engines
     shrink to the count that finishes soonest (``_drain_split``), at least what the samples still running need
     (``max_num_seqs`` each), and the rest learn.
@@ -165,7 +157,8 @@ class BalancedSplit:
     learn_s_per_token: float
     min_gain: float = 0.03
     lend: bool = True  # lend one more engine for a batch the learner waited for (see the class docstring)
-    switch_s: float = 0.0  # what a move costs: an engine's start-up, a GPU's join of the learner
+    switch_s: float = 0.0  # what a move costs: the learner's restart from checkpoint at its new size
+    min_learners: int = 1  # the GPUs the learner's state needs: never fewer learn
     calibration: float = 1.0  # measured rate / the model's, over windows where no engine was held back
     moved_at: int = -1  # the last batch whose re-plan moved the split
     fill_bound_s: float | None = None  # the first batch's time at the fill, every sample at the cap (``first``)
@@ -184,8 +177,9 @@ class BalancedSplit:
         half, and every GPU it lends must join the learner afterwards, ``switch_s`` late. Then the run starts with
         half the GPUs generating (no lengths are known yet) and the first batch re-plans. Without ``cap``: the
         fill."""
-        fill = max(self.gpus - self.gpus_per_engine, self.gpus_per_engine)
-        half = max(self.gpus // 2 // self.gpus_per_engine * self.gpus_per_engine, self.gpus_per_engine)
+        gpe = self.gpus_per_engine
+        fill = max((self.gpus - max(self.min_learners, 1)) // gpe * gpe, gpe)
+        half = min(max(self.gpus // 2 // gpe * gpe, gpe), fill)
         self.fill_bound_s = None
         if cap <= 0 or samples <= 0 or half >= fill:
             return fill
@@ -197,7 +191,8 @@ class BalancedSplit:
         return fill if bound > self.switch_s else half
 
     def splits(self) -> list[int]:
-        return list(range(self.gpus_per_engine, self.gpus, self.gpus_per_engine))
+        """Every split in whole engines that leaves the learner the GPUs its state needs."""
+        return list(range(self.gpus_per_engine, self.gpus - max(self.min_learners, 1) + 1, self.gpus_per_engine))
 
     def batch_s(self, r: int, response_tokens: float, trained_tokens: float, rate: float) -> float:
         """Seconds a batch takes with ``r`` rollout GPUs, the slower side's: generating ``response_tokens`` at
@@ -252,8 +247,7 @@ class BalancedSplit:
         work = trained * self.learn_s_per_token
         estimates = {}
         for r in range(fewest, current + 1, self.gpus_per_engine):
-            joining = current - r
-            learn = joined_train_s(work, self.gpus - current, joining, self.switch_s)
+            learn = (self.switch_s if r != current else 0.0) + work / (self.gpus - r)  # a resize restarts it
             engines = r // self.gpus_per_engine
             gen = drain_s(self.profile, context, remaining, engines, kept=r / current)
             estimates[r] = (max(gen, learn), gen, learn)
@@ -303,7 +297,7 @@ class BalancedSplit:
                 and best == current
                 and last > 4 * self.switch_s
                 and waited > self.min_gain * last
-                and current + self.gpus_per_engine <= self.gpus - self.gpus_per_engine
+                and current + self.gpus_per_engine <= self.gpus - max(self.min_learners, self.gpus_per_engine)
             ):
                 best = current + self.gpus_per_engine
             choice.update(reason="balance", rate=float(rate), calibration=self.calibration, waited=float(waited))
@@ -340,14 +334,21 @@ def run_stream(
     split: SplitPolicy | None = None,
     switch_s: float = 0.0,
     slots: KvSlots | None = None,
+    min_learners: int = 1,
 ) -> StreamStats:
     """Run the whole stream; returns when the last batch's update is done. ``gpus``: the fleet; ``rollout_gpus``:
-    those that generate (the rest learn), changed when a batch starts training by ``split`` when given: a GPU
-    taken from the learner is an engine that starts at once (the engines' start-up is theirs to model); a GPU taken
-    from the engines stops generating at once and joins the learner ``switch_s`` later (its learner states loaded).
-    ``slots``: how many samples an engine runs at once, from the lengths finished so far (default: ``max_num_seqs``)."""
-    if not gpus_per_engine <= rollout_gpus <= gpus - 1:
-        raise RlhflessError(f"rollout_gpus={rollout_gpus} must leave one of the {gpus} GPUs to learn and run an engine")
+    those that generate (the rest learn, at least ``min_learners``: the GPUs the learner's state needs), changed
+    when a batch starts training by ``split`` when given. A resize is a restart of the learner from checkpoint
+    (``switch_s``): the batch trains ``switch_s`` after it forms, on the new learner GPUs; a GPU taken from the
+    learner is an engine that starts at once (the engines' start-up is theirs to model); a GPU taken from the
+    engines stops generating at once. ``slots``: how many samples an engine runs at once, from the lengths finished
+    so far (default: ``max_num_seqs``)."""
+    most = gpus - max(min_learners, 1)
+    if not gpus_per_engine <= rollout_gpus <= most:
+        raise RlhflessError(
+            f"rollout_gpus={rollout_gpus} must leave the learner {max(min_learners, 1)} of the {gpus} GPUs (what "
+            "its state needs) and run an engine"
+        )
     loop = StreamLoop(book, engines.max_num_seqs, slots)
     stats = StreamStats()
     stats.marks.append((engines.now(), engines.generated_tokens(), 0.0))
@@ -377,17 +378,21 @@ def run_stream(
                 if slots is not None:
                     stats.slots.append(loop.limit())
                 stats.marks.append((now, engines.generated_tokens(), stats.gated_s))
-                joining = 0
+                restart = 0.0
                 if split is not None:
                     new = split.split(k, stats, book, r)
-                    if not (gpus_per_engine <= new <= gpus - 1 and new % gpus_per_engine == 0):
-                        raise RlhflessError(f"the split policy chose {new} rollout GPUs of {gpus}: not a split")
+                    if not (gpus_per_engine <= new <= most and new % gpus_per_engine == 0):
+                        raise RlhflessError(
+                            f"the split policy chose {new} rollout GPUs of {gpus}: not a split that leaves the learner "
+                            f"{max(min_learners, 1)}"
+                        )
                     if new != r:
                         engines.resize(new // gpus_per_engine, now)
-                        joining = max(r - new, 0)
+                        restart = switch_s
+                        stats.restarts.append((k, switch_s))
                         r = new
                 learners = gpus - r
-                end = now + learner.train_s(tokens, learners - joining, joining, switch_s)
+                end = now + restart + learner.train_s(tokens, learners)
                 training = (k, now, end)
                 stats.oversized += len(chosen) > book.B
                 stats.ready.append(max(book.groups[g].completed_at for g in chosen))

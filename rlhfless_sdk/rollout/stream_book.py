@@ -49,6 +49,7 @@ class StreamStats:
     oversized: int = 0  # batches that had to take more than B groups (to keep the age bound)
     gated_s: float = 0.0  # seconds an engine wanted work the admission rule held back (summed over checks)
     slots: list[int] = field(default_factory=list)  # samples an engine ran at most (``KvSlots``) as each batch formed
+    restarts: list[tuple[int, float]] = field(default_factory=list)  # (batch, seconds) of each learner resize
 
 
 class GroupBook:

@@ -205,22 +205,36 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         return SimulationResult(planner.config.name, steps)
 
     # -- OpenRLHF's async mode ------------------------------------------------------------------------------
+    def learner_floor(self) -> int:
+        """The fewest GPUs this run's learner state fits on (the profile's ``learner``: a DeepSpeed ZeRO-3 learner
+        of the model and algorithm); 1 for a profile that does not say."""
+        learner = self.profile.learner
+        return 1 if learner is None else learner.min_gpus(self.run_algo)
+
+    def restart_s(self) -> float:
+        """What resizing this run's learner costs: a restart from checkpoint (the profile's ``learner``)."""
+        learner = self.profile.learner
+        return 0.0 if learner is None else learner.restart_s(self.run_algo)
+
     def splits(self) -> list[int]:
-        """Every rollout/learner split of the fleet: GPUs that generate, in whole engines, at least one GPU left
-        to learn."""
-        g, gpa = self.cluster.total_gpus, self.profile.gpus_per_actor
-        if g - 1 < gpa:
-            raise RlhflessError(f"async mode needs more than {gpa} GPU(s) (one engine and a learner); got {g}")
-        return list(range(gpa, g, gpa))
+        """Every rollout/learner split of the fleet: GPUs that generate, in whole engines, the rest (at least what
+        the learner's state needs, ``learner_floor``) to learn."""
+        g, gpa, floor = self.cluster.total_gpus, self.profile.gpus_per_actor, self.learner_floor()
+        if g - floor < gpa:
+            raise RlhflessError(
+                f"a pipeline needs at least {gpa + floor} GPUs here (an engine of {gpa} and a {self.run_algo} "
+                f"learner whose state needs {floor}, profile {self.profile.name!r}); got {g}"
+            )
+        return list(range(gpa, g - floor + 1, gpa))
 
     def rollout_gpus(self, config: SchedulerConfig) -> int | None:
         """The config's fixed split (checked), or None: find the best."""
-        g, gpa = self.cluster.total_gpus, self.profile.gpus_per_actor
+        g, gpa, floor = self.cluster.total_gpus, self.profile.gpus_per_actor, self.learner_floor()
         fixed = config.pipeline.rollout_gpus
-        if fixed is not None and (fixed % gpa or not gpa <= fixed <= g - 1):
+        if fixed is not None and (fixed % gpa or not gpa <= fixed <= g - floor):
             raise RlhflessError(
                 f"scheduler {config.name!r}: rollout_gpus={fixed} must be a multiple of {gpa} (GPUs per "
-                f"engine) and leave at least one of the {g} GPUs to learn"
+                f"engine) and leave the learner {floor} of the {g} GPUs (what its {self.run_algo} state needs)"
             )
         return fixed
 

@@ -31,7 +31,6 @@ from rlhfless_sdk.rollout.stream import (
     KvSlots,
     PinnedSplit,
     batch_ages,
-    joined_train_s,
     run_stream,
     version_runs,
 )
@@ -198,8 +197,8 @@ class _StreamLearner:
     def tokens(self, groups: Sequence[int]) -> float:
         return float(sum(self.group_tokens[g] for g in groups))
 
-    def train_s(self, tokens: float, gpus: int, joining: int = 0, after_s: float = 0.0) -> float:
-        return joined_train_s(tokens * self.s_per_token, gpus, joining, after_s)
+    def train_s(self, tokens: float, gpus: int) -> float:
+        return tokens * self.s_per_token / gpus
 
 
 class StreamRun:
@@ -246,17 +245,20 @@ class StreamRun:
         split: BalancedSplit | None = None
         policy: BalancedSplit | PinnedSplit | None = None
         slots = KvSlots(prof, pipe.kv_slots) if pipe.kv_slots is not None else None
+        floor, restart = self.learner_floor(), self.restart_s()
         if pipe.elastic:
-            split = policy = BalancedSplit(prof, g, rates[0] + rates[1], switch_s=prof.cold_start_s, slots=slots)
+            split = policy = BalancedSplit(
+                prof, g, rates[0] + rates[1], switch_s=restart, min_learners=floor, slots=slots
+            )
             cap = workload.cap if self.max_tokens is None else min(workload.cap, self.max_tokens)
             first = sizes[: book.B]
             r = split.first(sum(first), float(np.mean(plen)) if plen else 0.0, cap)
             if pipe.split_schedule is not None:
-                bad = [x for x in pipe.split_schedule if x and (x % gpa or not gpa <= x <= g - 1)]
+                bad = [x for x in pipe.split_schedule if x and (x % gpa or not gpa <= x <= g - floor)]
                 if bad:
                     raise RlhflessError(
                         f"scheduler {config.name!r}: split_schedule entry {bad[0]} is not a split of {g} GPUs (a "
-                        f"multiple of {gpa} GPUs per engine, at least one GPU left to learn; 0: the planner's)"
+                        f"multiple of {gpa} GPUs per engine, {floor} left to learn; 0: the planner's)"
                     )
                 policy = PinnedSplit(split, pipe.split_schedule)
         if r is None:
@@ -270,8 +272,9 @@ class StreamRun:
             rollout_gpus=r,
             gpus_per_engine=gpa,
             split=policy,
-            switch_s=prof.cold_start_s,
+            switch_s=restart,
             slots=slots,
+            min_learners=floor,
         )
         held = engines.held()
         busy = [a.busy for a in engines.actors]
@@ -326,6 +329,8 @@ class StreamRun:
             "preemptions": sum(a.preemptions for a in engines.actors) + engines.preemptions,
             # the first split, and the first batch's time at the fill with every sample at the cap (what chose it)
             "first_split": r,
+            "learner_floor": floor,  # the fewest GPUs the learner's state fits on
+            "restarts": [{"batch": k, "restart_s": s} for k, s in stats.restarts],  # each resize, a restart
             "fill_bound_s": split.fill_bound_s if split is not None else None,
         }
         return result

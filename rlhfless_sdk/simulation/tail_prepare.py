@@ -46,10 +46,8 @@ SWITCH_FIXED_S = 5.0
 
 def scoring_switch_s(profile: TimePerTokenProfile) -> float:
     """An engine GPU's switch to scoring: its engine's weights out to host memory and the scoring model's in, over
-    the host link (``intra_node_gbps``), plus ``SWITCH_FIXED_S``. The weights' bytes are what a weight sync moves
-    (``weight_sync_s`` at ``inter_node_gbps``)."""
-    weights_gb = profile.weight_sync_s * profile.inter_node_gbps / profile.gpus_per_actor
-    return 2.0 * weights_gb / profile.intra_node_gbps + SWITCH_FIXED_S
+    the host link (``intra_node_gbps``), plus ``SWITCH_FIXED_S`` (``weights_gb``, a GPU's share of them)."""
+    return 2.0 * weights_gb(profile) / profile.gpus_per_actor / profile.intra_node_gbps + SWITCH_FIXED_S
 
 
 @dataclass(frozen=True)
@@ -109,13 +107,20 @@ GROUP_ACTIVATIONS_GB = 2.0
 
 
 def weights_gb(profile: TimePerTokenProfile) -> float:
-    """The policy's bf16 weights in GB: what a weight sync moves (``weight_sync_s`` at ``inter_node_gbps``)."""
-    return profile.weight_sync_s * profile.inter_node_gbps
+    """The policy's bf16 weights in GB: 2 bytes a parameter (the profile's ``learner``; a profile without one
+    says it through ``tensor_parallel``)."""
+    if profile.learner is not None:
+        return 2.0 * profile.learner.params_b
+    if profile.tensor_parallel is not None:
+        return profile.tensor_parallel.weights_gb
+    raise ValueError(f"profile {profile.name!r} says nothing of its model's size (no learner block)")
 
 
 def gpu_memory_gb(dedicated: TimePerTokenProfile) -> float:
-    """One GPU's memory, from a dedicated profile's KV capacity as every shipped profile derives it: the KV cache
-    gets 90% of memory less the weights and 2 GB of activations per GPU."""
+    """One GPU's memory: the profile's ``learner`` says it; else from a dedicated profile's KV capacity as every
+    shipped profile derives it (the KV cache gets 90% of memory less the weights and 2 GB of activations per GPU)."""
+    if dedicated.learner is not None:
+        return dedicated.learner.gpu_memory_gb
     kv_gb = dedicated.kv_capacity_tokens * dedicated.kv_bytes_per_token / 1e9
     return (kv_gb + weights_gb(dedicated) + 2.0 * dedicated.gpus_per_actor) / 0.9 / dedicated.gpus_per_actor
 
@@ -139,8 +144,8 @@ def learning_switch_s(dedicated: TimePerTokenProfile, algo: str, size: int) -> f
 
 def gradient_reduce_s(profile: TimePerTokenProfile) -> float:
     """The tail groups' fp32 gradients reduced into the learner's before its optimizer step: twice the weights'
-    bytes at the weight sync's bandwidth."""
-    return 2.0 * profile.weight_sync_s
+    bytes at the inter-node bandwidth."""
+    return 2.0 * weights_gb(profile) / profile.inter_node_gbps
 
 
 def in_groups(free_s: Sequence[float], size: int, never: float) -> list[float]:
