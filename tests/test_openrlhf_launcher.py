@@ -450,21 +450,23 @@ def test_the_stream_runs_only_in_openrlhfs_async_loop_with_partial_rollout_broad
     assert any("up to 2 batch(es) ahead" in line and "a queue above 2 adds nothing" in line for line in said)
 
 
-@pytest.mark.parametrize(
-    ("name", "why", "instead"),
-    [
-        ("research-elastic-stream", "resizes the learner between batches", "rlhfless-stream"),
-        ("research-onpolicy-tail", "tail_learn", "rlhfless-onpolicy"),
-        ("research-onpolicy-overlap", "tail_prepare", "rlhfless-onpolicy"),
-        ("oracle", "reads true lengths", "rlhfless"),
-    ],
-)
-def test_the_research_set_is_refused_at_launch_naming_why_and_the_preset_that_runs(name, why, instead):
+#: Each research config: what its refusal names, and the preset OpenRLHF runs instead.
+RESEARCH = {
+    "research-elastic-stream": ("resizes the learner between batches", "rlhfless-stream"),
+    "research-onpolicy-tail": ("tail_learn", "rlhfless-onpolicy"),
+    "research-onpolicy-overlap": ("tail_prepare", "rlhfless-onpolicy"),
+    "oracle": ("reads true lengths", "rlhfless"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RESEARCH))
+def test_the_research_set_is_refused_at_launch_naming_why_and_the_preset_that_runs(name):
     """The research set (``group: research``, ``configs/research/``) is simulated only: the launcher refuses each
     one in one line, before OpenRLHF starts, naming its mechanism and the preset OpenRLHF runs instead."""
     with pytest.raises(SystemExit) as refused:
         resolve({"--scheduler": name})
     message = str(refused.value.code)
+    why, instead = RESEARCH[name]
     assert "\n" not in message and f"'{name}' is in the research set" in message
     assert why in message and f"on OpenRLHF: {instead})" in message
 

@@ -53,9 +53,13 @@ class CheckedStream(SimulatedStream):
                 assert a.B + len(a.waiting) <= max(self.asked, 1)
 
 
-def stream_run(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, profile, schedule=None, kv_fill=None):
+def stream_run(
+    sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, profile, schedule=None, kv_fill=None, restart=None,
+    floor=1,
+):  # fmt: skip
     """``run_stream`` on simulated engines (an elastic split pinned to ``schedule`` where given; each engine held to
-    ``KvSlots`` at ``kv_fill`` where given, read every 2 finished samples); returns (book, engines, stats, split
+    ``KvSlots`` at ``kv_fill`` where given, read every 2 finished samples; with ``restart``, an elastic learner of
+    at least ``floor`` GPUs whose every resize is a restart of ``restart`` s); returns (book, engines, stats, split
     policy)."""
     n = sum(sizes)
     gid = [g for g, k in enumerate(sizes) for _ in range(k)]
@@ -68,7 +72,8 @@ def stream_run(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, pr
     rates = profile.learner_rates("grpo")
     learner = _StreamLearner(tokens, rates[0] + rates[1], profile.weight_sync_s)
     slots = KvSlots(profile, kv_fill, first=2, every=2, window=50) if kv_fill is not None else None
-    split = BalancedSplit(profile, gpus, rates[0] + rates[1], slots=slots) if elastic else None
+    moves = {} if restart is None else {"switch_s": restart, "min_learners": floor}
+    split = BalancedSplit(profile, gpus, rates[0] + rates[1], slots=slots, **moves) if elastic else None
     r = split.first() if split else rollout
     policy = PinnedSplit(split, schedule) if split and schedule is not None else split
     engines = CheckedStream(profile, samples, r)
@@ -80,9 +85,10 @@ def stream_run(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, pr
         gpus=gpus,
         rollout_gpus=r,
         split=policy,
-        switch_s=profile.cold_start_s,
+        switch_s=profile.cold_start_s if restart is None else restart,
         check_s=0.5,
         slots=slots,
+        min_learners=floor,
     )
     return book, engines, stats, split
 
@@ -630,40 +636,24 @@ def test_the_stream_loop_fills_each_engine_within_its_free_slots_most_free_first
 
 
 @settings(deadline=None, max_examples=60)
-@given(
-    data=st.data(),
-    groups=st.integers(2, 30),
-    gpus=st.integers(3, 12),
-    floor=st.integers(1, 4),
-    restart=st.floats(0.0, 300.0),
-    batch_groups=st.integers(1, 4),
-)
-def test_an_elastic_learner_never_runs_below_its_floor_and_every_resize_pays_a_restart(
-    data, groups, gpus, floor, restart, batch_groups
-):
+@given(data=st.data(), sizes=st.tuples(st.integers(2, 30), st.integers(3, 12), st.integers(1, 4), st.integers(1, 4)))
+def test_an_elastic_learner_never_runs_below_its_floor_and_every_resize_pays_a_restart(data, sizes):
     """The elastic split with a learner whose state needs ``floor`` GPUs and whose resize is a restart from
     checkpoint (``restart`` s): no batch trains on fewer than ``floor`` GPUs, every change of the split is a
     restart recorded at its batch, and that batch's training takes the restart plus its work on the new GPUs."""
+    groups, gpus, floor, batch_groups = sizes
+    restart = data.draw(st.floats(0.0, 300.0))
     if gpus - floor < 1:
         return
     n = 2
     lengths = data.draw(st.lists(st.integers(1, 3000), min_size=groups * n, max_size=groups * n))
     profile = small_profile(16, kv=16 * 3000)
-    sizes = [n] * groups
-    gid = [g for g in range(groups) for _ in range(n)]
-    samples = EngineSamples(gid, [i % n for i in range(len(gid))], [50] * len(gid), [0] * len(gid), lengths,
-                            [0.0] * len(gid), [0] * len(gid))  # fmt: skip
-    tokens = [sum(50 + lengths[g * n + i] for i in range(n)) for g in range(groups)]
+    _book, _engines, stats, split = stream_run(
+        [n] * groups, lengths, batch_groups, 1, gpus, 1, True, profile, restart=restart, floor=floor
+    )
     rate = sum(profile.learner_rates("grpo"))
-    learner = _StreamLearner(tokens, rate, profile.weight_sync_s)
-    split = BalancedSplit(profile, gpus, rate, switch_s=restart, min_learners=floor)
     r = split.first()
     assert gpus - r >= floor
-    engines = SimulatedStream(profile, samples, r)
-    book = GroupBook(sizes, batch_groups, 1)
-    stats = run_stream(
-        engines, learner, book, gpus=gpus, rollout_gpus=r, split=split, switch_s=restart, min_learners=floor
-    )
     assert min(stats.learners) >= floor
     before = [r, *stats.split]
     resized = [k for k in range(len(stats.split)) if before[k + 1] != before[k]]

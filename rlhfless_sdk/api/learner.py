@@ -1,0 +1,47 @@
+"""A learner's state and what resizing it costs: the profile's ``learner`` block (``LearnerState``)."""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field, NonNegativeFloat, PositiveFloat
+
+from rlhfless_sdk.api.base import Record
+
+#: Bytes a learner holds per model parameter under ZeRO-3 with Adam in mixed precision: the trained models' bf16
+#: weights (2), fp32 master weights (4), Adam's two moments (8) and bf16 gradients (2); frozen models, bf16 weights
+#: (2). GRPO-style: the actor trained, a reference frozen. PPO: actor and critic trained, reference and reward frozen.
+LEARNER_BYTES_PER_PARAM = {"grpo": 16 + 2, "ppo": 16 + 16 + 2 + 2}
+
+
+class LearnerState(Record):
+    """What a DeepSpeed ZeRO-3 learner of this model holds and what resizing it costs. A DeepSpeed learner's
+    data-parallel size is fixed at ``deepspeed.initialize`` (and a framework's actor groups at launch), so moving
+    it to another GPU count is a restart from checkpoint: save the state, restart the Ray actors, reload and reshard
+    it, rebuild the weight-sync group."""
+
+    params_b: PositiveFloat = Field(description="Model parameters, in billions.")
+    gpu_memory_gb: PositiveFloat = Field(description="One GPU's memory, GB.")
+    usable_fraction: float = Field(default=0.9, gt=0, le=1, description="Share of a GPU's memory DeepSpeed may fill.")
+    activations_gb: NonNegativeFloat = Field(default=2.0, description="Activations and buffers per GPU, GB.")
+    checkpoint_write_gbps: PositiveFloat = Field(description="Saving the learner's state, GB/s (all ranks).")
+    checkpoint_read_gbps: PositiveFloat = Field(description="Reloading it, GB/s (all ranks).")
+    restart_fixed_s: NonNegativeFloat = Field(
+        description="A restart's fixed part: Ray actors, DeepSpeed's initialize, the weight-sync group."
+    )
+
+    def state_gb(self, algo: str) -> float:
+        """The learner's state for ``algo`` (``LEARNER_BYTES_PER_PARAM``), GB."""
+        if algo not in LEARNER_BYTES_PER_PARAM:
+            raise ValueError(f"unknown algorithm {algo!r}: expected one of {', '.join(LEARNER_BYTES_PER_PARAM)}")
+        return self.params_b * LEARNER_BYTES_PER_PARAM[algo]
+
+    def min_gpus(self, algo: str) -> int:
+        """The fewest GPUs the learner's state fits on (each GPU holds its shard and its activations)."""
+        per_gpu = self.gpu_memory_gb * self.usable_fraction - self.activations_gb
+        return max(1, math.ceil(self.state_gb(algo) / per_gpu - 1e-9))
+
+    def restart_s(self, algo: str) -> float:
+        """Seconds a resize takes: the state saved and reloaded, plus the fixed part."""
+        state = self.state_gb(algo)
+        return state / self.checkpoint_write_gbps + state / self.checkpoint_read_gbps + self.restart_fixed_s
