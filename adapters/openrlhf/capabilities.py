@@ -33,13 +33,14 @@ def adapter_refusal(
     ``async_loop=False``: steps run one after the other (the demo, the fidelity check), where a stream cannot."""
     mode = mode_for(config, registry)
     research = f"scheduler {config.name!r} is in the research set (simulated only; `rlhfless simulate` runs it): "
+    lead = research if config.group == "research" else f"scheduler {config.name!r}: "
     if mode.elastic:
         return (
-            f"{research}its elastic split (pipeline: elastic) resizes the learner between batches, which OpenRLHF's "
+            f"{lead}its elastic split (pipeline: elastic) resizes the learner between batches, which OpenRLHF's "
             "DeepSpeed learner cannot do without a restart from checkpoint (on OpenRLHF: rlhfless-stream)"
         )
     if config.policy("predictor").name == "oracle":
-        return f"{research}its oracle predictor reads true lengths, which no real run knows (on OpenRLHF: rlhfless)"
+        return f"{lead}its oracle predictor reads true lengths, which no real run knows (on OpenRLHF: rlhfless)"
     if mode.tail:
         learns = mode.tail == "learn"
         work = "scores and learns on" if learns else "scores"

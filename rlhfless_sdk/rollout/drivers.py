@@ -32,6 +32,7 @@ from rlhfless_sdk.rollout.modes import (
     TAIL_ROUNDS,
     TOKEN_BUDGET,
     Mode,
+    attach_session,
     drivers,
     mode_names,
 )
@@ -383,25 +384,21 @@ class BatchCutSession:
         return BatchCutStep(self.planner, self.book, self.b, step).run(io)
 
 
-#: The built-in drivers' sessions (a registered driver brings its own, ``DriverSpec.session``).
-_SESSIONS: dict[str, Callable[..., DriverSession]] = {
-    TOKEN_BUDGET: lambda planner, b, stream: BudgetSession(planner, CarryBook()),
-    TAIL_ROUNDS: TailSession,
-    BATCH_CUT: lambda planner, b, stream: BatchCutSession(planner, b, CarryBook()),
-}
+# the built-in drivers' sessions (a registered driver brings its own, ``DriverSpec.session``)
+attach_session(TOKEN_BUDGET, lambda planner, b, stream: BudgetSession(planner, CarryBook()))
+attach_session(TAIL_ROUNDS, TailSession)
+attach_session(BATCH_CUT, lambda planner, b, stream: BatchCutSession(planner, b, CarryBook()))
 
 
 def steps_alone(mode: str) -> bool:
     """Whether the driver ``mode`` runs each step on its own, every sample to its end (no session: ``PlainStep``)."""
-    spec = drivers()[mode]
-    return spec.session is None and mode not in _SESSIONS
+    return drivers()[mode].session is None
 
 
 def session_for(mode: str, planner: StepPlanner, b: int, stream: Iterable[Hashable]) -> DriverSession:
     """The session of a carrying or over-provisioning ``mode`` (B = ``b`` groups a step, prompts from ``stream``
     where the mode draws them one at a time)."""
     spec = drivers().get(mode)
-    factory = spec.session if spec is not None and spec.session is not None else _SESSIONS.get(mode)
-    if factory is None:
+    if spec is None or spec.session is None:
         raise ValueError(f"no session for the {mode} step driver")
-    return factory(planner, b, stream)
+    return spec.session(planner, b, stream)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,8 +50,8 @@ Claim = Callable[[SchedulerConfig, Any, Callable[[], bool]], bool]
 class DriverSpec:
     """A step driver: its ``name``, which schedulers it runs (``claims``; drivers are asked in the order they were
     registered, a new one before the built-in ones), whether it trains tokens of older weights (``keeps_tokens``)
-    and its ``session`` (``(planner, B, prompts) -> DriverSession``: the steps of a run; a built-in's is in
-    ``rlhfless_sdk.rollout.drivers``; none at all: one step at a time, ``PlainStep``)."""
+    and its ``session`` (``(planner, B, prompts) -> DriverSession``: the steps of a run; a built-in's is attached
+    by ``rlhfless_sdk.rollout.drivers``; none at all: one step at a time, ``PlainStep``)."""
 
     name: str
     claims: Claim
@@ -89,6 +89,12 @@ def register_pipeline(spec: PipelineSpec) -> None:
     _PIPELINES[spec.name] = spec
     if spec.name not in PIPELINE_MODES:
         PIPELINE_MODES.append(spec.name)
+
+
+def attach_session(name: str, session: Callable[..., Any]) -> None:
+    """Give the registered driver ``name`` the session that runs its steps (a built-in's, from
+    ``rlhfless_sdk.rollout.drivers``, which holds the session classes); its place in the order stays."""
+    _DRIVERS[name] = replace(_DRIVERS[name], session=session)
 
 
 def unregister(name: str) -> None:
@@ -219,7 +225,7 @@ def _asked(policy: Any) -> bool:
     return bool(answer)
 
 
-# the built-ins (their sessions are in ``rlhfless_sdk.rollout.drivers``), drivers asked last to first
+# the built-ins (``rlhfless_sdk.rollout.drivers`` attaches their sessions), drivers asked last to first
 register_driver(DriverSpec(PLAIN, lambda config, straggler, ask: True))
 register_driver(DriverSpec(TOKEN_BUDGET, not_the_baseline, keeps_tokens=True))
 register_driver(DriverSpec(TAIL_ROUNDS, over_provisions))

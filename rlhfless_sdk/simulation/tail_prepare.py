@@ -107,13 +107,14 @@ GROUP_ACTIVATIONS_GB = 2.0
 
 
 def weights_gb(profile: TimePerTokenProfile) -> float:
-    """The policy's bf16 weights in GB: 2 bytes a parameter (the profile's ``learner``; a profile without one
-    says it through ``tensor_parallel``)."""
+    """The policy's bf16 weights in GB: 2 bytes a parameter (the profile's ``learner``), else its
+    ``tensor_parallel`` block's, else what a weight sync moves at the inter-node bandwidth (a profile that says
+    nothing else of its model; an upper bound where its sync time includes per-tensor latency)."""
     if profile.learner is not None:
         return 2.0 * profile.learner.params_b
     if profile.tensor_parallel is not None:
         return profile.tensor_parallel.weights_gb
-    raise ValueError(f"profile {profile.name!r} says nothing of its model's size (no learner block)")
+    return profile.weight_sync_s * profile.inter_node_gbps
 
 
 def gpu_memory_gb(dedicated: TimePerTokenProfile) -> float:
