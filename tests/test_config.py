@@ -54,7 +54,8 @@ def test_rlhfless_preset_is_never_slower_than_openrlhf(registry):
     cfg = registry.scheduler("rlhfless")
     assert (cfg.assigner.name, cfg.migrator.name, cfg.prefill_planner.name) == ("least-pending", "none", "none")
     assert cfg.scaler.name == "deadline" and cfg.scaler.params == {"slack": 0.01, "max_uncertainty": 0.05}
-    same = {"name": "x", "description": ""}
+    assert cfg.async_launch == "rlhfless-stream"  # an async launch runs the stream
+    same = {"name": "x", "description": "", "async_launch": None}
     assert cfg.model_copy(update=same) == registry.scheduler("rlhfless-slo").model_copy(update=same)
 
 

@@ -547,7 +547,8 @@ def test_oversampling_is_refused_for_a_scheduler_that_carries_work_or_streams(mo
     """OpenRLHF's ``--rollout.vllm_generate_batch_size`` above ``--rollout.batch_size`` (async only) trains the groups
     beyond a batch from a buffer a weight update later and leaves that buffer out of its checkpoints: a scheduler
     that carries samples or deferred prompts, or streams, is refused in one line naming both flags, before Ray
-    starts. ``rlhfless`` (nothing carried) runs it as OpenRLHF does; so does any scheduler at equal sizes."""
+    starts. ``rlhfless-slo`` (synchronous, nothing carried) runs it as OpenRLHF does; so does any scheduler at equal
+    sizes. ``rlhfless`` streams in an async launch, so it is refused too, naming the stream it runs."""
     over = {"train.async_enable": True, "rollout.batch_size": 8, "rollout.vllm_generate_batch_size": 16}
     _hooked(monkeypatch, preset, [])
     with pytest.raises(SystemExit) as refused:
@@ -556,9 +557,12 @@ def test_oversampling_is_refused_for_a_scheduler_that_carries_work_or_streams(mo
     assert message.startswith(
         f"error: --rollout.vllm_generate_batch_size 16 > --rollout.batch_size 8 cannot run with scheduler '{preset}'"
     )
-    assert "\n" not in message and "--scheduler rlhfless" in message
+    assert "\n" not in message and "drop --rollout.vllm_generate_batch_size" in message
     _hierarchized(**{**over, "rollout.vllm_generate_batch_size": 8})  # equal sizes: no oversampling
     _hooked(monkeypatch, "rlhfless", [])
+    with pytest.raises(SystemExit, match="cannot run with scheduler 'rlhfless-stream'"):
+        _hierarchized(**over)
+    _hooked(monkeypatch, "rlhfless-slo", [])
     assert _hierarchized(**over).rollout.vllm_generate_batch_size == 16
 
 
@@ -845,7 +849,10 @@ def test_the_launches_openrlhfs_readme_shows_run_with_each_preset_until_cuda(tmp
         assert all("(RlhflessRolloutActorImpl pid=" in line for line in failed), failed
     else:
         assert not failed, out[-3000:]
-    assert f"'scheduler': {{'name': '{scheduler}'" in out
+    launched = "rlhfless-stream" if (scheduler, mode) == ("rlhfless", "async") else scheduler  # its async form
+    assert f"'scheduler': {{'name': '{launched}'" in out
+    if launched != scheduler:
+        assert f"rlhfless: scheduler {scheduler!r} in an async launch (--train.async_enable) runs {launched!r}" in out
     if "tensor-parallel" in shape:
         assert "sharded over 2 GPUs" in out  # the planner models the engines at their size
 

@@ -418,14 +418,18 @@ def test_a_fixed_stream_split_runs_at_the_split_it_is_given():
     assert max(r.max_token_age_steps for r in result.reports) <= 1
 
 
-def test_the_fixed_split_preset_runs_the_whole_stream_at_the_fastest_split_of_its_first_steps():
+def test_the_fixed_split_preset_runs_the_whole_stream_at_the_split_a_launch_picks():
+    """With no split set, the stream runs at the split ``choose_split`` picks (the launcher's), here on the workload
+    itself: the fastest of the splits it tried, each neighbour of it tried and slower."""
     registry = get_plugin_manager().registry
     config = registry.resolve("rlhfless-stream")
     sim = Simulator(PROFILE, Cluster.of_gpus(4, 4), registry=registry)
     workload = _lr_workload(3)
     result = sim.run(config, workload)
-    tried = {t["rollout_gpus"]: t["time_s"] for t in result.split_search}
-    assert sorted(tried) == [1, 2, 3] and result.rollout_gpus == min(tried, key=tried.get)
+    tried = {t["rollout_gpus"]: t["time_s"] for t in result.split_plan["tried"]}
+    r = result.rollout_gpus
+    assert r == min(tried, key=tried.get) == result.split_plan["rollout_gpus"]
+    assert all(tried[n] >= tried[r] for n in (r - 1, r + 1) if 1 <= n <= 4 - sim.learner_floor())
     assert result.stream["splits"] == [result.rollout_gpus] * len(workload.steps)
     assert sum(r.groups_trained for r in result.reports) == sum(len(ws.batch) for ws in workload.steps)
     assert max(r.max_token_age_steps for r in result.reports) <= 2

@@ -11,6 +11,12 @@ Every flag of ``openrlhf.cli.train_ppo_ray`` passes through unchanged; these are
                              prompt tokens) as a trace that `rlhfless simulate --trace FILE` replays
   --scheduler.carry_timeout S  how long the end of a step that carries or aborts samples (partial rollouts, tail
                              batching) waits for the engines to hand back what those samples have (default 120)
+  --scheduler.split auto|keep  a stream with no split of its own: size --vllm.num_engines and the learner to the
+                             split the launcher picks (auto, the default; from the trace an earlier run wrote at
+                             --scheduler.trace, else from this launch's flags), or keep yours and only log it
+
+Under --train.async_enable, ``--scheduler rlhfless`` runs its async form, the stream (``rlhfless-stream``), at the
+split the launcher picks; one line says which, another the split and its expected gain.
 
 The scheduler, the config, the profile, the report and trace paths and the timeout are checked first (a bad one
 fails in under a second, before OpenRLHF loads; with ``--scheduler openrlhf``, which runs OpenRLHF unchanged, the
@@ -45,7 +51,11 @@ OUR_FLAGS = (
     "--scheduler.report",
     "--scheduler.trace",
     "--scheduler.carry_timeout",
+    "--scheduler.split",
 )
+
+#: ``--scheduler.split``: size OpenRLHF's engines and learner to the split the launcher picks, or keep the flags.
+SPLIT_CHOICES = ("auto", "keep")
 
 #: Seconds the end of a carrying step waits for the carried samples to come back (``--scheduler.carry_timeout``).
 CARRY_TIMEOUT_S = 120.0
@@ -82,13 +92,11 @@ def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
 def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
     """Validate the scheduler, config, profile, output files and timeout (every one given, whatever the scheduler);
     None means: run OpenRLHF unchanged (then a flag of ours that only RLHFless's schedulers read is refused)."""
-    from rlhfless_openrlhf.capabilities import adapter_refusal
 
     from rlhfless_sdk.api.config import read_scheduler_config
     from rlhfless_sdk.api.options import unwritable
     from rlhfless_sdk.api.plugins import get_plugin_manager
     from rlhfless_sdk.api.profiles import load_profile
-    from rlhfless_sdk.rollout.modes import mode_for
 
     registry = get_plugin_manager().registry
     name = ours.get("--scheduler", "openrlhf")
@@ -110,23 +118,41 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
                 f"{'it' if len(unused) == 1 else 'them'} or choose an RLHFless scheduler (--scheduler rlhfless)"
             )
         return None
-    refused = adapter_refusal(config, registry)
-    if refused is not None:
-        raise SystemExit(f"error: {refused}")
-    mode = mode_for(config, registry)
+    if config.async_launch is not None:  # its async form is refused here, not after OpenRLHF has loaded
+        scheduler_settings(config.launched(registry, True))
+    split = ours.get("--scheduler.split", "auto")
+    if split not in SPLIT_CHOICES:
+        raise SystemExit(f"error: --scheduler.split {split!r}: choose one of {', '.join(SPLIT_CHOICES)}")
     report = str(Path(ours.get("--scheduler.report", "rlhfless_steps.jsonl")).resolve())
     trace = str(Path(ours["--scheduler.trace"]).resolve()) if "--scheduler.trace" in ours else None
-    settings = {
-        "scheduler": config.model_dump(mode="json"),
+    return {
+        **scheduler_settings(config),
         "profile": profile.model_dump(mode="json"),
         "report": report,
         "trace": trace,
         "carry_timeout_s": carry_timeout,
-        # how its steps run (rlhfless_sdk.rollout.modes), for the checks of OpenRLHF's flags
+        "split": split,
+    }
+
+
+def scheduler_settings(config: Any) -> dict[str, Any]:
+    """The settings' scheduler part: the config, and how its steps run (``rlhfless_sdk.rollout.modes``), for the
+    checks of OpenRLHF's flags."""
+    from rlhfless_openrlhf.capabilities import adapter_refusal
+
+    from rlhfless_sdk.api.plugins import get_plugin_manager
+    from rlhfless_sdk.rollout.modes import mode_for
+
+    registry = get_plugin_manager().registry
+    refused = adapter_refusal(config, registry)
+    if refused is not None:
+        raise SystemExit(f"error: {refused}")
+    mode = mode_for(config, registry)
+    return {
+        "scheduler": config.model_dump(mode="json"),
         "mode": {**dataclasses.asdict(mode), "carries": mode.carries},
         "keeps_tokens": mode.keeps_tokens,
     }
-    return settings
 
 
 def _seconds(value: str | None, flag: str) -> float:
@@ -244,8 +270,7 @@ def check_oversampling(args: Any, name: str, straggler: str, streams: bool) -> N
     )
     raise SystemExit(
         f"error: --rollout.vllm_generate_batch_size {generate} > --rollout.batch_size {batch} cannot run with "
-        f"scheduler {name!r} ({why}); drop --rollout.vllm_generate_batch_size (each step generates B groups) or use "
-        "--scheduler rlhfless"
+        f"scheduler {name!r} ({why}); drop --rollout.vllm_generate_batch_size (each step generates B groups)"
     )
 
 
@@ -313,6 +338,9 @@ def check_stream(args: Any, settings: dict[str, Any]) -> None:
             "engines between decode iterations and running samples go on under the new weights)",
             name,
         )
+    from rlhfless_openrlhf.launch_split import plan_split
+
+    plan_split(args, settings, keep=settings.get("split") == "keep")
     queue = int(_flag(args, "train", "async_queue_size") or 1)
     max_age = int(pipeline.get("max_age", 1))
     log.info(
@@ -378,13 +406,16 @@ def install_rollout_hooks(settings: dict[str, Any], argv: Sequence[str] | None =
     import openrlhf.utils.config as config_module
     import rlhfless_openrlhf.engine_factory as engines_module
     from rlhfless_openrlhf.engine_factory import create_vllm_engines_with_rlhfless
+    from rlhfless_openrlhf.launch_split import launched_settings
 
     original = getattr(config_module.hierarchize, "__wrapped__", config_module.hierarchize)
 
     def hierarchize(args: Any) -> Any:
         out = original(args)
-        check_modes(out, settings, sys.argv[1:] if argv is None else argv)
-        out.rlhfless = settings
+        launched = launched_settings(out, settings, scheduler_settings)
+        os.environ["RLHFLESS_PLACER"] = launched["scheduler"]["placer"]["name"]
+        check_modes(out, launched, sys.argv[1:] if argv is None else argv)
+        out.rlhfless = launched
         engines_module.launch_args = out  # the engine builder reads the learner's size from it
         return out
 

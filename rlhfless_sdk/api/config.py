@@ -198,12 +198,35 @@ class SchedulerConfig(_WithPolicies):  # type: ignore[misc,valid-type]
     pipeline: PipelineConfig = Field(
         default_factory=PipelineConfig, description="Synchronous steps, or generation overlapping learning."
     )
+    async_launch: str | None = Field(
+        default=None,
+        description="The registered scheduler this one runs in a launch whose generation overlaps learning (a "
+        "framework's async mode; `rlhfless simulate --launch async`); none: this one in either launch.",
+    )
 
     @model_validator(mode="after")
     def _actor_range(self) -> SchedulerConfig:
         if self.max_actors is not None and self.max_actors < self.min_actors:
             raise ValueError(f"max_actors={self.max_actors} is below min_actors={self.min_actors}")
+        if self.async_launch is not None and self.pipeline.pipelined:
+            raise ValueError(
+                f"async_launch names what a synchronous scheduler runs in an async launch; this one is already "
+                f"pipeline: {self.pipeline.mode}"
+            )
         return self
+
+    def launched(self, registry: Any, asynchronous: bool) -> SchedulerConfig:
+        """What this scheduler runs in a synchronous or an async launch: itself, or (async) its ``async_launch``
+        scheduler from ``registry``, which must be pipelined."""
+        if not asynchronous or self.async_launch is None:
+            return self
+        form = registry.scheduler(self.async_launch)
+        if not form.pipeline.pipelined:
+            raise ValueError(
+                f"scheduler {self.name!r}: async_launch {self.async_launch!r} is synchronous (pipeline: "
+                f"{form.pipeline.mode}); an async launch needs a pipelined scheduler"
+            )
+        return form
 
     def derive(self, **changes: Any) -> SchedulerConfig:
         """A validated copy with some fields replaced (``assigner="sorted"`` works as in YAML)."""

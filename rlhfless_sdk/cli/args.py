@@ -241,3 +241,14 @@ def synthetic_shape_options(fn: Any) -> Any:
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+#: ``--launch``: which of OpenRLHF's loops the schedulers are run as.
+launch_option = click.option(
+    "--launch",
+    type=click.Choice(["sync", "async", "both"]),
+    default="sync",
+    show_default=True,
+    help="Run the schedulers as a synchronous launch does, as an async one (--train.async_enable: a scheduler with "
+    "an async form, such as rlhfless, runs it, named NAME.async), or both.",
+)

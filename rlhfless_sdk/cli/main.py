@@ -21,6 +21,7 @@ from rlhfless_sdk.cli.args import (
     NON_NEGATIVE,
     POSITIVE,
     check_samples,
+    launch_option,
     model_options,
     plot_option,
     run_profile,
@@ -30,7 +31,7 @@ from rlhfless_sdk.cli.args import (
     plot_path as plot_path_check,
 )
 from rlhfless_sdk.cli.bench import bench_group
-from rlhfless_sdk.rollout.modes import Mode, consults_predictor, mode_for
+from rlhfless_sdk.rollout.modes import STREAM, Mode, consults_predictor, mode_for
 
 
 class _Group(click.Group):
@@ -221,6 +222,17 @@ def config_show(name: str) -> None:
     help="Async schedulers (openrlhf-async...): the GPUs that only generate, where their step is planned (default: "
     "the preset's rollout_gpus; `simulate` finds the fastest split).",
 )
+@launch_option
+@click.option(
+    "--trace",
+    type=click.Path(exists=True),
+    default=None,
+    help="A trace of your own run (`--scheduler.trace` of an earlier launch): a stream's split is picked on it "
+    "(default: the synthetic workload of --prompts and --samples, over --split-steps steps).",
+)
+@click.option(
+    "--split-steps", default=5, type=POSITIVE, show_default=True, help="Steps of the workload a split is picked on."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per scheduler.")
 def plan_cmd(
     schedulers: tuple[str, ...],
@@ -237,9 +249,13 @@ def plan_cmd(
     max_actors: int | None,
     allow_burst_engines: bool,
     rollout_gpus: int | None,
+    launch: str,
+    trace: str | None,
+    split_steps: int,
     as_json: bool,
 ) -> None:
-    """Plan one step of an embedded synthetic workload with each scheduler and compare the plans.
+    """Plan one step of an embedded synthetic workload with each scheduler and compare the plans; for a stream
+    with no split set, also the rollout/learner split a launch picks and its expected gain.
 
     "planned" is what each scheduler expected from its own predictions; "at true lengths" is the cost model
     applied to the plan with the samples' true lengths (an estimate; the simulator measures the step). An async
@@ -249,7 +265,7 @@ def plan_cmd(
 
     from rlhfless_sdk.api.config import SchedulerConfig
     from rlhfless_sdk.api.records import Cluster
-    from rlhfless_sdk.cli.plan_report import plan_synthetic, summary
+    from rlhfless_sdk.cli.plan_report import pick_split, plan_synthetic, summary
     from rlhfless_sdk.cli.simulate import check_capacity, comparable_configs, kv_flag
     from rlhfless_sdk.planning.planner import StepPlanner, planner_for, rollout_planner_for
     from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
@@ -259,7 +275,7 @@ def plan_cmd(
     dedicated = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens)  # engines on GPUs of their own
     prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)  # a synchronous engine's
     gpa = prof.gpus_per_actor
-    configs = comparable_configs(schedulers, registry, max_actors, allow_burst_engines, gpus, gpa)
+    configs = comparable_configs(schedulers, registry, max_actors, allow_burst_engines, gpus, gpa, launch)
     modes = {c.name: mode_for(c, registry) for c in configs}
     if rollout_gpus is not None and not any(m.pipelined for m in modes.values()):
         raise click.BadParameter(
@@ -267,8 +283,23 @@ def plan_cmd(
             f"({', '.join(c.name for c in configs)}): drop it, or add an async or stream scheduler",
             param_hint="'--rollout-gpus'",
         )
-    splits = {c.name: rollout_split(c, modes[c.name], rollout_gpus, gpus, gpa) for c in configs}
     cluster = Cluster.of_gpus(gpus, gpus_per_node)
+    picked = {
+        c.name: pick_split(
+            c, registry, dedicated, cluster, trace=trace, prompts=prompts, samples=samples, steps=split_steps, seed=seed
+        )
+        for c in configs
+        if modes[c.name].pipeline == STREAM
+        and not modes[c.name].elastic
+        and rollout_gpus is None
+        and c.pipeline.rollout_gpus is None
+    }
+    splits = {
+        c.name: picked[c.name].rollout_gpus
+        if c.name in picked
+        else rollout_split(c, modes[c.name], rollout_gpus, gpus, gpa)
+        for c in configs
+    }
     workload = SyntheticWorkload(prompts, samples, seed=seed)
     check_samples(prompts, samples, history + 1, steps_flag="--history", bytes_per_sample=BYTES_PER_PLANNED_SAMPLE)
     batch, lengths = replace(workload, step=history).batch()
@@ -286,6 +317,9 @@ def plan_cmd(
 
     planned = plan_synthetic(configs, workload, planner_of, history)
     results = [summary(p) for p in planned]
+    for r in results:
+        if r["scheduler"] in picked:
+            r["split_plan"] = picked[r["scheduler"]].as_dict()
     if as_json:
         click.echo(dumps({"profile": profile, "gpus": gpus, "schedulers": results}, indent=2))
         return
@@ -309,6 +343,8 @@ def plan_cmd(
             f"{r['prefill_tokens_before']:>12}->{r['prefill_tokens_after']:<6}{r['prediction_mae']:>6.0f}"
             f"{r['planner_ms']:>9.1f}"
         )
+        if r.get("split_plan"):
+            click.echo(f"  {r['split_plan']['line']}")
         if r["rollout_gpus"]:
             click.echo(
                 f"  async: its engines' step on {r['rollout_gpus']} rollout GPUs (dedicated memory); the other "
@@ -378,8 +414,10 @@ def rollout_split(config: Any, mode: Mode, rollout_gpus: int | None, gpus: int, 
     default=None,
     metavar="N|best",
     help="Async schedulers (openrlhf-async...): GPUs that only generate; 'best': run the whole workload at every "
-    "split and keep the fastest. Default: every split tried on the first 3 steps, the fastest run on all.",
+    "split and keep the fastest. Default: every split tried on the first 3 steps, the fastest run on all. A stream "
+    "with no split set runs at the split a launch picks (on an earlier run: the same recipe, another seed).",
 )
+@launch_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with a `schedulers` list.")
 @plot_option("cost against time per step")
 @click.option(

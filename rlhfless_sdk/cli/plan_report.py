@@ -75,3 +75,31 @@ def summary(p: PlannedStep) -> dict[str, Any]:
         "fallbacks": plan.fallbacks,
         "candidates": [e.model_dump() for e in plan.candidates],
     }
+
+
+def pick_split(
+    config: SchedulerConfig,
+    registry: Any,
+    profile: Any,
+    cluster: Any,
+    *,
+    trace: str | None,
+    prompts: int,
+    samples: int,
+    steps: int,
+    seed: int,
+) -> Any:
+    """The split a launch picks for ``config``'s pipeline (``rlhfless_sdk.simulation.split``): on ``trace`` (a run
+    of the user's own), or on ``steps`` steps of the synthetic workload of ``prompts`` x ``samples``."""
+    from rlhfless_sdk.simulation.simulator import Simulator
+    from rlhfless_sdk.simulation.split import choose_split
+    from rlhfless_sdk.workloads.traces import load_trace, synthetic_workload
+
+    if trace is not None:
+        workload, source = load_trace(trace, max_tokens=profile.kv_capacity_tokens), f"trace {trace}"
+    else:
+        workload = synthetic_workload(SyntheticWorkload(prompts, samples, seed=seed), steps)
+        source = f"{steps} steps of the synthetic {prompts}x{samples} workload"
+    sim = Simulator(profile, cluster, registry=registry, memory="dedicated")
+    with isolated_history():
+        return choose_split(sim, config, workload, source)

@@ -73,6 +73,7 @@ def compare(results: list[SimulationResult]) -> list[dict[str, Any]]:
                 "cost_reduction_vs_serverful": 1.0
                 - _ratio(tot["total_gpu_seconds"], base["total_gpu_seconds_serverful"]),
                 "split_search": r.split_search,
+                "split_plan": r.split_plan,
                 "stream": r.stream,
                 "steps": [
                     {**s.report.model_dump(), **({"frontier": s.frontier} if s.frontier is not None else {})}
@@ -90,10 +91,12 @@ def comparable_configs(
     allow_burst_engines: bool,
     gpus: int,
     gpus_per_actor: int,
+    launch: str = "sync",
 ) -> list[SchedulerConfig]:
     """The schedulers ``names`` as `simulate` and `plan` run them: on the fleet's peak GPUs (``equal_peak``) unless
     burst engines are allowed, ``--max-actors`` applied to the ones that scale (beyond the fleet only with
-    ``--allow-burst``)."""
+    ``--allow-burst``); ``launch``: as a synchronous launch runs them, an async one (a scheduler with an
+    ``async_launch`` form runs that, named ``NAME.async``), or both (the async form after each)."""
     if max_actors is not None and max_actors * gpus_per_actor > MAX_GPUS:
         raise click.BadParameter(
             f"{max_actors} actors of {gpus_per_actor} GPUs need {max_actors * gpus_per_actor:,} GPUs, more than the "
@@ -106,7 +109,7 @@ def comparable_configs(
             f"--max-actors {max_actors} is beyond the fleet's {fleet_actors} engines on --gpus {gpus}: add "
             "--allow-burst to run burst engines (billed while held; the row is flagged as holding more GPUs)"
         )
-    configs = distinct([registry.resolve(n) for n in names], names)
+    configs = launched(distinct([registry.resolve(n) for n in names], names), registry, launch)
     configs = [allow_burst(c, max_actors) for c in configs]
     if not allow_burst_engines:
         for c in configs:
@@ -119,6 +122,23 @@ def comparable_configs(
                 )
         configs = [equal_peak(c, fleet_actors) for c in configs]
     return configs
+
+
+def launched(configs: Sequence[SchedulerConfig], registry: Registry, launch: str) -> list[SchedulerConfig]:
+    """``configs`` as a ``launch`` (sync, async or both) runs them (see ``comparable_configs``)."""
+    out: list[SchedulerConfig] = []
+    for c in configs:
+        form = c.launched(registry, True)
+        if launch in ("sync", "both") or form is c:
+            out.append(c)
+        if launch in ("async", "both") and form is not c:
+            out.append(form.derive(name=f"{c.name}.async", description=f"{c.name} in an async launch: {form.name}"))
+    names = [c.name for c in out]
+    if len(set(names)) != len(names):
+        raise click.BadParameter(
+            f"a scheduler is named twice once launched: {', '.join(names)}", param_hint="'--launch'"
+        )
+    return out
 
 
 def run_simulation(
@@ -194,7 +214,9 @@ def print_tables(rows: list[dict[str, Any]], gpus: int = 0) -> None:
             f"{row['mean_idle_fraction']:>6.2f}{row['migrations']:>6}{row['stale_token_fraction']:>7.0%}"
             f"{row['max_token_age_steps']:>5}"
         )
-        if row.get("stream") is not None:
+        if row.get("split_plan") is not None:
+            click.echo(f"{'':<24}({row['split_plan']['line']})")
+        elif row.get("stream") is not None:
             splits = ",".join(str(x) for x in row["stream"]["splits"])
             click.echo(f"{'':<24}(stream: rollout GPUs batch by batch {splits}; the rest learn)")
         elif row.get("rollout_gpus"):
@@ -322,6 +344,7 @@ def simulate_main(
     frontier: bool = True,
     prefix_caching: bool = False,
     tensor_parallel: int = 1,
+    launch: str = "sync",
 ) -> None:
     names = list(schedulers) or (ABLATION if ablation else ["openrlhf", "rlhfless"])
     if ablation and schedulers:
@@ -340,7 +363,7 @@ def simulate_main(
             "them: add --frontier-plot FILE or drop --frontier-gpus",
             param_hint="'--frontier-gpus'",
         )
-    configs = comparable_configs(names, registry, max_actors, allow_burst_engines, gpus, prof.gpus_per_actor)
+    configs = comparable_configs(names, registry, max_actors, allow_burst_engines, gpus, prof.gpus_per_actor, launch)
     split = parse_rollout_gpus(rollout_gpus)
     modes = [mode_for(c, registry) for c in configs]
     if split is not None:
@@ -361,6 +384,16 @@ def simulate_main(
     workload = engine_workload(trace, prompts, samples, steps, seed, prof, memory, shape)
     run_algo = workload.algo if algo == "auto" else algo
     probe = None if split == "best" else 3
+    # a stream's split is planned as a launch plans it, on a trace of the user's run: for a synthetic workload, the
+    # same recipe drawn with another seed (an earlier run), never the samples it replays; a trace plans on itself
+    plan_on = (
+        None
+        if trace
+        else (
+            engine_workload(None, prompts, samples, steps, seed + 1, prof, memory, shape),
+            f"an earlier run of the same workload (seed {seed + 1})",
+        )
+    )
 
     def simulator(n_gpus: int) -> Simulator:
         return Simulator(
@@ -372,6 +405,7 @@ def simulate_main(
             split_probe_steps=probe,
             prefix_caching=prefix_caching,
             bound_profile=one_gpu,
+            split_plan=plan_on,
         )
 
     sizes: list[int] = []

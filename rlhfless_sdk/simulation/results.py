@@ -56,6 +56,7 @@ class SimulationResult:
     gpus: int = 0  # the fleet
     work: WorkBound | None = None  # the GPU work any schedule of the workload must do
     split_search: list[dict] | None = None  # async at its best split: each split tried and its time
+    split_plan: dict | None = None  # a stream's split as a launch picks it (``simulation.split.SplitChoice``)
     stream: dict | None = None  # the streaming pipeline: batches, splits, re-plans
 
     @property

@@ -89,6 +89,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         split_probe_steps: int | None = 3,
         prefix_caching: bool = False,
         bound_profile: TimePerTokenProfile | None = None,
+        split_plan: tuple[Workload, str] | None = None,
     ) -> None:
         """``algo``: the learner's rates (``ppo`` or ``grpo``); default: what each workload implies. ``memory``:
         the KV capacity of a synchronous engine, which shares its GPUs with the learner (``colocated``, the
@@ -98,11 +99,13 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         on, so a sample admitted to an engine that prefilled its prompt before (a group-mate's) reads it from the
         cache (OpenRLHF's default is off; its demo and the fidelity check run with it on). ``bound_profile``: the
         engine the work bound is computed on (default ``profile``; a sharded profile's one-GPU form, so that no
-        engine shape beats the bound)."""
+        engine shape beats the bound). ``split_plan``: the workload (and its description) a stream with no split set
+        picks its split on, as a launch does (``rlhfless_sdk.simulation.split``); default: the workload it runs."""
         self.memory = memory
         self.bound_profile = bound_profile or profile
         self.prefix_caching = prefix_caching  # vLLM's prefix cache on the engines (OpenRLHF's default: off)
         self.split_probe_steps = split_probe_steps  # async with no split set: steps each split is tried on
+        self.split_plan = split_plan  # a stream with no split set: the workload its split is planned on
         self.dedicated = profile
         profile = profile.with_memory(memory)
         self.profile = profile
@@ -171,8 +174,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         refused = self.refusal(config, mode)
         if refused is not None:
             raise RlhflessError(refused)
-        self.warm, self.warm_prefill = frozenset(), False
-        self.run_algo = self.algo or workload.algo
+        self.begin(workload)
         simulate = pipeline_spec(mode.pipeline).simulate if mode.pipelined else None
         if simulate is not None:  # a registered pipeline runs itself on this simulator
             return simulate(self, config, workload, on_step, mode)
@@ -180,6 +182,8 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
             if mode.elastic:  # the split is re-planned as it runs
                 return self.run_stream(config, workload, on_step, None)
             fixed = self.rollout_gpus(config)
+            if fixed is None and mode.pipeline == STREAM:
+                return self.planned_split(config, workload, on_step, mode)
             if fixed is None:
                 return self.best_split(config, workload, on_step, mode)
             return self.pipeline_run(mode)(config, workload, on_step, fixed)
@@ -187,6 +191,24 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         if steps_alone(mode.driver):  # one step at a time, every sample to its end
             return self.run_plain(planner, workload, on_step, frontier)
         return self.run_driven(planner, workload, on_step, mode.driver)
+
+    def begin(self, workload: Workload) -> None:
+        """A fresh run of ``workload``: no warm engine, the learner's algorithm from the workload unless set."""
+        self.warm, self.warm_prefill = frozenset(), False
+        self.run_algo = self.algo or workload.algo
+
+    def planned_split(
+        self, config: SchedulerConfig, workload: Workload, on_step: OnStep, mode: Mode
+    ) -> SimulationResult:
+        """A stream at the split a launch picks for it (``choose_split`` on ``split_plan``, default this workload)."""
+        from rlhfless_sdk.simulation.split import choose_split
+
+        plan, source = self.split_plan or (workload, "the workload it replays")
+        choice = choose_split(self, config, plan, source)
+        self.begin(workload)
+        res = self.pipeline_run(mode)(config, workload, on_step, choice.rollout_gpus)
+        res.split_plan = choice.as_dict()
+        return res
 
     def run_plain(
         self,

@@ -1,0 +1,180 @@
+"""What an async launch runs, and on which split: decided once, after OpenRLHF has parsed its flags, before Ray.
+
+A scheduler with an ``async_launch`` form (``rlhfless``) runs that form under ``--train.async_enable``. A stream
+with no split of its own gets the rollout/learner split ``rlhfless_sdk.simulation.split`` picks: on the trace an
+earlier run wrote at ``--scheduler.trace`` when there is one, else on a workload made from the launch's own
+flags (prompts per step, samples per prompt, response cap) and the dataset's prompt lengths. The launcher then
+sizes OpenRLHF's engines (``--vllm.num_engines``) and learner (``--actor.num_gpus_per_node``) to it within the
+GPUs the two were given, saying so in one line (``--scheduler.split keep`` keeps the user's flags and only says
+what it would pick). This is the one place the adapter runs the simulator: as a planner, once, before launch; the
+steps themselves run on OpenRLHF's engines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("rlhfless.openrlhf")
+
+#: Characters per token when a dataset's prompts are measured without a tokenizer (English BPE averages about 4).
+CHARS_PER_TOKEN = 4.0
+#: A response-length prior for a launch with no trace: median this share of the response cap, long-tailed.
+PRIOR_MEDIAN_SHARE = 0.18
+PRIOR = {"prompt_sigma": 0.6, "sample_sigma": 0.5, "runaway": 0.03}
+#: Steps of a workload the split is picked on.
+PLAN_STEPS = 5
+
+
+def _get(args: Any, group: str, name: str, default: Any = None) -> Any:
+    value = getattr(getattr(args, group, None), name, default)
+    return default if value is None else value
+
+
+def launched_settings(args: Any, settings: dict[str, Any], scheduler_settings: Any) -> dict[str, Any]:
+    """``settings`` for the launch OpenRLHF's flags ask for: under ``--train.async_enable`` a scheduler with an
+    ``async_launch`` form runs that form (one line says so); ``scheduler_settings(config)`` builds the settings'
+    scheduler part."""
+    from rlhfless_sdk.api.config import SchedulerConfig
+    from rlhfless_sdk.api.plugins import get_plugin_manager
+
+    config = SchedulerConfig.model_validate(settings["scheduler"])
+    form = config.launched(get_plugin_manager().registry, bool(_get(args, "train", "async_enable", False)))
+    if form is config:
+        return settings
+    log.info(
+        "rlhfless: scheduler %r in an async launch (--train.async_enable) runs %r: %s",
+        config.name,
+        form.name,
+        form.description,
+    )
+    return {**settings, **scheduler_settings(form), "launched_as": config.name}
+
+
+def prompt_tokens(args: Any) -> tuple[tuple[int, int], str]:
+    """The dataset's prompt lengths (10th and 90th percentile, in tokens) when ``--data.prompt_data`` is a local
+    JSON or JSON-lines file with ``--data.input_key``, measured at ``CHARS_PER_TOKEN``; else up to
+    ``--data.prompt_max_len``. Returns the range and where it came from."""
+    path = Path(str(_get(args, "data", "prompt_data", "")))
+    key = str(_get(args, "data", "input_key", "input"))
+    cap = int(_get(args, "data", "prompt_max_len", 1024))
+    lengths: list[float] = []
+    if path.is_file() and path.suffix in (".json", ".jsonl"):
+        try:
+            text = path.read_text(encoding="utf-8")
+            rows = json.loads(text) if path.suffix == ".json" else [json.loads(x) for x in text.splitlines() if x]
+            lengths = [len(str(r[key])) / CHARS_PER_TOKEN for r in rows if isinstance(r, dict) and key in r]
+        except (OSError, ValueError) as exc:
+            log.info(
+                "rlhfless: the split's prompt lengths: %s is unreadable (%s); using --data.prompt_max_len", path, exc
+            )
+    if not lengths:
+        return (max(cap // 8, 1), max(cap // 2, 2)), f"up to --data.prompt_max_len {cap}"
+    lengths.sort()
+    lo, hi = lengths[len(lengths) // 10], lengths[(9 * len(lengths)) // 10]
+    return (max(int(lo), 1), max(int(hi), int(lo) + 1)), f"{len(lengths)} prompts of {path.name}"
+
+
+def plan_workload(args: Any, settings: dict[str, Any], max_tokens: int) -> tuple[Any, str]:
+    """The workload the split is picked on: the trace at ``--scheduler.trace`` when an earlier run wrote one, else
+    one made from this launch's flags and the dataset's prompt lengths (``PRIOR``: a long-tailed response shape)."""
+    from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+    from rlhfless_sdk.workloads.traces import TraceError, load_trace, synthetic_workload
+
+    trace = settings.get("trace")
+    if trace and Path(trace).is_file() and Path(trace).stat().st_size > 0:
+        try:
+            return load_trace(trace, max_tokens=max_tokens), f"the trace of an earlier run ({trace})"
+        except TraceError as exc:
+            log.info("rlhfless: the split is not picked on %s (%s); using the launch's flags", trace, exc)
+    cap = int(_get(args, "rollout", "max_new_tokens", 1024))
+    questions, where = prompt_tokens(args)
+    synthetic = SyntheticWorkload(
+        int(_get(args, "rollout", "batch_size", 64)),
+        int(_get(args, "rollout", "n_samples_per_prompt", 1)),
+        templates=1,
+        template_tokens=0,
+        question_tokens=questions,
+        median_length=PRIOR_MEDIAN_SHARE * cap,
+        max_length=cap,
+        **PRIOR,
+    )
+    source = (
+        f"this launch's flags (responses up to {cap} tokens, a long-tailed prior; prompts {where}; pass "
+        "--scheduler.trace of an earlier run to pick on measured lengths)"
+    )
+    return synthetic_workload(synthetic, PLAN_STEPS), source
+
+
+def plan_split(args: Any, settings: dict[str, Any], keep: bool = False) -> Any:
+    """Pick the split of a stream with none of its own and size OpenRLHF's engines and learner to it (``keep``:
+    only say what it would pick). Returns the ``SplitChoice`` (None when the scheduler fixes its split)."""
+    from rlhfless_sdk.api.config import SchedulerConfig
+    from rlhfless_sdk.api.errors import RlhflessError
+    from rlhfless_sdk.api.history import isolated_history
+    from rlhfless_sdk.api.plugins import get_plugin_manager
+    from rlhfless_sdk.api.records import Cluster, TimePerTokenProfile
+    from rlhfless_sdk.simulation.simulator import Simulator
+    from rlhfless_sdk.simulation.split import choose_split
+
+    config = SchedulerConfig.model_validate(settings["scheduler"])
+    tp = max(int(_get(args, "vllm", "tensor_parallel_size", 1)), 1)
+    engines = int(_get(args, "vllm", "num_engines", 0))
+    if config.pipeline.rollout_gpus is not None or settings["mode"].get("elastic") or engines < 1:
+        return None  # the scheduler fixes its split, re-plans it as it runs, or OpenRLHF runs no engine
+    nodes, per_node = int(_get(args, "actor", "num_nodes", 1)), int(_get(args, "actor", "num_gpus_per_node", 1))
+    gpus = engines * tp + nodes * per_node
+    profile = TimePerTokenProfile.model_validate(settings["profile"])
+    workload, source = plan_workload(args, settings, profile.kv_capacity_tokens)
+    sim = Simulator(profile, Cluster.of_gpus(gpus, max(per_node, tp)), registry=get_plugin_manager().registry)
+    try:
+        with isolated_history():
+            choice = choose_split(sim, config, workload, source)
+    except RlhflessError as exc:  # e.g. a profile whose learner needs more GPUs than this launch has
+        log.info(
+            "rlhfless: no split picked for %s (%s); launching yours: %d rollout GPUs and %d learner GPUs",
+            config.name,
+            exc,
+            engines * tp,
+            nodes * per_node,
+        )
+        return None
+    learner = gpus - choice.rollout_gpus
+    why = fits(args, learner, choice.rollout_gpus, tp)
+    if keep or why is not None or choice.rollout_gpus == engines * tp:
+        action = (
+            "kept: the engines and learner are already sized so"
+            if choice.rollout_gpus == engines * tp
+            else f"not applied ({'--scheduler.split keep' if keep else why}): launching yours, {engines * tp} rollout "
+            f"GPUs and {nodes * per_node} learner GPUs"
+        )
+    else:
+        args.vllm.num_engines = choice.rollout_gpus // tp
+        args.actor.num_gpus_per_node = learner // nodes
+        if _get(args, "train", "colocate_actor_ref", False):
+            args.ref.num_gpus_per_node = args.actor.num_gpus_per_node
+        action = (
+            f"applied: --vllm.num_engines {args.vllm.num_engines} and --actor.num_gpus_per_node "
+            f"{args.actor.num_gpus_per_node} (given: {engines} and {per_node}; --scheduler.split keep keeps yours)"
+        )
+    log.info("rlhfless: %s; %s", choice.line(), action)
+    return choice
+
+
+def fits(args: Any, learner: int, rollout: int, tp: int) -> str | None:
+    """Why OpenRLHF could not run a learner of ``learner`` GPUs beside ``rollout`` engine GPUs, or None."""
+    nodes = int(_get(args, "actor", "num_nodes", 1))
+    if learner % nodes:
+        return f"{learner} learner GPUs do not split over --actor.num_nodes {nodes}"
+    if rollout % tp:
+        return f"{rollout} rollout GPUs are not whole engines of --vllm.tensor_parallel_size {tp}"
+    if _get(args, "train", "colocate_actor_ref", False) and int(_get(args, "ref", "num_nodes", 1)) != nodes:
+        return "the reference model is colocated with the learner on another node count"
+    micro = max(int(_get(args, "rollout", "micro_batch_size", 1)), 1)
+    batches = int(_get(args, "rollout", "n_samples_per_prompt", 1)) * int(_get(args, "rollout", "batch_size", 1))
+    ring = max(int(_get(args, "ds", "ring_attn_size", 1)), 1) * max(int(_get(args, "ds", "tensor_parallel_size", 1)), 1)
+    if batches // micro < learner // ring:
+        return f"OpenRLHF needs at least as many sample micro-batches ({batches // micro}) as learner processes"
+    return None

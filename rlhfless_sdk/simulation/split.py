@@ -1,0 +1,156 @@
+"""The rollout/learner split of a pipeline, chosen for the user before a launch.
+
+OpenRLHF's async loop keeps the split it was launched with (its DeepSpeed learner cannot be resized without a
+restart), so the split decides what a stream gains. ``choose_split`` runs the pipeline on this simulator (the same
+step core the launch runs) over a planning workload: a trace of the user's own run, or a workload made from the
+profile and the dataset's prompt lengths. It walks from the middle split towards the faster neighbour until
+neither is faster (step time against the split is one valley: too few engines starve the learner, too few
+learner GPUs starve the engines), and measures OpenRLHF's async mode at its own best split on the same workload
+for the expected gain. Where lengths drift, it also says whether restarting the learner at another split partway
+through pays: the rest of the run at the best split there, plus the restart (``LearnerState.restart_s``),
+against the rest at the chosen one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.rollout.modes import mode_for
+from rlhfless_sdk.workloads.traces import Workload
+
+#: The scheduler the expected gain is measured against: OpenRLHF's async mode at its best split.
+BASELINE = "openrlhf-async"
+
+
+@dataclass
+class Restart:
+    """A restart at ``rollout_gpus`` before step ``at_step`` saves ``saves_s`` net of its ``restart_s``."""
+
+    at_step: int
+    rollout_gpus: int
+    saves_s: float
+    restart_s: float
+
+
+@dataclass
+class SplitChoice:
+    """The chosen split, each split tried with its time, the baseline at its best split, and restart advice."""
+
+    scheduler: str
+    gpus: int
+    rollout_gpus: int
+    time_s: float
+    steps: int
+    source: str
+    tried: dict[int, float] = field(default_factory=dict)
+    baseline_split: int | None = None
+    baseline_s: float | None = None
+    restart: Restart | None = None
+    restart_checked: list[int] = field(default_factory=list)
+
+    @property
+    def gain(self) -> float | None:
+        return self.baseline_s / self.time_s if self.baseline_s and self.time_s > 0 else None
+
+    def line(self) -> str:
+        """The one line a launch or ``rlhfless plan`` prints."""
+        learn = self.gpus - self.rollout_gpus
+        gain = (
+            f", {self.gain:.2f}x OpenRLHF async at its best split ({self.baseline_split} rollout GPUs, "
+            f"{self.baseline_s:,.0f} s)"
+            if self.gain is not None
+            else ""
+        )
+        if self.restart is not None:
+            r = self.restart
+            drift = (
+                f"; lengths drift: restarting the learner at {r.rollout_gpus} rollout GPUs before step {r.at_step} "
+                f"would save {r.saves_s:,.0f} s after its {r.restart_s:,.0f} s restart"
+            )
+        elif self.restart_checked:
+            drift = "; no restart at another split pays on this workload"
+        else:
+            drift = ""
+        return (
+            f"split for {self.scheduler}: {self.rollout_gpus} rollout GPUs, {learn} learner GPUs (of {self.gpus}), "
+            f"chosen on {self.source}: {self.time_s:,.0f} s for {self.steps} steps expected{gain}{drift}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["tried"] = [{"rollout_gpus": r, "time_s": t} for r, t in sorted(self.tried.items())]
+        out["gain"] = self.gain
+        out["line"] = self.line()
+        return out
+
+
+def descend(splits: list[int], time_at: Callable[[int], float], start: int | None = None) -> int:
+    """The split of least ``time_at`` found walking from ``start`` (default: the middle one) towards the faster
+    neighbour until neither neighbour is faster."""
+    i = splits.index(start) if start in splits else len(splits) // 2
+    while True:
+        here = time_at(splits[i])
+        moves = [j for j in (i - 1, i + 1) if 0 <= j < len(splits)]
+        best = min(moves, key=lambda j: time_at(splits[j]), default=i)
+        if time_at(splits[best]) >= here:
+            return splits[i]
+        i = best
+
+
+def choose_split(
+    sim: Any,
+    config: SchedulerConfig,
+    workload: Workload,
+    source: str,
+    *,
+    baseline: SchedulerConfig | None = None,
+    drift: bool = True,
+) -> SplitChoice:
+    """The split ``config``'s pipeline runs fastest at on ``workload`` (see the module docstring), on ``sim`` (a
+    ``Simulator``, which imports this module: typed loosely to keep the import one-way); ``baseline``:
+    the scheduler the gain is measured against (default OpenRLHF's async mode, when the registry has it)."""
+    sim.begin(workload)
+    mode = mode_for(config, sim.registry)
+    run = sim.pipeline_run(mode)
+    splits = sim.splits()
+
+    def timer(cfg: SchedulerConfig, wl: Workload, cache: dict[int, float]) -> Callable[[int], float]:
+        def time_at(r: int) -> float:
+            if r not in cache:
+                res = run_at(cfg, wl, r)
+                cache[r] = sum(x.time_s for x in res.reports)
+            return cache[r]
+
+        return time_at
+
+    def run_at(cfg: SchedulerConfig, wl: Workload, r: int) -> Any:
+        m = mode_for(cfg, sim.registry)
+        return (run if m == mode else sim.pipeline_run(m))(cfg, wl, None, r)
+
+    tried: dict[int, float] = {}
+    chosen = descend(splits, timer(config, workload, tried))
+    choice = SplitChoice(
+        config.name, sim.cluster.total_gpus, chosen, tried[chosen], len(workload.steps), source, tried=tried
+    )
+    if baseline is None and BASELINE in sim.registry.schedulers:
+        baseline = sim.registry.scheduler(BASELINE)
+    if baseline is not None and baseline.name != config.name:
+        base: dict[int, float] = {}
+        choice.baseline_split = descend(splits, timer(baseline, workload, base), start=chosen)
+        choice.baseline_s = base[choice.baseline_split]
+    n = len(workload.steps)
+    if drift and n >= 4:
+        restart_s = sim.restart_s()
+        for k in sorted({n // 4, n // 2, (3 * n) // 4} - {0}):
+            rest = replace(workload, steps=workload.steps[k:])
+            cache: dict[int, float] = {}
+            time_at = timer(config, rest, cache)
+            better = descend(splits, time_at, start=chosen)
+            choice.restart_checked.append(k)
+            saves = time_at(chosen) - time_at(better) - restart_s
+            if better != chosen and saves > 0 and (choice.restart is None or saves > choice.restart.saves_s):
+                choice.restart = Restart(k, better, saves, restart_s)
+    return choice

@@ -1,0 +1,142 @@
+"""The rollout/learner split picked for the user (``rlhfless_sdk.simulation.split``), by the simulator, `plan` and
+the OpenRLHF launcher, and what ``rlhfless`` runs in an async launch."""
+
+from __future__ import annotations
+
+import json
+import logging
+from types import SimpleNamespace
+
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlhfless_sdk.api.plugins import get_plugin_manager
+from rlhfless_sdk.api.profiles import load_profile
+from rlhfless_sdk.api.records import Cluster
+from rlhfless_sdk.cli.main import main
+from rlhfless_sdk.simulation.simulator import Simulator
+from rlhfless_sdk.simulation.split import Restart, SplitChoice, choose_split, descend
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+from rlhfless_sdk.workloads.traces import synthetic_workload
+
+PROFILE = load_profile("qwen2.5-7b-l40s").model_copy(update={"learner": None})  # a learner fits on any GPU count
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=30).flatmap(
+        lambda n: st.tuples(
+            st.just(n),
+            st.integers(min_value=0, max_value=n - 1),
+            st.lists(st.floats(0.1, 100.0), min_size=n, max_size=n),
+        )
+    ),
+    st.integers(min_value=0, max_value=29),
+)
+def test_descend_finds_the_bottom_of_a_valley_from_any_start(case, start):
+    """Step time against the split is one valley: from any start, the walk ends at its bottom, having tried each
+    split at most once per call of the time function it caches."""
+    n, bottom, steps = case
+    splits = list(range(1, n + 1))
+    # a valley: strictly decreasing to ``bottom``, strictly increasing after it
+    times = {splits[bottom]: 1.0}
+    for i in range(bottom - 1, -1, -1):
+        times[splits[i]] = times[splits[i + 1]] + steps[i]
+    for i in range(bottom + 1, n):
+        times[splits[i]] = times[splits[i - 1]] + steps[i]
+    assert descend(splits, times.__getitem__, start=splits[start % n]) == splits[bottom]
+
+
+def test_the_choice_says_its_split_gain_and_whether_a_restart_pays():
+    choice = SplitChoice("rlhfless-stream", 16, 7, 5000.0, 10, "a trace", {6: 5200.0, 7: 5000.0, 8: 5100.0}, 8, 6000.0)
+    choice.restart_checked = [2, 5, 7]
+    line = choice.line()
+    assert "7 rollout GPUs, 9 learner GPUs (of 16)" in line and "1.20x OpenRLHF async" in line
+    assert "no restart at another split pays" in line
+    choice.restart = Restart(5, 9, 300.0, 128.0)
+    assert "restarting the learner at 9 rollout GPUs before step 5 would save 300 s after its 128 s restart" in (
+        choice.line()
+    )
+    assert choice.as_dict()["tried"][0] == {"rollout_gpus": 6, "time_s": 5200.0}
+
+
+def _growing(steps: int = 4, growth: float = 4.0, seed: int = 1):
+    shape = SyntheticWorkload(48, 4, median_length=800, sample_sigma=0.5, max_length=4096, runaway=0.03, seed=seed)
+    return synthetic_workload(shape, steps, growth)
+
+
+def test_the_split_is_the_fastest_tried_and_each_restart_checked_is_priced():
+    """``choose_split`` keeps the fastest split it tried (its neighbours tried and slower), measures OpenRLHF's
+    async mode at its own best split on the same workload, and checks a restart at a quarter, half and
+    three-quarters of the run, charging the profile's restart."""
+    registry = get_plugin_manager().registry
+    sim = Simulator(PROFILE, Cluster.of_gpus(6, 6), registry=registry)
+    choice = choose_split(sim, registry.scheduler("rlhfless-stream"), _growing(), "a test workload")
+    r, tried = choice.rollout_gpus, choice.tried
+    assert tried[r] == min(tried.values()) == choice.time_s
+    assert all(tried[n] >= tried[r] for n in (r - 1, r + 1) if n in tried or 1 <= n <= 5)
+    assert choice.baseline_split is not None and choice.baseline_s > 0
+    assert choice.restart_checked == [1, 2, 3]
+    if choice.restart is not None:
+        assert choice.restart.rollout_gpus != r and choice.restart.saves_s > 0
+
+
+def test_simulate_runs_rlhfless_as_each_launch_does_and_plans_the_streams_split_on_an_earlier_run():
+    args = ["simulate", "--prompts", "32", "--samples", "4", "--steps", "3", "--gpus", "8", "--no-frontier"]
+    out = CliRunner().invoke(main, [*args, "--scheduler", "openrlhf", "--scheduler", "rlhfless", "--launch", "both"])
+    assert out.exit_code == 0, out.output
+    assert "split for rlhfless.async: " in out.output and "chosen on an earlier run of the same workload (seed 1)" in (
+        out.output
+    )
+    out = CliRunner().invoke(main, [*args, "--scheduler", "rlhfless", "--launch", "async", "--json"])
+    assert out.exit_code == 0, out.output
+    (row,) = json.loads(out.output)["schedulers"]
+    assert row["name"] == "rlhfless.async" and row["max_token_age_steps"] <= 2
+    assert row["rollout_gpus"] == row["split_plan"]["rollout_gpus"]
+
+
+def test_plan_prints_the_split_a_launch_picks():
+    out = CliRunner().invoke(
+        main, ["plan", "--gpus", "16", "--prompts", "32", "--scheduler", "rlhfless-stream", "--split-steps", "3"]
+    )
+    assert out.exit_code == 0, out.output
+    assert "split for rlhfless-stream: " in out.output and "learner GPUs (of 16)" in out.output
+
+
+def _launch_args(engines: int = 2, learner: int = 6) -> SimpleNamespace:
+    return SimpleNamespace(
+        train=SimpleNamespace(async_enable=True, colocate_actor_ref=False),
+        vllm=SimpleNamespace(num_engines=engines, tensor_parallel_size=1),
+        actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=learner),
+        ref=SimpleNamespace(num_nodes=1, num_gpus_per_node=learner),
+        rollout=SimpleNamespace(batch_size=32, n_samples_per_prompt=4, max_new_tokens=2048, micro_batch_size=1),
+        data=SimpleNamespace(prompt_data="", input_key="input", prompt_max_len=256),
+        ds=SimpleNamespace(ring_attn_size=1, tensor_parallel_size=1),
+    )
+
+
+def test_an_async_launch_of_rlhfless_streams_at_the_split_the_launcher_picks(caplog):
+    """Through the launcher's own functions (no Ray): ``rlhfless`` under ``--train.async_enable`` runs its async
+    form, and the stream's split resizes OpenRLHF's engines and learner within the GPUs they were given, in one
+    log line; ``--scheduler.split keep`` leaves the flags and says what it would pick."""
+    from rlhfless_openrlhf.launch_split import launched_settings, plan_split
+    from rlhfless_openrlhf.train_ppo_ray import resolve, scheduler_settings
+
+    settings = resolve({"--scheduler": "rlhfless"})
+    settings["profile"] = PROFILE.model_dump(mode="json")
+    args = _launch_args()
+    with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+        launched = launched_settings(args, settings, scheduler_settings)
+        assert launched["scheduler"]["name"] == "rlhfless-stream" and launched["launched_as"] == "rlhfless"
+        assert launched["mode"]["pipeline"] == "stream"
+        choice = plan_split(args, launched)
+    assert args.vllm.num_engines == choice.rollout_gpus and args.actor.num_gpus_per_node == 8 - choice.rollout_gpus
+    lines = [r.getMessage() for r in caplog.records if "split for rlhfless-stream" in r.getMessage()]
+    assert len(lines) == 1 and "chosen on this launch's flags" in lines[0]
+    kept = _launch_args()
+    assert plan_split(kept, launched, keep=True).rollout_gpus == choice.rollout_gpus
+    assert (kept.vllm.num_engines, kept.actor.num_gpus_per_node) == (2, 6)
+    sync = _launch_args()
+    sync.train.async_enable = False
+    assert launched_settings(sync, settings, scheduler_settings) is settings  # a sync launch runs rlhfless itself
