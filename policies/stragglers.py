@@ -46,6 +46,14 @@ class TailBatchParams(Record):
     over_provision: float = Field(
         default=0.25, ge=0.0, le=4.0, description="Extra share of groups a step starts beyond the B it trains."
     )
+    margin: float | None = Field(
+        default=None,
+        ge=0.0,
+        lt=1.0,
+        description="Tail-batch a round only where the predicted lengths make it at least this share faster per "
+        "trained group than a plain step (rlhfless_sdk.planning.tail_check), else run the plain step; none: every "
+        "round.",
+    )
 
 
 class TailBatching:
@@ -60,13 +68,17 @@ class TailBatching:
     description = "tail batching: start extra groups, train the first B done, re-run the slowest later (on-policy)"
 
     def __init__(self, params: TailBatchParams | None = None) -> None:
-        self.extra = (params or TailBatchParams()).over_provision
+        p = params or TailBatchParams()
+        self.extra, self.margin = p.over_provision, p.margin
 
     def segment_tokens(self, step: int) -> int | None:
         return None
 
     def over_provision(self, step: int) -> float:
         return self.extra
+
+    def tail_margin(self, step: int) -> float | None:
+        return self.margin
 
 
 class BatchCutParams(Record):

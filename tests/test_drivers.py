@@ -69,7 +69,7 @@ def _small_learner():
 EXPECTED = {
     "openrlhf": PLAIN,
     "verl": PLAIN,
-    "rlhfless": PLAIN,
+    "rlhfless": TAIL_ROUNDS,  # where the predicted tail pays; else a plain round
     "rlhfless-paper": PLAIN,
     "rlhfless-fast": BATCH_CUT,
     "rlhfless-onpolicy": TAIL_ROUNDS,

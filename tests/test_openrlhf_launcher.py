@@ -110,8 +110,10 @@ def test_straggler_policies_are_refused_where_openrlhf_cannot_carry_samples(
     with pytest.raises(SystemExit, match=rf"--{flag} cannot carry samples or defer prompts.*'{straggler}'"):
         _hierarchized(**{flag: value})
     _hierarchized()  # without it, the straggler policy runs
-    install_rollout_hooks(resolve({"--scheduler": "rlhfless"}))
+    install_rollout_hooks(resolve({"--scheduler": "rlhfless-slo"}))
     _hierarchized(**{flag: value})  # and the other schedulers run in that mode
+    install_rollout_hooks(resolve({"--scheduler": "rlhfless"}))  # tail batching where it pays: here never
+    assert _hierarchized(**{flag: value}).rlhfless["scheduler"]["straggler"]["name"] == "none"
 
 
 def test_rollout_internals_of_the_installed_openrlhf():

@@ -221,14 +221,20 @@ def check_modes(args: Any, settings: dict[str, Any] | None = None, argv: Sequenc
                 f"error: {flag} is not supported with --scheduler rlhfless ({why}); run it with --scheduler openrlhf"
             )
     mode = (settings or {}).get("mode") or {}
-    straggler = ((settings or {}).get("scheduler") or {}).get("straggler", {}).get("name", "none")
+    straggler_ref = ((settings or {}).get("scheduler") or {}).get("straggler", {})
+    straggler = straggler_ref.get("name", "none")
     if mode.get("carries"):
         for flag, used, why in CANNOT_CARRY:
-            if used(args):
-                raise SystemExit(
-                    f"error: {flag} cannot carry samples or defer prompts across steps, which the straggler policy "
-                    f"{straggler!r} does ({why}); use --scheduler rlhfless instead"
-                )
+            if not used(args):
+                continue
+            if settings and (straggler_ref.get("params") or {}).get("margin") is not None:
+                plain_steps(settings, flag, why)  # tail batching where it pays: here it cannot, so never
+                mode = settings["mode"]
+                break
+            raise SystemExit(
+                f"error: {flag} cannot carry samples or defer prompts across steps, which the straggler policy "
+                f"{straggler!r} does ({why}); use --scheduler rlhfless-slo instead"
+            )
     if settings and settings.get("profile"):
         match_profile(args, settings)
     streams = mode.get("pipeline") == "stream"
@@ -249,6 +255,21 @@ def check_modes(args: Any, settings: dict[str, Any] | None = None, argv: Sequenc
             queue + 1,
             args.algo.advantage.is_correction_level,
         )
+
+
+def plain_steps(settings: dict[str, Any], flag: str, why: str) -> None:
+    """Turn off a straggler policy that tail-batches only where it pays (``margin``), in ``settings``, for a launch
+    whose ``flag`` forbids deferring prompts: every step is then OpenRLHF's own (one line says so)."""
+    from rlhfless_sdk.api.config import SchedulerConfig
+
+    config = SchedulerConfig.model_validate(settings["scheduler"])
+    settings.update(scheduler_settings(config.derive(straggler="none")))
+    log.info(
+        "rlhfless: %s: scheduler %r runs OpenRLHF's own step every round, without tail batching (%s)",
+        flag,
+        config.name,
+        why,
+    )
 
 
 def check_oversampling(args: Any, name: str, straggler: str, streams: bool) -> None:

@@ -48,6 +48,7 @@ from rlhfless_sdk.planning.checks import (
 )
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
 from rlhfless_sdk.planning.engine_model import EngineCostModel, LengthSpread
+from rlhfless_sdk.planning.tail_check import TailEstimate, estimate_tail
 
 log = logging.getLogger("rlhfless.planner")
 
@@ -363,6 +364,32 @@ class StepPlanner:
             return value
 
         return self._ask_straggler(fallbacks, "over_provision", step, 0.0, check_extra)
+
+    def tail_margin(self, step: int, fallbacks: list[str]) -> float | None:
+        """How much faster (a share) tail batching must be predicted to be for ``step`` to run it (``tail_check``);
+        None: every round that may over-provision does."""
+
+        def check(x: Any) -> float | None:
+            if x is None:
+                return None
+            value = float(x)
+            if not (math.isfinite(value) and 0.0 <= value < 1.0):
+                raise InvalidPolicyOutput(f"tail_margin must be None or in [0, 1), got {x!r}")
+            return value
+
+        return self._ask_straggler(fallbacks, "tail_margin", step, None, check)
+
+    def tail_check(self, batch: PromptBatch, train: int, fallbacks: list[str]) -> TailEstimate:
+        """Tail batching's predicted cost per trained group against a plain step's, if ``batch`` (in start order)
+        were the next short round training ``train`` groups (``rlhfless_sdk.planning.tail_check``): the predictor's
+        lengths with the learned spread, on the fleet's engines."""
+        assert self.check_model is not None
+        pred = self.predict(batch, fallbacks)
+        lengths = self.check_model.lengths(batch, pred, self.spread or LengthSpread())
+        offsets = batch.sample_offsets
+        groups = [lengths[offsets[i] : offsets[i + 1]] for i in range(len(batch))]
+        engines = self.actor_range([])[1]
+        return estimate_tail(self.check_model.profile, groups, batch.prompt_lengths.tolist(), train, engines)
 
     def keeps_tokens(self, step: int, fallbacks: list[str]) -> bool:
         """Whether an over-provisioning straggler policy carries its untrained groups' tokens into the next step

@@ -40,6 +40,7 @@ from rlhfless_sdk.rollout.tail import Round, TailRounds, first_done, note_comple
 
 if TYPE_CHECKING:
     from rlhfless_sdk.planning.planner import StepPlanner
+    from rlhfless_sdk.planning.tail_check import TailEstimate
 
 EndRule = Callable[[StepController], bool]
 
@@ -150,10 +151,18 @@ class TailRound:
 
     mode = TAIL_ROUNDS
 
-    def __init__(self, planner: StepPlanner, rounds: TailRounds, step: int) -> None:
+    def __init__(self, planner: StepPlanner, rounds: TailRounds, step: int, io: StepIO | None = None) -> None:
         self.planner, self.rounds, self.step = planner, rounds, step
         self.fallbacks: list[str] = []
-        self.round: Round = rounds.next(planner.over_provision(step, self.fallbacks))
+        over = planner.over_provision(step, self.fallbacks)
+        self.check: TailEstimate | None = None
+        margin = planner.tail_margin(step, self.fallbacks) if over > 0 and io is not None else None
+        candidates = rounds.short_candidates(over) if margin is not None else None
+        if candidates is not None and io is not None and margin is not None:
+            # tail batching only where its predicted cost per trained group beats a plain step's by the margin
+            self.check = planner.tail_check(io.batch(candidates), rounds.batch_size, self.fallbacks)
+            over = over if self.check.pays(margin) else 0.0
+        self.round: Round = rounds.next(over)
         self.completed: dict[int, int] = {}  # group -> completion rank (groups seen complete at one poll tie)
 
     @property
@@ -365,7 +374,7 @@ class TailSession:
     def next(self, io: StepIO, step: int) -> Driven | None:
         if self.rounds.done():
             return None
-        return TailRound(self.planner, self.rounds, step).run(io)
+        return TailRound(self.planner, self.rounds, step, io).run(io)
 
 
 class BatchCutSession:

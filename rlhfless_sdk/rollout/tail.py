@@ -64,6 +64,18 @@ class TailRounds:
         self._draw(1)
         return not self.fresh and not self.deferred
 
+    def short_candidates(self, over_provision: float) -> list[Hashable] | None:
+        """The fresh prompts the next round would start if it is a short round with all it asks for, else None
+        (a long round is due, or the stream runs dry)."""
+        b = self.batch_size
+        if len(self.deferred) >= b:
+            return None
+        start = max(math.ceil((1.0 + over_provision) * b), b)
+        self._draw(start)
+        if len(self.fresh) < start:
+            return None
+        return list(self.fresh)[:start]
+
     def next(self, over_provision: float) -> Round:
         """The next round's prompts; ``over_provision`` >= 0 (0: every started group trains)."""
         if self.done():

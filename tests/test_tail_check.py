@@ -1,0 +1,88 @@
+"""Tail batching where the predicted tail pays (``rlhfless_sdk.planning.tail_check``, the ``margin`` of the
+``tail-batch`` straggler policy): the estimate's arithmetic, its verdicts on the two shapes it separates, and a
+round-by-round run in which every prompt still trains exactly once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlhfless_sdk.api.plugins import get_plugin_manager
+from rlhfless_sdk.api.profiles import load_profile
+from rlhfless_sdk.api.records import Cluster
+from rlhfless_sdk.planning.tail_check import TailEstimate, estimate_tail
+from rlhfless_sdk.rollout.tail import TailRounds
+from rlhfless_sdk.simulation.simulator import Simulator
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+from rlhfless_sdk.workloads.traces import synthetic_workload
+
+PROFILE = load_profile("qwen2.5-7b-l40s")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.floats(1.0, 1e4),
+    st.floats(1.0, 1e4),
+    st.floats(0.0, 1e4),
+    st.integers(1, 64),
+    st.integers(0, 64),
+    st.floats(0.0, 0.5),
+)
+def test_the_cost_per_trained_group_weighs_the_long_rounds_by_how_often_they_come(
+    plain, short, long, train, deferred, margin
+):
+    est = TailEstimate(plain, short, long, train, deferred)
+    assert est.per_group_plain == pytest.approx(plain / train)
+    if deferred:
+        k = train / deferred  # a long round of B deferred groups every k short rounds
+        assert est.per_group_tail == pytest.approx((k * short + long) / ((k + 1) * train))
+    assert est.pays(margin) == (est.per_group_tail <= (1 - margin) * est.per_group_plain)
+
+
+def _groups(rng: np.random.Generator, n: int, size: int, tail_every: int, cap: int) -> list[np.ndarray]:
+    out = []
+    for g in range(n):
+        lengths = rng.integers(200, 400, size)
+        if tail_every and g % tail_every == 0:
+            lengths[0] = cap  # one sample runs to the cap
+        out.append(lengths)
+    return out
+
+
+def test_the_check_batches_a_rare_tail_and_leaves_a_common_one_to_plain_steps():
+    """A few groups holding the tail: deferring them pays. Equal groups: aborting only wastes tokens."""
+    rng = np.random.default_rng(0)
+    rare = _groups(rng, 48, 4, 16, 4000)  # 3 of 48 groups: fewer than the 16 a round defers
+    est = estimate_tail(PROFILE, rare, [100] * 48, 32, 2)
+    assert est.deferred == 16 and est.short_s < est.plain_s and est.pays(0.0)
+    even = [np.full(4, 300) for _ in range(48)]
+    assert not estimate_tail(PROFILE, even, [100] * 48, 32, 2).pays(0.0)
+
+
+def test_a_round_cannot_train_more_groups_than_it_starts():
+    with pytest.raises(ValueError, match="cannot train"):
+        estimate_tail(PROFILE, [np.array([10])], [10], 2, 1)
+
+
+def test_short_candidates_draws_without_starting_anything():
+    rounds = TailRounds(4, range(20))
+    assert rounds.short_candidates(0.5) == [0, 1, 2, 3, 4, 5]
+    assert rounds.next(0.0).prompts == [0, 1, 2, 3]  # a plain round: the first B of them
+    rounds.settle([0, 1, 2, 3])
+    assert rounds.short_candidates(0.5) == [4, 5, 6, 7, 8, 9]
+    rounds.deferred.extend([90, 91, 92, 93])
+    assert rounds.short_candidates(0.5) is None  # a long round is due
+
+
+def test_rlhfless_trains_every_prompt_once_whichever_rounds_it_picks():
+    """The preset on a simulated run: each round is a tail round or OpenRLHF's plain step, as its check decides;
+    every prompt of the workload trains exactly once, and no token from older weights trains."""
+    registry = get_plugin_manager().registry
+    shape = SyntheticWorkload(32, 4, median_length=300, max_length=2048, runaway=0.02, seed=3)
+    workload = synthetic_workload(shape, 6)
+    sim = Simulator(PROFILE, Cluster.of_gpus(4, 4), registry=registry)
+    result = sim.run(registry.scheduler("rlhfless"), workload)
+    assert sum(r.groups_trained for r in result.reports) == sum(len(ws.batch) for ws in workload.steps)
+    assert max(r.max_token_age_steps for r in result.reports) == 0
