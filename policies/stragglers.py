@@ -47,7 +47,7 @@ class TailBatchParams(Record):
         default=0.25, ge=0.0, le=4.0, description="Extra share of groups a step starts beyond the B it trains."
     )
     margin: float | None = Field(
-        default=None,
+        None,
         ge=0.0,
         lt=1.0,
         description="Tail-batch a round only where the predicted lengths make it at least this share faster per "

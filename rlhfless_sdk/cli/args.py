@@ -244,11 +244,11 @@ def synthetic_shape_options(fn: Any) -> Any:
 
 
 #: ``--launch``: which of OpenRLHF's loops the schedulers are run as.
+LAUNCHES = ("sync", "async", "both")
 launch_option = click.option(
     "--launch",
-    type=click.Choice(["sync", "async", "both"]),
-    default="sync",
-    show_default=True,
-    help="Run the schedulers as a synchronous launch does, as an async one (--train.async_enable: a scheduler with "
-    "an async form, such as rlhfless, runs it, named NAME.async), or both.",
+    type=click.Choice(LAUNCHES),
+    default=LAUNCHES[0],
+    help="Run the schedulers as a synchronous launch does (the default), as an async one (--train.async_enable: a "
+    "scheduler with an async form, such as rlhfless, runs it, named NAME.async), or both.",
 )
