@@ -423,7 +423,8 @@ def test_dynamic_filtering_refills_from_the_dataloader_as_openrlhf_does(stack, r
         None,
         stack.tokenizer,
         [rewarded_engine],
-        scheduler=get_plugin_manager().registry.scheduler("rlhfless"),
+        # rlhfless as the launcher hands it over under dynamic filtering: without tail batching (plain_steps)
+        scheduler=get_plugin_manager().registry.scheduler("rlhfless").derive(straggler="none"),
         profile=load_profile("qwen2.5-3b-l40s"),
     )
     o_experiences, o_rate, o_consumed, o_exhausted = ours.generate_samples(**kwargs)
@@ -1039,8 +1040,9 @@ def test_deferred_prompts_survive_a_checkpoint(stack, caplog):
     after = [e for st in _run_tail(resumed, stream, b, max_len) for e in st["experiences"]]
     trained = sorted(e.prompts[0] for e in before + after)
     assert trained == sorted(p for p in prompts for _ in range(N_SAMPLES))
+    assert make_generator(stack, "rlhfless").restore_carry(snapshot) == waiting  # it tail-batches where it pays
     with caplog.at_level(logging.WARNING, logger="rlhfless.openrlhf"):
-        assert make_generator(stack, "rlhfless").restore_carry(snapshot) == 0
+        assert make_generator(stack, "rlhfless-slo").restore_carry(snapshot) == 0  # plain steps only
     assert f"holds {waiting} deferred prompt(s)" in caplog.text and "dropped" in caplog.text
 
 
