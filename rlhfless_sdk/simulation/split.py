@@ -113,22 +113,17 @@ def choose_split(
     ``Simulator``, which imports this module: typed loosely to keep the import one-way); ``baseline``:
     the scheduler the gain is measured against (default OpenRLHF's async mode, when the registry has it)."""
     sim.begin(workload)
-    mode = mode_for(config, sim.registry)
-    run = sim.pipeline_run(mode)
     splits = sim.splits()
 
     def timer(cfg: SchedulerConfig, wl: Workload, cache: dict[int, float]) -> Callable[[int], float]:
+        run = sim.pipeline_run(mode_for(cfg, sim.registry))
+
         def time_at(r: int) -> float:
             if r not in cache:
-                res = run_at(cfg, wl, r)
-                cache[r] = sum(x.time_s for x in res.reports)
+                cache[r] = sum(x.time_s for x in run(cfg, wl, None, r).reports)
             return cache[r]
 
         return time_at
-
-    def run_at(cfg: SchedulerConfig, wl: Workload, r: int) -> Any:
-        m = mode_for(cfg, sim.registry)
-        return (run if m == mode else sim.pipeline_run(m))(cfg, wl, None, r)
 
     tried: dict[int, float] = {}
     chosen = descend(splits, timer(config, workload, tried))
