@@ -20,6 +20,7 @@ from rlhfless_policies.assigners import (
     WorkAssigner,
     WorkParams,
 )
+from rlhfless_policies.drafters import HistoryDrafter, HistoryParams, NgramDrafter, NgramParams, NoDrafter
 from rlhfless_policies.migrators import GlobalMigrator, GlobalParams, NoMigrator, TauMigrator, TauParams
 from rlhfless_policies.model_predictor import ModelParams, ModelPredictor
 from rlhfless_policies.placers import LocalityAwarePlacer, PackPlacer
@@ -100,6 +101,11 @@ POLICIES: dict[str, list[tuple]] = {
     "placer": [
         ("locality-aware", LocalityAwarePlacer),
         ("pack", PackPlacer),
+    ],
+    "drafter": [
+        ("none", NoDrafter),
+        ("ngram", NgramDrafter, NgramParams),
+        ("history", HistoryDrafter, HistoryParams),
     ],
 }
 

@@ -1,5 +1,5 @@
 """rlhfless SDK: plug length predictors, prefill planners, prompt assigners, migrators, actor scalers,
-straggler policies and actor placers into RLHF rollout scheduling.
+straggler policies, actor placers and drafters into RLHF rollout scheduling.
 
 Every policy kind of the kind table (``rlhfless_sdk.api.kinds``) and the protocol its policies implement:
 
@@ -10,6 +10,7 @@ Every policy kind of the kind table (``rlhfless_sdk.api.kinds``) and the protoco
 - scaler: ``ActorScaler``
 - straggler: ``StragglerPolicy`` (capabilities: ``OverProvisioning``, ``KeepsCutTokens``)
 - placer: ``ActorPlacer``
+- drafter: ``Drafter`` (capability: ``engine_method``)
 
 A plugin author needs one import::
 
@@ -32,6 +33,7 @@ from rlhfless_sdk.api.protocols import (
     ActorScaler,
     Candidate,
     CostModel,
+    Drafter,
     KeepsCutTokens,
     LengthPredictor,
     Migrator,
@@ -72,6 +74,7 @@ __all__ = [
     "Cluster",
     "ConfigError",
     "CostModel",
+    "Drafter",
     "FinishedSample",
     "HistoryError",
     "HistoryLocked",

@@ -228,6 +228,12 @@ class SchedulerConfig(_WithPolicies):  # type: ignore[misc,valid-type]
             )
         return form
 
+    def drafted(self, drafter: str) -> SchedulerConfig:
+        """This scheduler with the drafter ``drafter`` (speculative decoding on its engines), named ``NAME.DRAFTER``."""
+        return self.derive(
+            name=f"{self.name}.{drafter}", drafter=drafter, description=f"{self.name} with drafter {drafter}"
+        )
+
     def derive(self, **changes: Any) -> SchedulerConfig:
         """A validated copy with some fields replaced (``assigner="sorted"`` works as in YAML)."""
         return SchedulerConfig.model_validate({**self.model_dump(), **changes})

@@ -102,5 +102,14 @@ def rlhfless_register_placers(register: RegisterPolicy) -> None:
     """
 
 
+@hookspec
+def rlhfless_register_drafters(register: RegisterPolicy) -> None:
+    """Register drafters (``Drafter``) that propose tokens for the engines' speculative decoding.
+
+    ``draft_tokens(running, remaining)`` is the step's budget, ``propose(prompt, response, k, siblings)`` the draft
+    and ``observe(prompt, responses)`` feeds finished groups; baseline ``none``, and a config may leave it out.
+    """
+
+
 SCHEDULER_HOOK = "rlhfless_register_schedulers"
 COMMAND_HOOK = "rlhfless_register_commands"

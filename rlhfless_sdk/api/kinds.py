@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from rlhfless_sdk.api.protocols import (
     ActorPlacer,
     ActorScaler,
+    Drafter,
     LengthPredictor,
     Migrator,
     PrefillPlanner,
@@ -115,6 +116,14 @@ KINDS: tuple[PolicyKind, ...] = (
         ActorPlacer,
         baseline="pack",
         summary="Register actor placers (``ActorPlacer``) that put actors onto nodes and GPUs.",
+    ),
+    PolicyKind(
+        "drafter",
+        Drafter,
+        baseline="none",
+        summary="Register drafters (``Drafter``) that propose tokens for the engines' speculative decoding.",
+        capabilities=(("engine_method", "engine_method() -> dict: run as this vLLM built-in method (e.g. ngram)"),),
+        optional=True,
     ),
 )
 

@@ -145,6 +145,31 @@ class KeepsCutTokens(OverProvisioning, Protocol):
     def keeps_tokens(self, step: int) -> bool: ...
 
 
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes draft tokens for speculative decoding; the engine verifies them against the target model.
+
+    May assume: ``observe`` gets each finished group of a prompt (its token ids and the responses' token ids) after
+    the step that made it; ``propose`` gets a running sequence's prompt and response so far, its group siblings'
+    responses so far, and the budget ``k`` that ``draft_tokens`` gave for this step.
+    Must guarantee: ``draft_tokens`` returns an int >= 0; ``propose`` returns at most ``k`` token ids (``[]``: no
+    draft this step); memory stays bounded however long it runs. It can never change what is sampled: rejection
+    sampling keeps only what the target model agrees with, so a bad draft costs time, never correctness. A drafter
+    that raises is replaced by ``none`` (no drafts) with a warning naming it.
+
+    A drafter with ``engine_method()`` (a dict) runs on vLLM as that built-in method (``ngram``); others run through
+    the adapter's proposer class in each engine.
+    """
+
+    def draft_tokens(self, running: int, remaining: float | None = None) -> int: ...
+
+    def propose(
+        self, prompt: Sequence[int], response: Sequence[int], k: int, siblings: Sequence[Sequence[int]] = ()
+    ) -> list[int]: ...
+
+    def observe(self, prompt: Sequence[int], responses: Sequence[Sequence[int]]) -> None: ...
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One candidate plan of a step as a cost model estimates it: the batch, the predicted lengths (one per prompt,

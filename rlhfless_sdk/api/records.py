@@ -21,6 +21,7 @@ from pydantic import (
 
 from rlhfless_sdk.api.base import Record
 from rlhfless_sdk.api.learner import LearnerState
+from rlhfless_sdk.api.speculation import Speculation
 
 Role = Literal["decode", "prefill", "learner"]
 
@@ -207,6 +208,9 @@ class TimePerTokenProfile(Record):
     # None: not known, a learner of any size resized for free (for profiles that price no elastic learner)
     learner: LearnerState | None = Field(default=None, description="The learner's state and what resizing it costs.")
     derivation: str = Field(default="", description="How the numbers were obtained (sources, arithmetic).")
+    speculation: Speculation | None = Field(
+        default=None, description="Speculative decoding on these engines (a drafter's acceptance and budget)."
+    )
 
     def with_memory(self, memory: str) -> TimePerTokenProfile:
         """This profile for an engine with ``memory``: ``dedicated`` (GPUs of its own: an async pipeline's engines,

@@ -31,6 +31,7 @@ from rlhfless_sdk.cli.args import (
     plot_path as plot_path_check,
 )
 from rlhfless_sdk.cli.bench import bench_group
+from rlhfless_sdk.cli.drafting import drafter_options
 from rlhfless_sdk.rollout.modes import STREAM, Mode, consults_predictor, mode_for
 
 
@@ -454,6 +455,8 @@ def rollout_split(config: Any, mode: Mode, rollout_gpus: int | None, gpus: int, 
     help="Every engine sharded over this many GPUs of a node (OpenRLHF's --vllm.tensor_parallel_size), derived from "
     "a one-GPU profile's tensor_parallel block: weights and KV heads split, all-reduces over the node's links.",
 )
+@drafter_options[0]
+@drafter_options[1]
 def simulate_cmd(**kw) -> None:
     """Replay a workload step by step under each scheduler; time, GPU-seconds, speedup, cost reduction."""
     from rlhfless_sdk.cli.simulate import simulate_main

@@ -15,6 +15,7 @@ from rlhfless_sdk.api.options import distinct
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import Cluster, dumps
 from rlhfless_sdk.cli.args import MAX_GPUS, check_samples, run_profile
+from rlhfless_sdk.cli.drafting import acceptance_arg, drafter_lines, with_drafter
 from rlhfless_sdk.cli.plots import plot, plot_frontier
 from rlhfless_sdk.rollout.modes import Mode, mode_for
 from rlhfless_sdk.simulation.results import SimulationResult
@@ -75,6 +76,7 @@ def compare(results: list[SimulationResult]) -> list[dict[str, Any]]:
                 "split_search": r.split_search,
                 "split_plan": r.split_plan,
                 "stream": r.stream,
+                "drafter": r.drafter,
                 "steps": [
                     {**s.report.model_dump(), **({"frontier": s.frontier} if s.frontier is not None else {})}
                     for s in r.steps
@@ -345,6 +347,8 @@ def simulate_main(
     prefix_caching: bool = False,
     tensor_parallel: int = 1,
     launch: str = "sync",
+    drafter: str | None = None,
+    acceptance: str | None = None,
 ) -> None:
     names = list(schedulers) or (ABLATION if ablation else ["openrlhf", "rlhfless"])
     if ablation and schedulers:
@@ -364,6 +368,7 @@ def simulate_main(
             param_hint="'--frontier-gpus'",
         )
     configs = comparable_configs(names, registry, max_actors, allow_burst_engines, gpus, prof.gpus_per_actor, launch)
+    configs, accepted = with_drafter(configs, drafter), acceptance_arg(acceptance)
     split = parse_rollout_gpus(rollout_gpus)
     modes = [mode_for(c, registry) for c in configs]
     if split is not None:
@@ -406,6 +411,7 @@ def simulate_main(
             prefix_caching=prefix_caching,
             bound_profile=one_gpu,
             split_plan=plan_on,
+            acceptance=accepted,
         )
 
     sizes: list[int] = []
@@ -475,6 +481,8 @@ def simulate_main(
                 f"{work.bound_s(gpus):,.1f} s; no schedule on {gpus} GPUs is faster"
             )
         print_tables(rows, gpus)
+        for line in drafter_lines(rows, gpus):
+            click.echo(line)
     if plot_path is not None:
         plot(rows, plot_path, f"{workload.name}, {prof.name}, {gpus} GPUs")
         if not as_json:

@@ -95,6 +95,7 @@ class EngineModel:
     ctx: int = 0  # KV tokens held by running sequences
     busy: float = 0.0
     generated: int = 0  # tokens generated on this actor
+    seq_steps: float = 0.0  # decode steps summed over sequences (each yields 1 token, or tau with speculation)
     planned: float = 0.0
     last_token: float = 0.0
     first: float = 0.0  # when it first admitted work: serverless billing starts here
@@ -225,12 +226,14 @@ class EngineModel:
                     dt = self._overlapped(k)
                 self._advance(s, k, dt)
                 continue
+            tau, drafted = p.speculation.at(self.B) if p.speculation is not None else (1.0, 0.0)
             A = (
                 p.decode_base_s
-                + (p.decode_per_seq_s + p.decode_per_seq_comm_s) * self.B
+                + self._draft_overhead()
+                + (p.decode_per_seq_s * (1.0 + drafted) + p.decode_per_seq_comm_s) * self.B
                 + p.decode_per_ctx_token_s * self.ctx
-            )
-            C = p.decode_per_ctx_token_s * self.B
+            ) / tau
+            C = p.decode_per_ctx_token_s * self.B / tau
             dt = k * A + C * k * (k - 1) / 2.0
             if self.t + dt > limit:  # partial advance: the most whole steps that fit before the limit
                 room = limit - self.t
@@ -250,9 +253,11 @@ class EngineModel:
         ``overhead + max(weights + c * context, b * B)``; the context grows by B a step, so the first steps may
         be compute-bound and the rest memory-bound."""
         p = self.prof
-        o = p.decode_overhead_s + p.decode_per_seq_comm_s * self.B
+        tau, drafted = p.speculation.at(self.B) if p.speculation is not None else (1.0, 0.0)
+        o = p.decode_overhead_s + p.decode_per_seq_comm_s * self.B + self._draft_overhead()
         w = p.decode_base_s - p.decode_overhead_s
-        c, compute = p.decode_per_ctx_token_s, p.decode_per_seq_s * self.B
+        c, compute = p.decode_per_ctx_token_s / tau, p.decode_per_seq_s * self.B * (1.0 + drafted) / tau
+        o, w = o / tau, w / tau
         cb = c * self.B
         gap = compute - w - c * self.ctx  # > 0: compute-bound now
         if gap <= 0:
@@ -264,6 +269,10 @@ class EngineModel:
         rest = k - bound
         mem = o + w + c * (self.ctx + self.B * bound)
         return bound * (o + compute) + rest * mem + cb * rest * (rest - 1) / 2.0
+
+    def _draft_overhead(self) -> float:
+        spec = self.prof.speculation
+        return spec.draft_overhead_s if spec is not None and spec.draft_tokens(self.B) > 0 else 0.0
 
     def _steps_within(self, room: float, most: int) -> int:
         lo, hi = 0, max(most, 0)
@@ -279,6 +288,13 @@ class EngineModel:
         """k decode steps of the running batch, taking dt seconds; finished samples leave it."""
         self.t += dt
         self.busy += dt
+        spec = self.prof.speculation
+        if spec is not None:
+            steps = self.B * k / spec.at(self.B)[0]
+            self.seq_steps += steps
+            spec.tally(self.B * k, steps)
+        else:
+            self.seq_steps += self.B * k
         self.S += k
         self.ctx += self.B * k
         self.generated += self.B * k
@@ -309,8 +325,9 @@ def steady_context(prompt: np.ndarray, response: np.ndarray) -> float:
 
 
 def steady_step(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.ndarray) -> tuple[float, float]:
-    """(samples running, seconds a decode step takes) on one engine of ``profile`` never short of work (a stream:
-    no tail), for samples like ``prompt[i]`` + ``response[i]``. A running sample is caught at a length-weighted
+    """(samples running, seconds per token of each: a decode step, or a verification step over the tokens it yields)
+    on one engine of ``profile`` never short of work (a stream: no tail), for samples like ``prompt[i]`` +
+    ``response[i]``. A running sample is caught at a length-weighted
     point of its life, so the KV it holds is ``p + E[L^2] / (2 E[L])`` on average; the engine runs as many as its KV
     and ``max_num_seqs`` allow, each decode step costing what the engine model says for that batch and context.
     (0, 0) without a positive length."""
@@ -320,12 +337,16 @@ def steady_step(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.n
     running = max(min(float(profile.max_num_seqs), profile.kv_capacity_tokens / max(ctx, 1.0)), 1.0)
     c, s = profile.decode_per_ctx_token_s, profile.decode_per_seq_s
     comm = profile.decode_per_seq_comm_s * running
+    spec = profile.speculation
+    tau, drafted = spec.at(int(running)) if spec is not None else (1.0, 0.0)
+    extra = spec.draft_overhead_s if spec is not None and drafted > 0 else 0.0
+    s *= 1.0 + drafted
     if profile.decode_overlap:
         o = profile.decode_overhead_s
-        step = o + comm + max(profile.decode_base_s - o + c * ctx * running, s * running)
+        step = o + extra + comm + max(profile.decode_base_s - o + c * ctx * running, s * running)
     else:
-        step = profile.decode_base_s + comm + s * running + c * ctx * running
-    return running, step
+        step = profile.decode_base_s + extra + comm + s * running + c * ctx * running
+    return running, step / tau
 
 
 def run_engines(

@@ -12,6 +12,10 @@ every schedule must spend:
   ``TOKENS / max_num_seqs`` (a step decodes at most ``max_num_seqs`` tokens) and ``CTX / kv`` (a step reads at
   most the KV capacity, or one sample's whole context when a lone sequence outgrows it). Engines with the most
   memory (dedicated) give the smallest S, so the bound holds for every memory mode.
+- **speculative decoding** (a profile with ``speculation``): a verification step yields at most ``tau`` tokens a
+  sequence (the drafter's best under its budget, at its measured acceptance) and computes at least one position a
+  token, so the step count and the context read shrink by ``tau`` while the per-sequence compute ``s * TOKENS``
+  stays: the bound at that acceptance. The plain bound is the same sum with ``tau = 1``.
 - **prefill**: each distinct prompt-prefix token once per step (the prefix tree of the step's prompts: shared
   templates and a prompt's n samples are prefilled once), at the profile's new-token rate.
 - **learning**: scoring and the update of every trained token (prompt + response of each sample), at the
@@ -75,11 +79,13 @@ def decode_engine_s(profile: TimePerTokenProfile, prompt: np.ndarray, response: 
     tokens = float(length.sum())
     if tokens <= 0:
         return 0.0
-    ctx = float((p * length + length * (length - 1.0) / 2.0).sum())
+    # speculative decoding: a step yields at most tau tokens a sequence and reads the KV once for them
+    tau = profile.speculation.best_tokens_per_step() if profile.speculation is not None else 1.0
+    ctx = float((p * length + length * (length - 1.0) / 2.0).sum()) / tau
     kv = max(float(profile.kv_capacity_tokens), float((p + length).max(initial=0.0)))
-    steps = max(math.ceil(tokens / profile.max_num_seqs), ctx / kv)
+    steps = max(math.ceil(tokens / (profile.max_num_seqs * tau)), ctx / kv)
     c, s = profile.decode_per_ctx_token_s, profile.decode_per_seq_s
-    comm = profile.decode_per_seq_comm_s * tokens
+    comm = profile.decode_per_seq_comm_s * tokens / tau
     if profile.decode_overlap:
         o = profile.decode_overhead_s
         w = profile.decode_base_s - o

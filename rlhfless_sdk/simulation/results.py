@@ -58,6 +58,7 @@ class SimulationResult:
     split_search: list[dict] | None = None  # async at its best split: each split tried and its time
     split_plan: dict | None = None  # a stream's split as a launch picks it (``simulation.split.SplitChoice``)
     stream: dict | None = None  # the streaming pipeline: batches, splits, re-plans
+    drafter: dict | None = None  # speculative decoding: the drafter, its acceptance, tokens a step, drafted bound
 
     @property
     def reports(self) -> list[StepReport]:
@@ -92,6 +93,8 @@ class SimulationResult:
             / max(sum(x.response_tokens for x in r), 1),
             "max_token_age_steps": max((x.max_token_age_steps for x in r), default=0),
             "rollout_gpus": self.rollout_gpus,
+            # with a drafter: the work bound at its acceptance (the plain one is bound_s)
+            "bound_drafted_s": self.drafter["bound_gpu_s"] / peak if self.drafter is not None and peak else None,
         }
 
 

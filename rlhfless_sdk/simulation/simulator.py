@@ -21,7 +21,9 @@ Between events a decode actor's batch is constant, so k decode steps cost
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -31,13 +33,16 @@ import numpy as np
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.history import isolated_history
+from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.plugins import Registry
+from rlhfless_sdk.api.profiles import load_acceptance
 from rlhfless_sdk.api.records import (
     Cluster,
     StepPlan,
     StepReport,
     TimePerTokenProfile,
 )
+from rlhfless_sdk.api.speculation import Acceptance, Speculation
 from rlhfless_sdk.planning.planner import StepPlanner, planner_for
 from rlhfless_sdk.rollout.billing import StepUsage, billing, held, stopped_at
 from rlhfless_sdk.rollout.controller import StepController, StepOutcome
@@ -90,6 +95,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         prefix_caching: bool = False,
         bound_profile: TimePerTokenProfile | None = None,
         split_plan: tuple[Workload, str] | None = None,
+        acceptance: Acceptance | None = None,
     ) -> None:
         """``algo``: the learner's rates (``ppo`` or ``grpo``); default: what each workload implies. ``memory``:
         the KV capacity of a synchronous engine, which shares its GPUs with the learner (``colocated``, the
@@ -100,7 +106,10 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         cache (OpenRLHF's default is off; its demo and the fidelity check run with it on). ``bound_profile``: the
         engine the work bound is computed on (default ``profile``; a sharded profile's one-GPU form, so that no
         engine shape beats the bound). ``split_plan``: the workload (and its description) a stream with no split set
-        picks its split on, as a launch does (``rlhfless_sdk.simulation.split``); default: the workload it runs."""
+        picks its split on, as a launch does (``rlhfless_sdk.simulation.split``); default: the workload it runs.
+        ``acceptance``: what a scheduler's drafter achieves (``rlhfless_sdk.api.speculation``); default: the
+        acceptance shipped for its name (measured on real rollouts)."""
+        self.acceptance = acceptance
         self.memory = memory
         self.bound_profile = bound_profile or profile
         self.prefix_caching = prefix_caching  # vLLM's prefix cache on the engines (OpenRLHF's default: off)
@@ -134,11 +143,58 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         """Every step of ``workload`` under ``config``, with the workload's work bound on this cluster. A
         predictor's length history reads only what this run records (``isolated_history``): a replayed workload's
         later steps are never seen before their turn, whatever an earlier run left in a history file."""
-        with isolated_history():
+        spec = self.speculation(config)
+        with isolated_history(), self.drafting(spec):
             result = self._run(config, workload, on_step, frontier)
         result.workload_steps, result.gpus = len(workload.steps), self.cluster.total_gpus
         result.work = self.work_bound(workload)
+        if spec is not None:
+            drafted = work_bound(workload, self.bound_profile.model_copy(update={"speculation": spec}), self.run_algo)
+            acc = spec.acceptance
+            result.drafter = {
+                "name": config.policy("drafter").name,
+                "acceptance": acc.source,
+                "assumption": acc.assumption,
+                "tokens_per_step": spec.tokens_per_step(),
+                "best_tokens_per_step": spec.best_tokens_per_step(),
+                "bound_gpu_s": drafted.gpu_s,
+            }
         return result
+
+    def speculation(self, config: SchedulerConfig) -> Speculation | None:
+        """What ``config``'s drafter does on these engines: its budget for each running count and its acceptance
+        (this simulator's, or the one shipped for its name); None without a drafter."""
+        ref = config.policy("drafter")
+        if ref.name == KIND["drafter"].baseline:
+            return None
+        acceptance = self.acceptance or load_acceptance(ref.name)
+        try:
+            drafter = self.registry.create("drafter", ref)
+            budget = [int(drafter.draft_tokens(r, None)) for r in range(1, self.profile.max_num_seqs + 1)]
+            if any(k < 0 for k in budget):
+                raise ValueError(f"draft_tokens returned {min(budget)} (< 0)")
+        except Exception as exc:
+            warnings.warn(
+                f"drafter {ref.name!r} raised ({type(exc).__name__}: {exc}); scheduler {config.name!r} runs without "
+                "speculative decoding (drafter none)",
+                stacklevel=2,
+            )
+            return None
+        return Speculation(acceptance=acceptance, budget=budget)
+
+    @contextmanager
+    def drafting(self, spec: Speculation | None) -> Iterator[None]:
+        """This simulator's engines with ``spec``'s speculative decoding while the block runs."""
+        if spec is None:
+            yield
+            return
+        saved = self.profile, self.dedicated
+        self.profile = self.profile.model_copy(update={"speculation": spec})
+        self.dedicated = self.dedicated.model_copy(update={"speculation": spec})
+        try:
+            yield
+        finally:
+            self.profile, self.dedicated = saved
 
     def work_bound(self, workload: Workload) -> WorkBound:
         """The workload's work bound on this simulator's engines (computed once per workload)."""

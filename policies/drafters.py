@@ -1,0 +1,267 @@
+"""Reference drafters for speculative decoding: none (OpenRLHF's and verl's engines), ngram, history.
+
+A drafter only proposes tokens; the engine's rejection sampling decides what is kept, so a drafter can make a step
+yield more tokens but never changes what is sampled. ``history`` is the one built for RL: every epoch revisits the
+same prompts, and a prompt's earlier responses (and its group siblings' tokens so far) often continue the way the
+current sample goes, so a suffix match over them drafts tokens the target accepts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+
+import numpy as np
+from pydantic import Field, PositiveInt, model_validator
+from rlhfless_policies._base import Parameterless
+
+from rlhfless_sdk import Record
+
+
+def prompt_key(prompt: Sequence[int]) -> bytes:
+    """A prompt's identity: a digest of its token ids."""
+    return hashlib.blake2b(np.asarray(prompt, dtype=np.int64).tobytes(), digest_size=16).digest()
+
+
+class NoDrafter(Parameterless):
+    """No speculative decoding: one token a decode step (OpenRLHF's and verl's engines)."""
+
+    description = "no speculative decoding: one token a decode step (OpenRLHF's and verl's engines)"
+    reads_predictions = False
+
+    def draft_tokens(self, running: int, remaining: float | None = None) -> int:
+        return 0
+
+    def propose(
+        self, prompt: Sequence[int], response: Sequence[int], k: int, siblings: Sequence[Sequence[int]] = ()
+    ) -> list[int]:
+        return []
+
+    def observe(self, prompt: Sequence[int], responses: Sequence[Sequence[int]]) -> None:
+        return None
+
+
+class NgramParams(Record):
+    tokens: PositiveInt = Field(default=4, description="Draft tokens a step (vLLM's num_speculative_tokens).")
+    min_match: PositiveInt = Field(default=2, description="Shortest n-gram matched (vLLM's prompt_lookup_min).")
+    max_match: PositiveInt = Field(default=4, description="Longest n-gram matched (vLLM's prompt_lookup_max).")
+
+    @model_validator(mode="after")
+    def _order(self) -> NgramParams:
+        if self.min_match > self.max_match:
+            raise ValueError(f"min_match {self.min_match} exceeds max_match {self.max_match}")
+        return self
+
+
+class NgramDrafter:
+    """vLLM's own n-gram drafter: the tokens that followed the last n-gram's latest earlier occurrence in the same
+    request (prompt and response), a fixed budget a step. On the engines it is vLLM's ``ngram`` method."""
+
+    description = "vLLM's n-gram prompt lookup within a request (fixed draft budget)"
+    reads_predictions = False
+
+    def __init__(self, params: NgramParams | None = None) -> None:
+        self.params = params or NgramParams()
+
+    def engine_method(self) -> dict:
+        """vLLM's speculative config for this drafter (its built-in method)."""
+        p = self.params
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": p.tokens,
+            "prompt_lookup_min": p.min_match,
+            "prompt_lookup_max": p.max_match,
+        }
+
+    def draft_tokens(self, running: int, remaining: float | None = None) -> int:
+        return self.params.tokens
+
+    def propose(
+        self, prompt: Sequence[int], response: Sequence[int], k: int, siblings: Sequence[Sequence[int]] = ()
+    ) -> list[int]:
+        seq = list(prompt) + list(response)
+        p = self.params
+        for n in range(min(p.max_match, len(seq) - 1), p.min_match - 1, -1):
+            tail = seq[-n:]
+            for start in range(len(seq) - n - 1, -1, -1):  # latest earlier occurrence
+                if seq[start : start + n] == tail:
+                    return seq[start + n : start + n + k]
+        return []
+
+    def observe(self, prompt: Sequence[int], responses: Sequence[Sequence[int]]) -> None:
+        return None
+
+
+class HistoryParams(Record):
+    max_draft: PositiveInt = Field(default=8, description="Most draft tokens a step (a lone sequence, long to go).")
+    step_tokens: PositiveInt = Field(
+        default=768,
+        description="Tokens a decode step can verify before it turns compute-bound (the engine's roofline: weights "
+        "and KV read time over per-token compute time; about 750 for a 7B model on an L40S at 256 sequences of 1.5k "
+        "tokens, by the shipped profile's arithmetic). With B sequences running a step drafts step_tokens / B - 1.",
+    )
+    long_tokens: PositiveInt = Field(
+        default=1024,
+        description="Predicted remaining tokens at which a sequence gets the whole budget; fewer get a share.",
+    )
+    min_match: PositiveInt = Field(default=2, description="Shortest suffix matched.")
+    max_match: PositiveInt = Field(default=16, description="Longest suffix matched (and prompt tokens kept).")
+    responses_per_prompt: PositiveInt = Field(
+        default=8, description="Earlier responses kept per prompt (a sliding window: the newest)."
+    )
+    sibling_window: PositiveInt = Field(
+        default=2048, description="A sibling's newest tokens searched for a match (its whole response up to this)."
+    )
+    max_tokens: PositiveInt = Field(
+        default=4_000_000, description="Tokens held over all prompts; the least recently seen prompts go first."
+    )
+
+    @model_validator(mode="after")
+    def _order(self) -> HistoryParams:
+        if self.min_match > self.max_match:
+            raise ValueError(f"min_match {self.min_match} exceeds max_match {self.max_match}")
+        return self
+
+
+class _Responses:
+    """One prompt's recent responses (each after the prompt's last ``max_match`` tokens) with an n-gram index:
+    for each ``n``-token window, where the token after it sits."""
+
+    def __init__(self, n: int, keep: int) -> None:
+        self.n = n
+        self.seqs: deque[list[int]] = deque(maxlen=keep)
+        self.index: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        self.base = 0  # id of seqs[0]
+        self.tokens = 0
+        self.lengths: deque[int] = deque(maxlen=keep)  # response lengths, for the remaining-length estimate
+
+    def add(self, seq: list[int], response_length: int) -> None:
+        if len(self.seqs) == self.seqs.maxlen:
+            self.tokens -= len(self.seqs[0])
+            self.base += 1
+            self.seqs.popleft()
+            self._reindex()
+        self.seqs.append(seq)
+        self.lengths.append(response_length)
+        self.tokens += len(seq)
+        self._index_one(self.base + len(self.seqs) - 1, seq)
+
+    def _index_one(self, sid: int, seq: list[int]) -> None:
+        n = self.n
+        for i in range(n, len(seq)):
+            self.index.setdefault(tuple(seq[i - n : i]), []).append((sid, i))
+
+    def _reindex(self) -> None:
+        self.index = {}
+        for j, seq in enumerate(self.seqs):
+            self._index_one(self.base + j, seq)
+
+    def seq(self, sid: int) -> list[int]:
+        return self.seqs[sid - self.base]
+
+
+def _match_length(seq: Sequence[int], end: int, ctx: Sequence[int], most: int) -> int:
+    """How many tokens before ``seq[end]`` equal the end of ``ctx`` (at most ``most``)."""
+    m = 0
+    while m < most and end - m - 1 >= 0 and m < len(ctx) and seq[end - m - 1] == ctx[-m - 1]:
+        m += 1
+    return m
+
+
+class HistoryDrafter:
+    """Suffix matching over rollout history: the tokens that followed the longest match of the sequence's last
+    tokens in the same prompt's earlier responses (the newest ``responses_per_prompt``) and in its group siblings'
+    tokens so far. Its budget is length-aware: drafts pay where a step is memory-bound (few sequences running) and
+    a sequence has long to go, so the budget falls with the running count (the tokens a step verifies stay within
+    ``step_tokens``) and with the predicted remaining length.
+    Memory: at most ``max_tokens`` tokens of history, least recently seen prompts evicted first."""
+
+    description = "suffix matches over the prompt's earlier responses and its siblings (length-aware budget)"
+    reads_predictions = False
+
+    def __init__(self, params: HistoryParams | None = None) -> None:
+        self.params = params or HistoryParams()
+        self._prompts: OrderedDict[bytes, _Responses] = OrderedDict()
+        self._held = 0
+
+    # -- memory -----------------------------------------------------------------------------------------------
+    @property
+    def tokens_held(self) -> int:
+        return self._held
+
+    @property
+    def prompts_held(self) -> int:
+        return len(self._prompts)
+
+    def observe(self, prompt: Sequence[int], responses: Sequence[Sequence[int]]) -> None:
+        """Keep finished ``responses`` of ``prompt`` (a step's group), evicting what exceeds the memory bound."""
+        p = self.params
+        key = prompt_key(prompt)
+        entry = self._prompts.pop(key, None)
+        if entry is None:
+            entry = _Responses(p.min_match, p.responses_per_prompt)
+        self._held -= entry.tokens
+        head = [int(t) for t in list(prompt)[-p.max_match :]]
+        for response in responses:
+            seq = head + [int(t) for t in response]
+            entry.add(seq[: p.max_tokens], len(response))
+        self._prompts[key] = entry  # now the most recently seen
+        self._held += entry.tokens
+        while self._held > p.max_tokens and self._prompts:
+            _, old = self._prompts.popitem(last=False)
+            self._held -= old.tokens
+
+    def predicted_remaining(self, prompt: Sequence[int], generated: int) -> float | None:
+        """The prompt's median earlier response length less ``generated`` (None: never seen)."""
+        entry = self._prompts.get(prompt_key(prompt))
+        if entry is None or not entry.lengths:
+            return None
+        return max(float(np.median(np.asarray(entry.lengths))) - generated, 0.0)
+
+    # -- drafting ---------------------------------------------------------------------------------------------
+    def draft_tokens(self, running: int, remaining: float | None = None) -> int:
+        p = self.params
+        k = min(p.max_draft, p.step_tokens // max(running, 1) - 1)
+        if remaining is not None and remaining < p.long_tokens:
+            k = min(k, math.ceil(p.max_draft * max(remaining, 0.0) / p.long_tokens))
+        return max(k, 0)
+
+    def propose(
+        self, prompt: Sequence[int], response: Sequence[int], k: int, siblings: Sequence[Sequence[int]] = ()
+    ) -> list[int]:
+        """Up to ``k`` tokens to follow ``response``: the continuation of the longest suffix match (ties: the
+        newest earlier response, then a sibling). ``siblings``: the group's other responses so far."""
+        p = self.params
+        if k <= 0:
+            return []
+        head = [int(t) for t in list(prompt)[-p.max_match :]]
+        ctx = (head + [int(t) for t in list(response)[-p.max_match :]])[-p.max_match :]
+        n = p.min_match
+        if len(ctx) < n:
+            return []
+        best: tuple[int, list[int]] = (0, [])
+        entry = self._prompts.get(prompt_key(prompt))
+        if entry is not None:
+            for sid, end in reversed(entry.index.get(tuple(ctx[-n:]), [])[-64:]):
+                seq = entry.seq(sid)
+                if end >= len(seq):
+                    continue
+                m = _match_length(seq, end, ctx, p.max_match)
+                if m > best[0]:
+                    best = (m, seq[end : end + k])
+        key = np.asarray(ctx[-n:], dtype=np.int64)
+        for sib in siblings:  # the newest sibling_window tokens of each (a sibling may be long)
+            tail = np.asarray(sib, dtype=np.int64)
+            arr = tail[-p.sibling_window :] if len(tail) > p.sibling_window else np.concatenate([head, tail])
+            if arr.size <= n:
+                continue
+            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
+            for start in np.flatnonzero((windows == key).all(axis=1))[::-1][:64]:
+                end = int(start) + n
+                lo = max(end - p.max_match, 0)
+                m = _match_length(arr[lo:end].tolist(), end - lo, ctx, p.max_match)
+                if m > best[0]:
+                    best = (m, arr[end : end + k].tolist())
+        return [int(t) for t in best[1][:k]]

@@ -1,0 +1,76 @@
+"""``--drafter`` and ``--acceptance``: speculative decoding in `rlhfless simulate` (``api.speculation``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.profiles import load_acceptance
+from rlhfless_sdk.api.speculation import Acceptance, acceptance_tokens_needed
+
+drafter_options = (
+    click.option(
+        "--drafter",
+        default=None,
+        metavar="NAME",
+        help="Add, after each scheduler that is not a baseline, the same one with this drafter (speculative "
+        "decoding on its engines), named NAME.DRAFTER; baselines run OpenRLHF's and verl's engines (no drafter).",
+    ),
+    click.option(
+        "--acceptance",
+        default=None,
+        metavar="NAME|FILE",
+        help="The drafters' acceptance: a shipped one (history, ngram: measured by `rlhfless drafter-bench`; "
+        "das-assumption: an assumption), geometric:A (an assumed per-token acceptance A, for sweeps) or a YAML "
+        "file. Default: the one shipped for each drafter.",
+    ),
+)
+
+
+def with_drafter(configs: Sequence[SchedulerConfig], drafter: str | None) -> list[SchedulerConfig]:
+    """``configs`` and, after each one that is not a baseline, its copy with ``drafter``."""
+    if drafter is None:
+        return list(configs)
+    out: list[SchedulerConfig] = []
+    for c in configs:
+        out.append(c)
+        if c.group != "baseline" and c.policy("drafter").name != drafter:
+            out.append(c.drafted(drafter))
+    return out
+
+
+def acceptance_arg(value: str | None) -> Acceptance | None:
+    if value is None:
+        return None
+    try:
+        return load_acceptance(value)
+    except RlhflessError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--acceptance'") from None
+
+
+def drafter_lines(rows: Sequence[dict[str, Any]], gpus: int) -> list[str]:
+    """One line per row that ran a drafter: its acceptance, tokens a step, and the work bound at that acceptance."""
+    out = []
+    for row in rows:
+        d = row.get("drafter")
+        if not d:
+            continue
+        tps = d["tokens_per_step"]
+        drafted = d["bound_gpu_s"] / gpus if gpus else None
+        label = "ASSUMED" if d["assumption"] else "measured"
+        out.append(
+            f"{row['name']}: drafter {d['name']}, {label} acceptance ({d['acceptance']}); "
+            f"{tps:.3f} tokens a verification step in this run (at most {d['best_tokens_per_step']:.3f}); work bound "
+            f"at this acceptance {drafted:,.1f} s (plain decoding {row['bound_s']:,.1f} s)"
+        )
+    return out
+
+
+def needed_line(plain_bound_s: float, time_s: float, budget: int) -> str:
+    """The per-token acceptance at which the plain bound's decode would take ``time_s`` (a rough guide)."""
+    tau = plain_bound_s / time_s if time_s > 0 else 1.0
+    return f"{acceptance_tokens_needed(tau, budget):.2f}"
