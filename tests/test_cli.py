@@ -83,6 +83,7 @@ def test_the_adapter_adds_its_commands_through_the_hook(monkeypatch):
     rows = json.loads(run("plugins", "--json").output)
     assert {(r["name"], r["plugin"]) for r in rows if r["kind"] == "command"} == {
         ("demo", "rlhfless-openrlhf"),
+        ("drafter-bench", "rlhfless-openrlhf"),
         ("profile", "rlhfless-openrlhf"),
         ("fidelity", "rlhfless-openrlhf"),
         ("pipeline-demo", "rlhfless-openrlhf"),

@@ -921,3 +921,37 @@ def test_the_stream_launches_in_openrlhfs_async_loop_with_partial_rollout_broadc
     assert len([line for line in stderr.splitlines() if "no token more than 2 weight updates old" in line]) == 1
     swapped = [line for line in out.splitlines() if "is replaced by RlhflessSamplesGenerator" in line]
     assert swapped and "RlhflessGenerateSamplesActorImpl" in swapped[0] and "rlhfless-stream" in swapped[0]
+
+
+def test_the_drafter_flag_sets_the_engines_speculative_decoding_in_either_launch():
+    """``--scheduler.drafter`` replaces the preset's drafter (an unknown one lists the drafters; with ``--scheduler
+    openrlhf`` it is refused, OpenRLHF runs unchanged); the async form keeps it, and the engine builder turns it
+    into vLLM's speculative config."""
+    from types import SimpleNamespace
+
+    from rlhfless_openrlhf.engine_factory import drafter_overrides
+    from rlhfless_openrlhf.launch_split import launched_settings
+    from rlhfless_openrlhf.train_ppo_ray import scheduler_settings
+
+    settings = resolve({"--scheduler": "rlhfless", "--scheduler.drafter": "history"})
+    assert settings["scheduler"]["drafter"]["name"] == "history"
+    assert resolve({"--scheduler": "rlhfless"})["scheduler"]["drafter"]["name"] == "none"
+    with pytest.raises(SystemExit, match=r"--scheduler\.drafter 'histroy'.*history"):
+        resolve({"--scheduler": "rlhfless", "--scheduler.drafter": "histroy"})
+    with pytest.raises(SystemExit, match=r"--scheduler\.drafter has no effect with --scheduler openrlhf"):
+        resolve({"--scheduler": "openrlhf", "--scheduler.drafter": "history"})
+    args = SimpleNamespace(train=SimpleNamespace(async_enable=True))
+    launched = launched_settings(args, settings, scheduler_settings)
+    assert launched["scheduler"]["name"] == "rlhfless-stream" and launched["scheduler"]["drafter"]["name"] == "history"
+    over = drafter_overrides(launched["scheduler"]["drafter"])
+    assert over["speculative_config"]["method"] == "custom_class" and '"history"' in over["rlhfless_drafter"]
+    assert drafter_overrides({"name": "none"}) == {} and drafter_overrides(None) == {}
+    assert drafter_overrides("ngram") == {
+        "speculative_config": {
+            "method": "ngram",
+            "num_speculative_tokens": 4,
+            "prompt_lookup_min": 2,
+            "prompt_lookup_max": 4,
+        },
+        "rlhfless_drafter": '{"name": "ngram", "params": {}}',
+    }

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 import time
 import uuid
 from copy import deepcopy
@@ -38,6 +39,7 @@ from typing import Any
 
 import ray
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+from rlhfless_openrlhf import drafting
 from rlhfless_openrlhf.messages import CARRIED, Continuation, CutSample, EngineStats, SharedTokenizer
 from vllm.inputs import TokensPrompt
 
@@ -98,6 +100,11 @@ class _Untrained(Exception):
 
 class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ignore[name-defined,misc]
     async def __init__(self, *args: Any, **kwargs: Any) -> None:
+        drafter = kwargs.pop("rlhfless_drafter", None)
+        if drafter:  # the engine's worker process (started below) builds this drafter (``drafting.EngineProposer``)
+            os.environ[drafting.ENV] = drafter
+        self._rl_drafter = bool(drafter)
+        self._rl_expected: set[bytes] = set()  # prompts the drafter was told of
         await super().__init__(*args, **kwargs)
         self._rl_request: dict[str, str] = {}  # piece key -> vLLM request id
         self._rl_progress: dict[str, int] = {}  # piece key -> tokens so far, for pieces running here
@@ -156,6 +163,8 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
         if mm:
             prompt["multi_modal_data"] = mm
+        if self._rl_drafter and first_piece:
+            await self._rl_expect(prompt_token_ids)
         if key is not None:
             self._rl_request[key] = request_id
             self._rl_progress[key] = 0
@@ -404,11 +413,36 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         self._rl_updates.append((self._rl_paused_at if self._rl_paused_at is not None else now, now))
         self._rl_paused_at = None
 
-    async def rl_begin_step(self) -> bool:
+    # -- speculative decoding (``drafting``) ----------------------------------------------------------------------
+    async def _rl_expect(self, prompt_token_ids: list[int]) -> None:
+        """Tell the drafter in this engine's worker of a prompt before its first sample runs (once per prompt)."""
+        from rlhfless_policies.drafters import prompt_key
+
+        key = prompt_key(prompt_token_ids)
+        if key not in self._rl_expected:
+            self._rl_expected.add(key)
+            await self.llm.collective_rpc(drafting.drafter_call, args=("expect", [list(prompt_token_ids)]))
+
+    async def rl_drafter_observe(self, groups: list[tuple[list[int], list[list[int]]]]) -> None:
+        """Finished groups (prompt token ids, responses' token ids) for the drafter's history."""
+        if self._rl_drafter and groups:
+            await self.llm.collective_rpc(drafting.drafter_call, args=("observe", groups))
+
+    async def rl_drafter_stats(self) -> dict[str, Any] | None:
+        """The drafter's counters in this engine (None without one)."""
+        if not self._rl_drafter:
+            return None
+        got = await self.llm.collective_rpc(drafting.drafter_call, args=("stats",))
+        return got[0] if got else None
+
+    async def rl_begin_step(self, draft: bool = True) -> bool:
         """Fresh stats for a step; True when the engine is awake (OpenRLHF wakes every engine before a step). An
         engine whose vLLM EngineCore died raises the engine-lost error: asking a dead core whether it sleeps would
-        wait forever (seen when the core died between steps, before anything noticed)."""
+        wait forever (seen when the core died between steps, before anything noticed). ``draft``: an engine
+        built with a drafter drafts this step (off: plain decoding steps, for a scheduler without one)."""
         self.rl_reset_stats()
+        if self._rl_drafter and self.rl_alive():
+            await self.llm.collective_rpc(drafting.drafter_call, args=("activate", draft))
         ask = asyncio.ensure_future(self.llm.is_sleeping())
         waited = 0.0
         while True:

@@ -158,11 +158,13 @@ def create_engines(
     seed: int = 0,
     placer: Any | None = None,
     max_num_seqs: int | None = None,
+    drafter: Any = None,
     **create_kwargs: Any,
 ) -> list[Any]:
     """``num_engines`` RLHFless rollout engines, created by OpenRLHF's ``create_vllm_engines`` and placed by
     ``placer`` (an ``ActorPlacer``) when one is given; ``max_num_seqs``: vLLM's bound on the sequences an engine
-    runs at once (default: vLLM's), e.g. the one the planners' profile assumes."""
+    runs at once (default: vLLM's), e.g. the one the planners' profile assumes; ``drafter``: a drafter's name or
+    ``PolicyRef`` for speculative decoding on the engines (``rlhfless_openrlhf.drafting``)."""
     from openrlhf.trainer.ray import vllm_engine
 
     overrides: dict[str, Any] = {}
@@ -171,6 +173,7 @@ def create_engines(
         create_kwargs.setdefault("gpu_memory_utilization", 0.5)
     if max_num_seqs is not None:
         overrides["max_num_seqs"] = int(max_num_seqs)
+    overrides.update(drafter_overrides(drafter))
     drop_in = _DropIn(RlhflessRolloutActor, overrides, cpu_binds(num_engines) if cpu else None)
     with _hooks(drop_in, placer, num_engines):
         return vllm_engine.create_vllm_engines(
@@ -201,8 +204,28 @@ def create_vllm_engines_with_rlhfless(
         )
         log.info("rlhfless: OpenRLHF places the engines itself: %s", why)
     learner = learner_gpus(launch_args) if launch_args is not None else 0
-    drop_in = _DropIn(RlhflessRolloutActor, {}, None)
+    settings = getattr(launch_args, "rlhfless", None) or {}
+    drafting = drafter_overrides(settings.get("scheduler", {}).get("drafter"))
+    drop_in = _DropIn(RlhflessRolloutActor, drafting, None)
     if os.environ.get("RLHFLESS_CPU_ENGINES") == "1":  # the launcher's path on a machine without a GPU (tests)
-        drop_in = _DropIn(RlhflessRolloutActor, dict(CPU_OVERRIDES), cpu_binds(num_engines))
+        drop_in = _DropIn(RlhflessRolloutActor, {**CPU_OVERRIDES, **drafting}, cpu_binds(num_engines))
     with _hooks(drop_in, placer, num_engines, learner):
         return vllm_engine.create_vllm_engines(num_engines, tensor_parallel_size, pretrain, *args, **kwargs)
+
+
+def drafter_overrides(drafter: Any) -> dict[str, Any]:
+    """The engine arguments for speculative decoding with ``drafter`` (a name, a ``PolicyRef`` or its dict; None
+    or ``none``: nothing): vLLM's ``speculative_config``, and the drafter for the engine actor to hand its workers."""
+    import json
+
+    from rlhfless_openrlhf.drafting import speculative_config
+
+    from rlhfless_sdk.api.config import PolicyRef
+
+    if drafter is None:
+        return {}
+    ref = PolicyRef.model_validate(drafter)
+    spec = speculative_config(ref)
+    if spec is None:
+        return {}
+    return {"speculative_config": spec, "rlhfless_drafter": json.dumps(ref.model_dump(mode="json"))}

@@ -86,6 +86,7 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
         registry = registry or get_plugin_manager().registry
         self.pool = EnginePool(self.vllm_engines)
+        self.pool.drafting = scheduler.policy("drafter").name != "none"  # the engines were built with it
         n = len(self.vllm_engines)
         gpa = profile.gpus_per_actor
         # the engines OpenRLHF created, one decode actor each: never more (real engines do not burst)

@@ -49,6 +49,36 @@ class EnginePool:
     def __init__(self, handles: list) -> None:
         self.handles = handles
         self.dead: set[int] = set()
+        self.drafting = False  # the engines run a drafter: finished responses feed its history
+        self.history: list[tuple[list[int], list[int]]] = []  # finished (prompt, response) not yet shared
+
+    def finished(self, response: dict[str, Any]) -> None:
+        """A finished sample's response (OpenRLHF's dict): kept for the drafters' history when they run."""
+        if not self.drafting:
+            return
+        tokens, ranges = response.get("observation_tokens"), response.get("action_ranges")
+        if tokens and ranges:
+            start, end = ranges[0][0], ranges[-1][1]
+            self.history.append((list(tokens[:start]), list(tokens[start:end])))
+
+    def share_history(self) -> None:
+        """Every finished response since the last call, grouped by prompt, to every live engine's drafter (so a
+        prompt's history reaches whichever engine runs it next)."""
+        if not self.history:
+            return
+        groups: dict[tuple[int, ...], list[list[int]]] = {}
+        for prompt, response in self.history:
+            groups.setdefault(tuple(prompt), []).append(response)
+        self.history = []
+        payload = [(list(p), rs) for p, rs in groups.items()]
+        refs = {e: self.handles[e].rl_drafter_observe.remote(payload) for e in self.live()}
+        for e, ref in refs.items():
+            try:
+                ray.get(ref)
+            except ENGINE_ERRORS as exc:
+                if not engine_lost(exc):
+                    raise
+                self.mark_dead(e, exc)
 
     def live(self) -> list[int]:
         """Engines that can take work, in order."""
@@ -95,7 +125,8 @@ class EnginePool:
         ``--train.colocate_all`` (which OpenRLHF's sleep mode is for) the memory it would free has no other user
         during rollout. An engine found asleep (e.g. a step run outside OpenRLHF's loop) is woken before any work
         reaches it. Engines outside the scaler's active subset simply get no work this step."""
-        refs = {e: self.handles[e].rl_begin_step.remote() for e in live}
+        self.share_history()
+        refs = {e: self.handles[e].rl_begin_step.remote(self.drafting) for e in live}
         for e, ref in refs.items():
             try:
                 awake = ray.get(ref)
@@ -306,6 +337,7 @@ class RayBackend:
                     if sid in self.carried:  # what it has, for a later step: not finished in this one
                         self.carried_out[sid] = resp
                         continue
+                    self.pool.finished(resp)
                     reason = "length" if resp.get("truncated") else "stop"
                     had = len(self.req.prefix[sid][0]) if sid in self.req.prefix else 0
                     made = _response_length(resp) - had  # this step's tokens (a carried sample had some before)

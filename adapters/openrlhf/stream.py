@@ -251,6 +251,7 @@ class EngineStream:
                 self.loop.requeue(sid)
                 continue
             self.responses[sid] = response
+            self.pool.finished(response)
             done.append(sid)
         if done:
             self.loop.finished(
@@ -475,6 +476,7 @@ class StreamGeneration:
         """A stream batch's report and metrics: wall time since the last batch, the engines' busy share of it, the
         token ages measured (``batch_ages``: tokens, those older than the weights that train them, the largest
         age)."""
+        self.pool.share_history()  # the drafters' history, once a batch (the stream has no step start)
         now = time.time()
         live = self.pool.live()
         stats = self.pool.stats(live)

@@ -14,6 +14,8 @@ Every flag of ``openrlhf.cli.train_ppo_ray`` passes through unchanged; these are
   --scheduler.split auto|keep  a stream with no split of its own: size --vllm.num_engines and the learner to the
                              split the launcher picks (auto, the default; from the trace an earlier run wrote at
                              --scheduler.trace, else from this launch's flags), or keep yours and only log it
+  --scheduler.drafter NAME   speculative decoding on the engines with this drafter (none, ngram, history, or a
+                             plugin's), instead of the preset's; lossless: vLLM verifies every drafted token
 
 Under --train.async_enable, ``--scheduler rlhfless`` runs its async form, the stream (``rlhfless-stream``), at the
 split the launcher picks; one line says which, another the split and its expected gain.
@@ -52,6 +54,7 @@ OUR_FLAGS = (
     "--scheduler.trace",
     "--scheduler.carry_timeout",
     "--scheduler.split",
+    "--scheduler.drafter",
 )
 
 #: ``--scheduler.split``: size OpenRLHF's engines and learner to the split the launcher picks, or keep the flags.
@@ -118,6 +121,8 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
                 f"{'it' if len(unused) == 1 else 'them'} or choose an RLHFless scheduler (--scheduler rlhfless)"
             )
         return None
+    if "--scheduler.drafter" in ours:
+        config = with_drafter(config, ours["--scheduler.drafter"], registry)
     if config.async_launch is not None:  # its async form is refused here, not after OpenRLHF has loaded
         scheduler_settings(config.launched(registry, True))
     split = ours.get("--scheduler.split", "auto")
@@ -133,6 +138,16 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
         "carry_timeout_s": carry_timeout,
         "split": split,
     }
+
+
+def with_drafter(config: Any, name: str, registry: Any) -> Any:
+    """``config`` with the drafter ``--scheduler.drafter`` names (an unknown one lists the registered drafters)."""
+    from rlhfless_sdk.api.config import PolicyRef
+
+    problems = registry.check_refs({"drafter": PolicyRef(name=name)})
+    if problems:
+        raise SystemExit(f"error: --scheduler.drafter {name!r}: {problems[0].message}")
+    return config.derive(drafter=name)
 
 
 def scheduler_settings(config: Any) -> dict[str, Any]:

@@ -171,6 +171,15 @@ def _engine_profile(path: Path | None, ctx: click.Context, param: click.Paramete
     return path
 
 
+def check_drafter(name: str) -> None:
+    from rlhfless_sdk.api.config import PolicyRef
+    from rlhfless_sdk.api.plugins import get_plugin_manager
+
+    problems = get_plugin_manager().registry.check_refs({"drafter": PolicyRef(name=name)})
+    if problems:
+        raise click.BadParameter(problems[0].message, param_hint="'--drafter'")
+
+
 def _check_replay(lengths_from: str, max_new_tokens: int) -> None:
     """The replay input reads (a trace, or 'long-reasoning'), or a usage error names what is wrong."""
     from rlhfless_sdk.api.errors import RlhflessError
@@ -228,6 +237,13 @@ def _step_bar(steps: int, label: str):
     "synthetic long-tailed input), EOS ignored, scaled so its longest fits --max-new-tokens. The schedulers are not "
     "told: only the engines' stopping points come from it.",
 )
+@click.option(
+    "--drafter",
+    default=None,
+    metavar="NAME",
+    help="Build the engines with this drafter (speculative decoding; history, ngram) and run each preset with it "
+    "(NAME.DRAFTER) beside the same preset without it, on the same engines; prints tokens a decode step.",
+)
 def demo_cmd(
     prompts_file: str | None,
     num_prompts: int,
@@ -239,6 +255,7 @@ def demo_cmd(
     out: Path,
     trace_file: Path | None,
     lengths_from: str | None,
+    drafter: str | None,
 ) -> None:
     """A real rollout comparison on this machine: OpenRLHF's engines on vLLM (CPU), SmolLM2-135M-Instruct,
     each scheduler for several epochs over the same GSM8K-style prompts."""
@@ -258,6 +275,8 @@ def demo_cmd(
             raise click.BadParameter(str(exc), param_hint="'--prompts'") from None
     if lengths_from is not None:
         _check_replay(lengths_from, max_new_tokens)
+    if drafter is not None:
+        check_drafter(drafter)
     settings = DemoSettings(
         prompts_file=prompts_file,
         num_prompts=num_prompts,
@@ -269,9 +288,10 @@ def demo_cmd(
         out=out,
         trace=trace_file,
         lengths_from=lengths_from,
+        drafter=drafter,
     )
-
-    bar, progress = _step_bar(epochs * len(schedulers), "rollout steps")
+    rows = len(schedulers) * (2 if drafter else 1)  # a preset's drafted twin (baselines run without)
+    bar, progress = _step_bar(epochs * rows, "rollout steps")
     result = _run_under_bar(bar, functools.partial(run_demo, settings, progress=progress))
     click.echo(
         f"\n{result['model']}: {result['prompts']} prompts x {result['samples_per_prompt']} samples, "
@@ -286,13 +306,14 @@ def demo_cmd(
     w = max([15, *(len(t["scheduler"]) + 2 for t in result["totals"])])  # the longest name, then two spaces
     click.echo(
         f"{'epoch':>5} {'scheduler':<{w}}{'gen s':>8}{'engine-s':>10}{'groups':>7}{'idle':>6}{'stale':>7}{'migr':>6}"
-        f"{'dedup saved':>12}{'MAE':>6}"
+        f"{'dedup saved':>12}{'MAE':>6}" + (f"{'tok/step':>9}" if drafter else "")
     )
     for s in result["steps"]:
         click.echo(
             f"{s['epoch'] + 1:>5} {s['scheduler']:<{w}}{s['generation_s']:>8.1f}{s['engine_seconds']:>10.1f}"
             f"{s['groups']:>7}{s['idle_fraction']:>6.2f}{s['stale_token_fraction']:>7.0%}{s['migrations']:>6}"
             f"{s['prefill_tokens_saved']:>12}{s['prediction_mae']:>6.0f}"
+            + (f"{s['tokens_per_step']:>9.3f}" if "tokens_per_step" in s else "")
         )
     click.echo(
         f"\n{'totals':<{w}}{'groups':>7}{'gen s':>8}{'s/group':>9}{'speedup':>9}{'engine-s/group':>16}{'stale':>7}"
@@ -533,7 +554,10 @@ def pipeline_demo_cmd(
 
 @hookimpl
 def rlhfless_register_commands(register):
+    from rlhfless_openrlhf.tools.drafter_bench import drafter_bench_cmd
+
     register(demo_cmd)
+    register(drafter_bench_cmd)
     register(profile_cmd)
     register(fidelity_cmd)
     register(pipeline_demo_cmd)

@@ -153,6 +153,7 @@ class DemoSettings:
     trace: Path | None = None  # the first scheduler's samples, as a trace the simulator replays
     lengths_from: str | None = None  # length replay: a trace (or 'long-reasoning') each sample stops at
     profile: Path | None = None  # the planners' profile (default: a 3B-on-L40S profile, start-up free)
+    drafter: str | None = None  # engines built with this drafter; each preset runs with it and without (NAME.DRAFTER)
 
 
 def run_demo(settings: DemoSettings, say=print, progress=None) -> dict[str, Any]:
@@ -172,6 +173,12 @@ def run_demo(settings: DemoSettings, say=print, progress=None) -> dict[str, Any]
     prompts, labels = chat_prompts(tokenizer, questions)
     with local_ray(settings.engines, say) as ray:
         return _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out)
+
+
+def _drafted(ray: Any, engines: list) -> tuple[int, int]:
+    """(decode steps, tokens they sampled) summed over the engines' drafters so far."""
+    stats = [s for s in ray.get([e.rl_drafter_stats.remote() for e in engines]) if s]
+    return sum(s["steps"] for s in stats), sum(s["tokens"] for s in stats)
 
 
 def chat_prompts(tokenizer: Any, questions: list[dict[str, str]]) -> tuple[list[str], list[str]]:
@@ -221,7 +228,12 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
     from rlhfless_sdk.api.profiles import load_profile
 
     registry = get_plugin_manager().registry
-    configs = [registry.resolve(name) for name in settings.schedulers]  # names or YAML files
+    configs = []
+    for name in settings.schedulers:  # names or YAML files; beside each preset, the same with the drafter
+        config = registry.resolve(name)
+        configs.append(config)
+        if settings.drafter and config.group != "baseline" and config.policy("drafter").name != settings.drafter:
+            configs.append(config.drafted(settings.drafter))
     # The planner's cost model: a small model on one CPU core is dominated by per-step overhead.
     # (the engines are up before the first step: no start-up in any plan)
     if settings.profile is not None:
@@ -237,6 +249,7 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
         placer=registry.create("placer", "pack"),
         # a measured profile's engines: as many sequences at once as it was measured with (the plans assume it)
         max_num_seqs=profile.max_num_seqs if settings.profile is not None else None,
+        drafter=settings.drafter,
     )
     ray.get([e.rl_stats.remote() for e in engines])
     startup_s = time.time() - t0
@@ -300,8 +313,12 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
         for config in configs[shift:] + configs[:shift]:
             ray.get([e.reset_prefix_cache.remote() for e in engines])  # no scheduler inherits the other's cache
             gen = generators[config.name]
+            before = _drafted(ray, engines) if settings.drafter else None
             experiences, _consumed, _exhausted = gen._generate_vllm(streams[config.name], len(prompts), False, **kwargs)
             report = gen.last_report.model_dump(mode="json")
+            if before is not None:  # tokens a decode (or verification) step sampled, over the step's steps
+                after = _drafted(ray, engines)
+                report["tokens_per_step"] = (after[1] - before[1]) / max(after[0] - before[0], 1)
             report["epoch"] = epoch
             report["engine_seconds"] = report["gpu_seconds"]
             report["groups"] = len(experiences) // settings.samples

@@ -1,0 +1,321 @@
+"""``rlhfless drafter-bench``: each drafter's acceptance on real rollouts, and the engine's output unchanged.
+
+One vLLM engine (CPU build here) runs SmolLM2-135M-Instruct on GSM8K questions (``../shared/data`` or a file),
+n samples a question, several epochs over the same questions, once per drafter and once without. Per drafter it
+reports vLLM's own speculative-decoding counters (drafts, drafted and accepted tokens, acceptance per position),
+the tokens a verification step yields a sequence, and the generation time beside the run without it; it writes
+the acceptance as the simulator reads it (``rlhfless_sdk.api.speculation.Acceptance``). Losslessness: at
+temperature 0 the drafted run's tokens are compared with the plain run's wherever the plain engine repeats itself
+run to run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+@dataclass
+class BenchSettings:
+    prompts_file: str | None = None
+    num_prompts: int = 16
+    samples: int = 4
+    epochs: int = 3
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    drafters: tuple[str, ...] = ("ngram", "history")
+    cache: Path | None = None
+    seed: int = 0
+    check_greedy: int = 8  # prompts of the temperature-0 losslessness check (0: none)
+    write: Path | None = None  # folder for one acceptance YAML per drafter
+    command: str = "rlhfless drafter-bench"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _metrics(llm: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for m in llm.get_metrics():
+        if m.name.startswith("vllm:spec_decode"):
+            out[m.name.removeprefix("vllm:spec_decode_")] = getattr(m, "values", None) or getattr(m, "value", None)
+    return out
+
+
+def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in after.items():
+        b = before.get(k)
+        if isinstance(v, list):
+            out[k] = [x - (b[i] if b else 0) for i, x in enumerate(v)]
+        else:
+            out[k] = v - (b or 0)
+    return out
+
+
+#: Each drafter measured at its whole budget every step (the simulator applies its budget rule to the acceptance).
+WHOLE_BUDGET: dict[str, dict[str, Any]] = {"history": {"step_tokens": 1_000_000, "long_tokens": 1}}
+
+
+def _engine(model: Path, drafter: str, seed: int, max_len: int) -> Any:
+    from rlhfless_openrlhf.drafting import speculative_config
+    from vllm import LLM
+
+    spec = speculative_config({"name": drafter, "params": WHOLE_BUDGET.get(drafter, {})})
+    # collective_rpc with a function (the drafter's feed) needs pickle, as OpenRLHF's engines set it
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV, as the demo's engines (vLLM's default: most RAM)
+    return LLM(
+        str(model),
+        speculative_config=spec,
+        max_model_len=max_len,
+        enforce_eager=True,
+        seed=seed,
+        disable_log_stats=False,
+        enable_prefix_caching=False,
+    )
+
+
+def _questions(settings: BenchSettings) -> tuple[list[dict[str, str]], str]:
+    from rlhfless_openrlhf.tools.demo import gsm8k_style_questions, load_questions
+
+    path = settings.prompts_file
+    if path is None:
+        shared = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "gsm8k" / "test.jsonl"
+        path = str(shared.resolve()) if shared.exists() else None
+    if path is None:
+        return gsm8k_style_questions(settings.num_prompts, settings.seed), "GSM8K-style questions made here"
+    return load_questions(
+        path, settings.num_prompts
+    ), f"the first {settings.num_prompts} questions of {Path(path).name}"
+
+
+def run_bench(settings: BenchSettings, say=print) -> dict[str, Any]:
+    """Run every drafter and the plain engine; returns the report (acceptance files written when asked)."""
+    import gc
+
+    import yaml
+    from rlhfless_openrlhf import drafting
+    from rlhfless_openrlhf.tools.demo import chat_prompts, default_cache, smollm2_model
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+
+    model = smollm2_model(settings.cache or default_cache(), say)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    questions, source = _questions(settings)
+    prompts, _ = chat_prompts(tokenizer, questions)
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    max_len = max(len(p) for p in ids) + settings.max_new_tokens + 16
+    report: dict[str, Any] = {"source": source, "settings": {k: str(v) for k, v in vars(settings).items()}, "runs": {}}
+    greedy: dict[str, list[list[list[int]]]] = {}
+    for name in ("none", *settings.drafters):
+        say(f"{name}: starting a vLLM engine (CPU) ...")
+        llm = _engine(model, name, settings.seed, max_len)
+        inputs = [{"prompt_token_ids": p} for p in ids]
+        if name != "none" and name not in ("ngram",):
+            drafting.expect(llm, ids)
+        epochs = []
+        for epoch in range(settings.epochs):
+            params = SamplingParams(
+                temperature=settings.temperature,
+                max_tokens=settings.max_new_tokens,
+                n=settings.samples,
+            )  # no per-request seed: vLLM's CPU sampler refuses a seeded generator mid-prefill; the engine's seed holds
+            before = _metrics(llm)
+            t0 = time.perf_counter()
+            outs = llm.generate(inputs, params, use_tqdm=False)
+            wall = time.perf_counter() - t0
+            spec = _delta(_metrics(llm), before)
+            tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+            if name != "none":
+                drafting.observe(llm, [(ids[i], [list(c.token_ids) for c in o.outputs]) for i, o in enumerate(outs)])
+            accepted = spec.get("num_accepted_tokens", 0) or 0
+            epochs.append(
+                {
+                    "epoch": epoch + 1,
+                    "wall_s": wall,
+                    "tokens": tokens,
+                    "spec": spec,
+                    "tokens_per_step": tokens / max(tokens - accepted, 1),
+                }
+            )
+            say(
+                f"{name}: epoch {epoch + 1}: {tokens} tokens in {wall:.1f} s, {tokens / max(tokens - accepted, 1):.2f} "
+                "tokens a verification step"
+            )
+        if settings.check_greedy:
+            check = SamplingParams(temperature=0.0, max_tokens=settings.max_new_tokens)
+            runs = [
+                llm.generate(inputs[: settings.check_greedy], check, use_tqdm=False)
+                for _ in range(2 if name == "none" else 1)
+            ]
+            greedy[name] = [[list(o.outputs[0].token_ids) for o in r] for r in runs]
+        report["runs"][name] = {"epochs": epochs, "proposer": drafting.proposer_stats(llm) if name != "none" else None}
+        del llm
+        gc.collect()
+    report["lossless"] = _lossless(greedy)
+    report["acceptance"] = {}
+    for name in settings.drafters:
+        acc = acceptance_of(
+            name, report["runs"][name]["epochs"][1:] or report["runs"][name]["epochs"], settings, source
+        )
+        report["acceptance"][name] = acc
+        if settings.write is not None and acc is not None:
+            settings.write.mkdir(parents=True, exist_ok=True)
+            (settings.write / f"{name}.yaml").write_text(yaml.safe_dump(acc, sort_keys=False), encoding="utf-8")
+    return report
+
+
+def _lossless(greedy: dict[str, list[list[list[int]]]]) -> dict[str, Any]:
+    """At temperature 0: the prompts whose plain runs agree, and how many of them each drafter reproduced."""
+    plain = greedy.get("none")
+    if not plain or len(plain) < 2:
+        return {}
+    stable = [i for i, (a, b) in enumerate(zip(plain[0], plain[1], strict=True)) if a == b]
+    out: dict[str, Any] = {"plain_repeats": f"{len(stable)}/{len(plain[0])}"}
+    for name, runs in greedy.items():
+        if name == "none":
+            continue
+        same = sum(1 for i in stable if runs[0][i] == plain[0][i])
+        out[name] = {"identical": same, "of": len(stable)}
+    return out
+
+
+def acceptance_of(name: str, epochs: list[dict[str, Any]], settings: BenchSettings, source: str) -> dict | None:
+    """The ``Acceptance`` record (as a dict) of these epochs' counters."""
+    drafts = sum(e["spec"].get("num_drafts", 0) or 0 for e in epochs)
+    if drafts <= 0:
+        return None
+    drafted = sum(e["spec"].get("num_draft_tokens", 0) or 0 for e in epochs)
+    accepted = sum(e["spec"].get("num_accepted_tokens", 0) or 0 for e in epochs)
+    per_pos = [0.0] * max(len(e["spec"].get("num_accepted_tokens_per_pos") or []) for e in epochs)
+    for e in epochs:
+        for j, x in enumerate(e["spec"].get("num_accepted_tokens_per_pos") or []):
+            per_pos[j] += x
+    tokens = sum(e["tokens"] for e in epochs)
+    steps = max(tokens - accepted, 1)
+    at = [min(x / drafts, 1.0) for x in per_pos]
+    for j in range(1, len(at)):  # counters are exact, but keep the record's invariant under rounding
+        at[j] = min(at[j], at[j - 1])
+    n = len(epochs)
+    return {
+        "drafter": name,
+        "source": (
+            f"measured: vLLM {_vllm_version()} (CPU) speculative decoding, SmolLM2-135M-Instruct, {source}, "
+            f"{settings.samples} samples each, temperature {settings.temperature}, {settings.max_new_tokens} new "
+            f"tokens at most, the last {n} of {settings.epochs} epochs; command: {settings.command}"
+        ),
+        "draft_rate": round(min(drafts / steps, 1.0), 4),
+        "accepted_at": [round(x, 4) for x in at],
+        "drafted_per_draft": round(drafted / drafts, 4),
+        "tokens_per_step_measured": round(tokens / steps, 4),
+    }
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def print_report(report: dict[str, Any], say=print) -> None:
+    """Per drafter: tokens a step, acceptance by position, generation time against the plain engine's."""
+    plain = sum(e["wall_s"] for e in report["runs"]["none"]["epochs"])
+    say(f"\n{report['source']}")
+    say(f"{'drafter':<10}{'gen s':>8}{'vs none':>9}{'tok/step':>10}{'drafts':>8}{'accepted by position'}")
+    for name, run in report["runs"].items():
+        wall = sum(e["wall_s"] for e in run["epochs"])
+        tokens = sum(e["tokens"] for e in run["epochs"])
+        acc = report.get("acceptance", {}).get(name)
+        steps = tokens / max(e_tps, 1e-9) if (e_tps := _mean_tps(run)) else tokens
+        pos = " ".join(f"{x:.2f}" for x in acc["accepted_at"]) if acc else "-"
+        drafts = sum(e["spec"].get("num_drafts", 0) or 0 for e in run["epochs"])
+        say(f"{name:<10}{wall:>8.1f}{plain / wall:>8.2f}x{tokens / max(steps, 1):>10.3f}{drafts:>8}  {pos}")
+    lossless = report.get("lossless") or {}
+    if lossless:
+        same = ", ".join(f"{k} {v['identical']}/{v['of']}" for k, v in lossless.items() if isinstance(v, dict))
+        say(
+            f"temperature 0: the plain engine repeated itself on {lossless['plain_repeats']} prompts; identical "
+            f"tokens with drafts: {same}"
+        )
+
+
+def _mean_tps(run: dict[str, Any]) -> float:
+    tokens = sum(e["tokens"] for e in run["epochs"])
+    accepted = sum(e["spec"].get("num_accepted_tokens", 0) or 0 for e in run["epochs"])
+    return tokens / max(tokens - accepted, 1)
+
+
+POSITIVE = click.IntRange(min=1)
+
+
+@click.command("drafter-bench")
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="GSM8K JSON lines (default: ../shared/data/gsm8k/test.jsonl when present, else questions generated here).",
+)
+@click.option("--num-prompts", default=16, type=POSITIVE, show_default=True)
+@click.option("--samples", default=4, type=POSITIVE, show_default=True, help="Samples per prompt (GRPO n).")
+@click.option("--epochs", default=3, type=POSITIVE, show_default=True, help="Rollouts over the same prompts.")
+@click.option("--max-new-tokens", default=256, type=POSITIVE, show_default=True)
+@click.option("--temperature", default=1.0, type=float, show_default=True)
+@click.option("--drafter", "drafters", multiple=True, default=("ngram", "history"), show_default=True)
+@click.option(
+    "--write-acceptance",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Folder for one acceptance YAML per drafter (what `rlhfless simulate --acceptance FILE` reads).",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write the whole report (every epoch's counters) to this file.",
+)
+def drafter_bench_cmd(
+    prompts_file, num_prompts, samples, epochs, max_new_tokens, temperature, drafters, write_acceptance, json_path
+) -> None:
+    """Each drafter's acceptance and time on a real vLLM engine (CPU), and its tokens beside a plain engine's."""
+    import json
+
+    from rlhfless_openrlhf.tools.cli import check_drafter
+
+    for name in drafters:
+        check_drafter(name)
+    settings = BenchSettings(
+        prompts_file=prompts_file,
+        num_prompts=num_prompts,
+        samples=samples,
+        epochs=epochs,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        drafters=tuple(drafters),
+        write=write_acceptance,
+        command=" ".join(["rlhfless drafter-bench", *_measuring_flags(sys.argv[2:])]),
+    )
+    report = run_bench(settings, say=lambda m: click.echo(m, err=True))
+    if json_path is not None:
+        json_path.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    print_report(report, say=click.echo)
+
+
+def _measuring_flags(argv: list[str]) -> list[str]:
+    """The command line without where it writes (no machine-local path reaches an acceptance file)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.partition("=")[0]
+        if name in ("--write-acceptance", "--json"):
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out

@@ -1,0 +1,292 @@
+"""The drafter kind: its invariants (hypothesis), speculative decoding in the engine model and the work bound, and
+the proposer that runs a drafter inside vLLM's engines (its fallback when the drafter raises)."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from rlhfless_policies.drafters import HistoryDrafter, HistoryParams, NgramDrafter, NoDrafter
+
+from rlhfless_sdk import PolicySpec, hookimpl
+from rlhfless_sdk.api.profiles import load_acceptance, load_profile
+from rlhfless_sdk.api.records import Cluster
+from rlhfless_sdk.api.speculation import Acceptance, Speculation, acceptance_tokens_needed, geometric
+from rlhfless_sdk.simulation.bound import work_bound
+from rlhfless_sdk.simulation.simulator import Simulator
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+from rlhfless_sdk.workloads.traces import synthetic_workload
+
+TOKENS = st.lists(st.integers(0, 5), max_size=40)
+DRAFTERS = [NoDrafter(), NgramDrafter(), HistoryDrafter(HistoryParams(max_tokens=400, responses_per_prompt=3))]
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS, ids=lambda d: type(d).__name__)
+@given(
+    history=st.lists(st.tuples(TOKENS, st.lists(TOKENS, max_size=4)), max_size=6),
+    prompt=TOKENS,
+    response=TOKENS,
+    siblings=st.lists(TOKENS, max_size=3),
+    k=st.integers(0, 12),
+)
+def test_a_draft_is_at_most_k_tokens(drafter, history, prompt, response, siblings, k):
+    for p, responses in history:
+        drafter.observe(p, responses)
+    draft = drafter.propose(prompt, response, k, siblings)
+    assert isinstance(draft, list) and len(draft) <= k and all(isinstance(t, int) for t in draft)
+
+
+@given(
+    history=st.lists(st.tuples(TOKENS, st.lists(TOKENS, max_size=4)), max_size=12),
+    prompt=TOKENS,
+    response=TOKENS,
+    siblings=st.lists(TOKENS, max_size=3),
+)
+def test_a_history_draft_continues_a_match_of_the_sequences_last_tokens(history, prompt, response, siblings):
+    """What ``history`` drafts follows an occurrence of the sequence's last ``min_match`` tokens in the prompt's
+    earlier responses or its siblings (each after the prompt's last tokens)."""
+    d = HistoryDrafter(HistoryParams(min_match=2, max_match=6))
+    for p, responses in history:
+        d.observe(p, responses)
+    draft = d.propose(prompt, response, 4, siblings)
+    if not draft:
+        return
+    head = list(prompt)[-6:]
+    ctx = (head + list(response))[-6:]
+    sources = [head + list(s) for s in siblings] + [head + list(r) for p, rs in history if p == prompt for r in rs]
+    key = ctx[-2:]
+    assert any(
+        src[i - 2 : i] == key and src[i : i + len(draft)] == draft for src in sources for i in range(2, len(src))
+    )
+
+
+@given(
+    groups=st.lists(st.tuples(st.integers(0, 5), st.lists(st.lists(st.integers(0, 9), max_size=60), max_size=5))),
+    max_tokens=st.integers(1, 300),
+    window=st.integers(1, 4),
+)
+def test_history_memory_stays_within_its_bound(groups, max_tokens, window):
+    d = HistoryDrafter(HistoryParams(max_tokens=max_tokens, responses_per_prompt=window, max_match=4))
+    for prompt_id, responses in groups:
+        d.observe([prompt_id, 7, 7], responses)
+        assert d.tokens_held <= max_tokens
+        assert all(len(e.seqs) <= window for e in d._prompts.values())
+        assert d.tokens_held == sum(e.tokens for e in d._prompts.values())
+
+
+@given(
+    running=st.integers(1, 512),
+    more=st.integers(0, 64),
+    remaining=st.none() | st.floats(0, 10_000),
+    extra=st.floats(0, 10_000),
+)
+def test_the_length_aware_budget_falls_with_concurrency_and_rises_with_remaining_length(
+    running, more, remaining, extra
+):
+    d = HistoryDrafter()
+    p = d.params
+    k = d.draft_tokens(running, remaining)
+    assert 0 <= k <= p.max_draft
+    assert d.draft_tokens(running + more, remaining) <= k
+    if remaining is not None:
+        assert d.draft_tokens(running, remaining + extra) >= k
+    if running * 2 > p.step_tokens:
+        assert k == 0  # a step with a draft each would verify more than step_tokens
+
+
+def test_history_drafts_the_earlier_response_of_the_same_prompt_not_another_prompts():
+    d = HistoryDrafter()
+    d.observe([1, 2, 3], [[10, 11, 12, 13, 14, 15]])
+    d.observe([9, 9, 9], [[10, 11, 40, 41, 42]])
+    assert d.propose([1, 2, 3], [10, 11], 3) == [12, 13, 14]
+    assert d.propose([9, 9, 9], [10, 11], 3) == [40, 41, 42]
+    assert d.propose([5, 5, 5], [10, 11], 3) == []  # never seen, no sibling
+    assert d.propose([5, 5, 5], [10, 11], 3, siblings=[[10, 11, 77, 78]]) == [77, 78]
+
+
+# -- acceptance and the engine model ---------------------------------------------------------------------------
+@given(
+    rate=st.floats(0, 1),
+    a=st.lists(st.floats(0, 1), min_size=1, max_size=10),
+    k=st.integers(0, 16),
+)
+def test_tokens_a_step_grow_with_the_budget_and_never_exceed_what_it_computes(rate, a, k):
+    acc = Acceptance(
+        drafter="x", source="test", draft_rate=rate, accepted_at=sorted(a, reverse=True), drafted_per_draft=len(a)
+    )
+    assert acc.tokens_per_step(k + 1) >= acc.tokens_per_step(k) - 1e-12 and acc.tokens_per_step(k) >= 1.0
+    assert acc.tokens_per_step(k) <= 1.0 + acc.drafted(k) + 1e-9
+
+
+def test_an_acceptance_that_rises_with_position_is_refused():
+    with pytest.raises(ValueError, match="non-increasing"):
+        Acceptance(drafter="x", source="t", draft_rate=1.0, accepted_at=[0.2, 0.5], drafted_per_draft=2)
+
+
+def _acceptance(rate: float) -> Acceptance:
+    return Acceptance(drafter="t", source="test", draft_rate=1.0, accepted_at=geometric(rate, 8), drafted_per_draft=8)
+
+
+PROFILE = load_profile("qwen2.5-7b-l40s")
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_drafter_that_drafts_nothing_costs_what_plain_decoding_costs(registry, overlap):
+    work = synthetic_workload(SyntheticWorkload(32, 4, seed=2), 2)
+    prof = PROFILE.model_copy(update={"decode_overlap": overlap})
+    idle = Speculation(acceptance=_acceptance(0.7), budget=[0])
+    runs = [
+        Simulator(p, Cluster.uniform(1, 2), registry=registry).run(registry.scheduler("openrlhf"), work)
+        for p in (prof, prof.model_copy(update={"speculation": idle}))
+    ]
+    assert [r.time_s for r in runs[0].reports] == pytest.approx([r.time_s for r in runs[1].reports], rel=1e-12)
+
+
+def test_accepted_drafts_shorten_a_long_tail_and_lower_the_bound(registry):
+    """Few sequences running (the tail): verifying 8 drafted tokens costs little more than a plain step, so at a
+    per-token acceptance of 0.7 the run is faster; no run beats the work bound at that acceptance."""
+    work = synthetic_workload(SyntheticWorkload(16, 2, median_length=2000, max_length=8192, seed=3), 2)
+    spec = Speculation(acceptance=_acceptance(0.7), budget=[8] * 32 + [0])
+    plain = Simulator(PROFILE, Cluster.uniform(1, 4), registry=registry).run(registry.scheduler("openrlhf"), work)
+    fast = Simulator(PROFILE.model_copy(update={"speculation": spec}), Cluster.uniform(1, 4), registry=registry).run(
+        registry.scheduler("openrlhf"), work
+    )
+    assert sum(r.generation_s for r in fast.reports) < 0.8 * sum(r.generation_s for r in plain.reports)
+    assert [r.samples for r in fast.reports] == [r.samples for r in plain.reports]
+    bound = work_bound(work, PROFILE.model_copy(update={"speculation": spec}), work.algo).bound_s(4)
+    assert bound < work_bound(work, PROFILE, work.algo).bound_s(4)
+    assert bound <= sum(r.time_s for r in fast.reports)
+    assert spec.tokens_per_step() == pytest.approx(spec.acceptance.tokens_per_step(8), rel=1e-6)
+
+
+def test_a_scheduler_with_a_drafter_runs_at_the_acceptance_and_reports_both_bounds(registry):
+    work = synthetic_workload(SyntheticWorkload(16, 2, median_length=1500, max_length=8192, seed=5), 3)
+    config = registry.scheduler("rlhfless").derive(name="rlhfless.history", drafter="history")
+    sim = Simulator(PROFILE, Cluster.uniform(1, 4), registry=registry, acceptance=_acceptance(0.6))
+    res = sim.run(config, work)
+    plain = sim.run(registry.scheduler("rlhfless"), work)
+    tot = res.totals()
+    assert res.drafter is not None and res.drafter["name"] == "history"
+    assert 1.0 < res.drafter["tokens_per_step"] <= res.drafter["best_tokens_per_step"] * (1 + 1e-9)
+    assert tot["bound_drafted_s"] < tot["bound_s"] <= plain.totals()["total_time_s"]
+    assert tot["bound_drafted_s"] <= tot["total_time_s"] < plain.totals()["total_time_s"]
+    assert plain.drafter is None and sim.profile.speculation is None  # the drafter was this run's only
+
+
+def test_every_shipped_acceptance_loads_and_says_where_it_came_from():
+    from rlhfless_sdk.api.profiles import _shipped
+
+    names = sorted(_shipped("acceptance"))
+    assert {"history", "ngram", "das-assumption"} <= set(names)
+    for name in names:
+        acc = load_acceptance(name)
+        assert acc.source and (acc.assumption == name.endswith("assumption"))
+
+
+def test_the_acceptance_needed_for_a_speedup_solves_the_geometric_sum():
+    a = acceptance_tokens_needed(2.0, 8)
+    assert sum(a**j for j in range(9)) == pytest.approx(2.0, rel=1e-6)
+    assert acceptance_tokens_needed(1.0, 8) == 0.0 and acceptance_tokens_needed(20.0, 8) == 1.0
+
+
+# -- the proposer inside vLLM's engines ------------------------------------------------------------------------
+class Raising:
+    description = "raises on propose (a broken plugin)"
+
+    def __init__(self, params=None) -> None:
+        pass
+
+    def draft_tokens(self, running, remaining=None):
+        return 3
+
+    def propose(self, prompt, response, k, siblings=()):
+        raise RuntimeError("broken drafter")
+
+    def observe(self, prompt, responses):
+        return None
+
+
+class RaisingPlugin:
+    @hookimpl
+    def rlhfless_register_drafters(self, register):
+        register(PolicySpec(name="raising", factory=Raising))
+
+
+def _rows(prompt: list[int], responses: list[list[int]]):
+    seqs = [prompt + r for r in responses]
+    width = max(len(s) for s in seqs) + 4
+    table = np.zeros((len(seqs), width), dtype=np.int32)
+    for i, s in enumerate(seqs):
+        table[i, : len(s)] = s
+    return [[r[-1]] for r in responses], np.array([len(s) for s in seqs]), table
+
+
+def test_the_engine_proposer_drafts_from_history_and_siblings(monkeypatch):
+    pytest.importorskip("ray")
+    from rlhfless_openrlhf import drafting
+
+    monkeypatch.setenv(drafting.ENV, '{"name": "history", "params": {"step_tokens": 1000, "long_tokens": 1}}')
+    prop = drafting.EngineProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4)))
+    prompt = [5, 6, 7, 8]
+    prop.expect([prompt, [1, 1]])
+    prop.observe([(prompt, [[20, 21, 22, 23, 24, 25]])])
+    sampled, counts, table = _rows(prompt, [[20, 21], [30, 31, 32], [40, 30, 31]])
+    drafts = prop.propose(sampled, counts, table)
+    assert drafts[0] == [22, 23, 24, 25]  # the prompt's earlier response
+    assert drafts[2] == [32]  # a sibling's tokens after the same two
+    assert all(len(d) <= 4 for d in drafts)
+
+
+def test_a_drafter_that_raises_is_switched_off_with_a_warning_naming_it(registry_with, monkeypatch, caplog):
+    pytest.importorskip("ray")
+    from rlhfless_openrlhf import drafting
+
+    reg = registry_with(raising=RaisingPlugin())
+    monkeypatch.setattr(drafting, "_registry", lambda: reg)
+    monkeypatch.setenv(drafting.ENV, '{"name": "raising"}')
+    prop = drafting.EngineProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3)))
+    prompt = [5, 6, 7]
+    prop.expect([prompt])
+    sampled, counts, table = _rows(prompt, [[1, 2], [3, 4]])
+    with caplog.at_level(logging.WARNING, logger="rlhfless.drafting"):
+        assert prop.propose(sampled, counts, table) == [[], []]
+    assert "'raising'" in caplog.text and "broken drafter" in caplog.text
+    assert prop.failed and prop.propose(sampled, counts, table) == [[], []]  # off from here on
+
+
+def test_speculative_config_names_vllms_method_or_the_proposer(monkeypatch):
+    pytest.importorskip("ray")
+    from rlhfless_openrlhf import drafting
+
+    monkeypatch.delenv(drafting.ENV, raising=False)
+    assert drafting.speculative_config("none") is None
+    assert drafting.speculative_config("ngram")["method"] == "ngram"
+    cfg = drafting.speculative_config("history")
+    assert cfg == {"method": "custom_class", "model": drafting.PROPOSER, "num_speculative_tokens": 8}
+    assert '"history"' in drafting.os.environ[drafting.ENV]
+
+
+def test_a_drafter_that_raises_runs_as_none_in_the_simulator_with_a_warning_naming_it(registry_with):
+    reg = registry_with(raising=RaisingBudget())
+    work = synthetic_workload(SyntheticWorkload(8, 2, seed=1), 2)
+    config = reg.scheduler("rlhfless").derive(name="rlhfless.raising", drafter="raising")
+    sim = Simulator(PROFILE, Cluster.uniform(1, 2), registry=reg, acceptance=_acceptance(0.5))
+    with pytest.warns(UserWarning, match=r"drafter 'raising' raised.*drafter none"):
+        res = sim.run(config, work)
+    plain = sim.run(reg.scheduler("rlhfless"), work)
+    assert res.drafter is None and res.totals()["total_time_s"] == plain.totals()["total_time_s"]
+
+
+class _BudgetRaises(Raising):
+    def draft_tokens(self, running, remaining=None):
+        raise RuntimeError("no budget")
+
+
+class RaisingBudget:
+    @hookimpl
+    def rlhfless_register_drafters(self, register):
+        register(PolicySpec(name="raising", factory=_BudgetRaises))
