@@ -43,16 +43,22 @@ class NoDrafter(Parameterless):
         return None
 
 
-class NgramParams(Record):
-    tokens: PositiveInt = Field(default=4, description="Draft tokens a step (vLLM's num_speculative_tokens).")
-    min_match: PositiveInt = Field(default=2, description="Shortest n-gram matched (vLLM's prompt_lookup_min).")
-    max_match: PositiveInt = Field(default=4, description="Longest n-gram matched (vLLM's prompt_lookup_max).")
+class _Matching(Record):
+    """The shortest and longest suffix a drafter matches (``min_match <= max_match``)."""
+
+    min_match: PositiveInt = Field(default=2, description="Shortest suffix (n-gram) matched.")
+    max_match: PositiveInt = Field(default=16, description="Longest suffix matched.")
 
     @model_validator(mode="after")
-    def _order(self) -> NgramParams:
+    def _order(self) -> _Matching:
         if self.min_match > self.max_match:
             raise ValueError(f"min_match {self.min_match} exceeds max_match {self.max_match}")
         return self
+
+
+class NgramParams(_Matching):
+    tokens: PositiveInt = Field(default=4, description="Draft tokens a step (vLLM's num_speculative_tokens).")
+    max_match: PositiveInt = Field(default=4, description="Longest n-gram matched (vLLM's prompt_lookup_max).")
 
 
 class NgramDrafter:
@@ -94,7 +100,7 @@ class NgramDrafter:
         return None
 
 
-class HistoryParams(Record):
+class HistoryParams(_Matching):
     max_draft: PositiveInt = Field(default=8, description="Most draft tokens a step (a lone sequence, long to go).")
     step_tokens: PositiveInt = Field(
         default=768,
@@ -106,8 +112,6 @@ class HistoryParams(Record):
         default=1024,
         description="Predicted remaining tokens at which a sequence gets the whole budget; fewer get a share.",
     )
-    min_match: PositiveInt = Field(default=2, description="Shortest suffix matched.")
-    max_match: PositiveInt = Field(default=16, description="Longest suffix matched (and prompt tokens kept).")
     responses_per_prompt: PositiveInt = Field(
         default=8, description="Earlier responses kept per prompt (a sliding window: the newest)."
     )
@@ -117,12 +121,6 @@ class HistoryParams(Record):
     max_tokens: PositiveInt = Field(
         default=4_000_000, description="Tokens held over all prompts; the least recently seen prompts go first."
     )
-
-    @model_validator(mode="after")
-    def _order(self) -> HistoryParams:
-        if self.min_match > self.max_match:
-            raise ValueError(f"min_match {self.min_match} exceeds max_match {self.max_match}")
-        return self
 
 
 class _Responses:

@@ -84,3 +84,14 @@ def foreign_schema_history(path: Path) -> Path:
         db.execute("INSERT INTO meta VALUES ('app', 'rlhfless-length-history'), ('schema_version', '1')")
         db.execute("CREATE TABLE lengths (uid TEXT, length REAL)")
     return path
+
+
+def local_ray(ray: Any, cpus: int, gpus: int) -> None:
+    """A local Ray for the engine tests: logical CPUs and GPUs (one GPU per vLLM engine on the CPU build), 1 GiB
+    of KV per engine."""
+    ray.init(
+        num_cpus=cpus,
+        num_gpus=gpus,
+        include_dashboard=False,
+        runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}},
+    )

@@ -7,6 +7,7 @@ import os
 from types import SimpleNamespace
 
 import pytest
+import rlhfless_test_helpers as H  # registered by conftest.py
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -130,12 +131,7 @@ def test_two_steps_through_openrlhfs_engines_with_the_history_drafter(model):
     from rlhfless_sdk.api.profiles import load_profile
 
     registry = get_plugin_manager().registry
-    ray.init(
-        num_cpus=4,
-        num_gpus=1,
-        include_dashboard=False,
-        runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}},
-    )
+    H.local_ray(ray, cpus=4, gpus=1)
     try:
         [engine] = create_engines(1, model, cpu=True, drafter="history")
         args = rollout_args(2, batch_size=3)

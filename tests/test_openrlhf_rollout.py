@@ -62,15 +62,10 @@ def stack(tmp_path_factory):
     check_openrlhf_version()
     cache = tmp_path_factory.mktemp("cache")
     model = str(tiny_model(cache))
-    ray.init(
-        # logical CPUs and GPUs, one of each per engine: two engines for most tests, one with a reward function, and
-        # for the tests that kill one engine of a pair (its actor or its EngineCore), partial rollouts' and the
-        # stream's: four pairs (an engine killed keeps its placement group's reservation: each pair needs its own)
-        num_cpus=12,
-        num_gpus=11,
-        include_dashboard=False,
-        runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}},
-    )
+    # logical CPUs and GPUs, one of each per engine: two engines for most tests, one with a reward function, and
+    # for the tests that kill one engine of a pair (its actor or its EngineCore), partial rollouts' and the
+    # stream's: four pairs (an engine killed keeps its placement group's reservation: each pair needs its own)
+    H.local_ray(ray, cpus=12, gpus=11)
     try:
         placer = get_plugin_manager().registry.create("placer", "locality-aware")
         bundles = placer_bundles(2, placer)  # the placement group the placer builds

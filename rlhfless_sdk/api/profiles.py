@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import ValidationError
 
@@ -12,6 +13,8 @@ from rlhfless_sdk.api.config import parse_yaml, problems_from_validation, read_y
 from rlhfless_sdk.api.errors import ConfigError, ConfigProblem, UnknownPolicyError
 from rlhfless_sdk.api.records import TimePerTokenProfile
 from rlhfless_sdk.api.speculation import Acceptance, geometric
+
+M = TypeVar("M", TimePerTokenProfile, Acceptance)
 
 
 def _shipped(kind: str = "profiles") -> dict[str, str]:
@@ -27,14 +30,19 @@ def profile_names() -> list[str]:
     return sorted(_shipped())
 
 
-def parse_profile(text: str, source: str) -> TimePerTokenProfile:
+def _parse(model: type[M], text: str, source: str, what: str) -> M:
+    """``model`` from YAML ``text`` (``source`` names it in errors, each with its YAML path and line)."""
     data, root = parse_yaml(text, source)
     if not isinstance(data, dict):
-        raise ConfigError(source, [ConfigProblem("", "expected a mapping of profile fields", 1)])
+        raise ConfigError(source, [ConfigProblem("", f"expected a mapping of {what} fields", 1)])
     try:
-        return TimePerTokenProfile.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(source, problems_from_validation(exc, root=root)) from None
+
+
+def parse_profile(text: str, source: str) -> TimePerTokenProfile:
+    return _parse(TimePerTokenProfile, text, source, "profile")
 
 
 def load_profile(name_or_path: str | Path) -> TimePerTokenProfile:
@@ -76,10 +84,4 @@ def load_acceptance(name_or_path: str | Path) -> Acceptance:
         if str(name_or_path) not in shipped:
             raise UnknownPolicyError("acceptance", str(name_or_path), sorted(shipped))
         text, source = shipped[str(name_or_path)], f"configs/acceptance/{name_or_path}.yaml"
-    data, root = parse_yaml(text, source)
-    if not isinstance(data, dict):
-        raise ConfigError(source, [ConfigProblem("", "expected a mapping of acceptance fields", 1)])
-    try:
-        return Acceptance.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(source, problems_from_validation(exc, root=root)) from None
+    return _parse(Acceptance, text, source, "acceptance")

@@ -202,17 +202,28 @@ def _step_bar(steps: int, label: str):
     return bar, progress
 
 
+def question_options(num_prompts: int, prompts_help: str) -> Callable[[Any], Any]:
+    """The rollout options ``demo`` and ``drafter-bench`` share: the questions, how many, samples, epochs, length."""
+    options = [
+        click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False), help=prompts_help),
+        click.option("--num-prompts", default=num_prompts, type=POSITIVE, show_default=True),
+        click.option("--samples", default=4, type=POSITIVE, show_default=True, help="Samples per prompt (GRPO n)."),
+        click.option(
+            "--epochs", default=3, type=POSITIVE, show_default=True, help="Rollout steps over the same prompts."
+        ),
+        click.option("--max-new-tokens", default=256, type=POSITIVE, show_default=True),
+    ]
+
+    def apply(fn: Any) -> Any:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return apply
+
+
 @click.command("demo")
-@click.option(
-    "--prompts",
-    "prompts_file",
-    type=click.Path(exists=True, dir_okay=False),
-    help="GSM8K JSON lines (question, answer); default: questions generated here.",
-)
-@click.option("--num-prompts", default=12, type=POSITIVE, show_default=True)
-@click.option("--samples", default=4, type=POSITIVE, show_default=True, help="Samples per prompt (GRPO n).")
-@click.option("--epochs", default=3, type=POSITIVE, show_default=True, help="Rollout steps over the same prompts.")
-@click.option("--max-new-tokens", default=256, type=POSITIVE, show_default=True)
+@question_options(12, "GSM8K JSON lines (question, answer); default: questions generated here.")
 @click.option("--engines", default=2, type=POSITIVE, show_default=True, help="vLLM engines (one CPU core each here).")
 @click.option(
     "--scheduler",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rlhfless_openrlhf.tools.cli import question_options
 
 
 @dataclass
@@ -250,20 +251,10 @@ def _mean_tps(run: dict[str, Any]) -> float:
     return tokens / max(tokens - accepted, 1)
 
 
-POSITIVE = click.IntRange(min=1)
-
-
 @click.command("drafter-bench")
-@click.option(
-    "--prompts",
-    "prompts_file",
-    type=click.Path(exists=True, dir_okay=False),
-    help="GSM8K JSON lines (default: ../shared/data/gsm8k/test.jsonl when present, else questions generated here).",
+@question_options(
+    16, "GSM8K JSON lines (default: ../shared/data/gsm8k/test.jsonl when present, else questions generated here)."
 )
-@click.option("--num-prompts", default=16, type=POSITIVE, show_default=True)
-@click.option("--samples", default=4, type=POSITIVE, show_default=True, help="Samples per prompt (GRPO n).")
-@click.option("--epochs", default=3, type=POSITIVE, show_default=True, help="Rollouts over the same prompts.")
-@click.option("--max-new-tokens", default=256, type=POSITIVE, show_default=True)
 @click.option("--temperature", default=1.0, type=float, show_default=True)
 @click.option("--drafter", "drafters", multiple=True, default=("ngram", "history"), show_default=True)
 @click.option(
@@ -279,9 +270,7 @@ POSITIVE = click.IntRange(min=1)
     default=None,
     help="Write the whole report (every epoch's counters) to this file.",
 )
-def drafter_bench_cmd(
-    prompts_file, num_prompts, samples, epochs, max_new_tokens, temperature, drafters, write_acceptance, json_path
-) -> None:
+def drafter_bench_cmd(drafters: tuple[str, ...], write_acceptance: Path | None, json_path: Path | None, **kw) -> None:
     """Each drafter's acceptance and time on a real vLLM engine (CPU), and its tokens beside a plain engine's."""
     import json
 
@@ -289,17 +278,8 @@ def drafter_bench_cmd(
 
     for name in drafters:
         check_drafter(name)
-    settings = BenchSettings(
-        prompts_file=prompts_file,
-        num_prompts=num_prompts,
-        samples=samples,
-        epochs=epochs,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        drafters=tuple(drafters),
-        write=write_acceptance,
-        command=" ".join(["rlhfless drafter-bench", *_measuring_flags(sys.argv[2:])]),
-    )
+    command = " ".join(["rlhfless drafter-bench", *_measuring_flags(sys.argv[2:])])
+    settings = BenchSettings(**kw, drafters=tuple(drafters), write=write_acceptance, command=command)
     report = run_bench(settings, say=lambda m: click.echo(m, err=True))
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=1), encoding="utf-8")
