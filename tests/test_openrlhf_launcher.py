@@ -955,3 +955,17 @@ def test_the_drafter_flag_sets_the_engines_speculative_decoding_in_either_launch
         },
         "rlhfless_drafter": '{"name": "ngram", "params": {}}',
     }
+
+
+def test_a_drafter_on_tensor_parallel_engines_is_refused_before_any_engine_starts(monkeypatch):
+    from types import SimpleNamespace
+
+    import rlhfless_openrlhf.engine_factory as factory
+
+    from rlhfless_sdk.api.errors import RlhflessError
+
+    settings = resolve({"--scheduler": "rlhfless", "--scheduler.drafter": "history"})
+    monkeypatch.setattr(factory, "launch_args", SimpleNamespace(rlhfless=settings))
+    monkeypatch.setattr(factory, "learner_gpus", lambda args: 0)
+    with pytest.raises(RlhflessError, match=r"drafter 'history' with --vllm\.tensor_parallel_size 2"):
+        factory.create_vllm_engines_with_rlhfless(1, 2, "model")

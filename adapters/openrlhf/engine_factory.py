@@ -205,7 +205,16 @@ def create_vllm_engines_with_rlhfless(
         log.info("rlhfless: OpenRLHF places the engines itself: %s", why)
     learner = learner_gpus(launch_args) if launch_args is not None else 0
     settings = getattr(launch_args, "rlhfless", None) or {}
-    drafting = drafter_overrides(settings.get("scheduler", {}).get("drafter"))
+    drafter = settings.get("scheduler", {}).get("drafter")
+    if drafter and drafter.get("name", "none") != "none" and tensor_parallel_size > 1:
+        from rlhfless_sdk.api.errors import RlhflessError
+
+        raise RlhflessError(
+            f"drafter {drafter['name']!r} with --vllm.tensor_parallel_size {tensor_parallel_size}: the drafter runs in "
+            "one-GPU engines only (a tensor-parallel engine's Ray workers are not handed it); use "
+            "--vllm.tensor_parallel_size 1 or drop --scheduler.drafter"
+        )
+    drafting = drafter_overrides(drafter)
     drop_in = _DropIn(RlhflessRolloutActor, drafting, None)
     if os.environ.get("RLHFLESS_CPU_ENGINES") == "1":  # the launcher's path on a machine without a GPU (tests)
         drop_in = _DropIn(RlhflessRolloutActor, {**CPU_OVERRIDES, **drafting}, cpu_binds(num_engines))
