@@ -290,3 +290,20 @@ class RaisingBudget:
     @hookimpl
     def rlhfless_register_drafters(self, register):
         register(PolicySpec(name="raising", factory=_BudgetRaises))
+
+
+def test_simulate_names_a_bad_drafter_or_acceptance_and_prints_both_bounds():
+    from click.testing import CliRunner
+
+    from rlhfless_sdk.cli.main import main as cli
+
+    small = ["simulate", "--prompts", "8", "--samples", "2", "--steps", "2", "--gpus", "2", "--no-frontier"]
+    res = CliRunner().invoke(cli, [*small, "--drafter", "histroy"])
+    assert res.exit_code == 2 and "no drafter named 'histroy'" in res.output
+    res = CliRunner().invoke(cli, [*small, "--drafter", "history", "--acceptance", "geometric:1.5"])
+    assert res.exit_code == 2 and "geometric:A takes a per-token acceptance" in res.output
+    res = CliRunner().invoke(
+        cli, [*small, "--scheduler", "openrlhf", "--scheduler", "rlhfless", "--drafter", "history"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "rlhfless.history: drafter history, measured acceptance" in res.output and "plain decoding" in res.output

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.profiles import load_acceptance
 from rlhfless_sdk.api.speculation import Acceptance, acceptance_tokens_needed
@@ -41,6 +41,15 @@ def with_drafter(configs: Sequence[SchedulerConfig], drafter: str | None) -> lis
         if c.group != "baseline" and c.policy("drafter").name != drafter:
             out.append(c.drafted(drafter))
     return out
+
+
+def drafter_arg(registry: Any, name: str | None) -> str | None:
+    """``--drafter``: a registered drafter's name (an unknown one lists them)."""
+    if name is not None:
+        problems = registry.check_refs({"drafter": PolicyRef(name=name)})
+        if problems:
+            raise click.BadParameter(problems[0].message, param_hint="'--drafter'")
+    return name
 
 
 def acceptance_arg(value: str | None) -> Acceptance | None:

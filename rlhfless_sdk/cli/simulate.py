@@ -15,7 +15,7 @@ from rlhfless_sdk.api.options import distinct
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import Cluster, dumps
 from rlhfless_sdk.cli.args import MAX_GPUS, check_samples, run_profile
-from rlhfless_sdk.cli.drafting import acceptance_arg, drafter_lines, with_drafter
+from rlhfless_sdk.cli.drafting import acceptance_arg, drafter_arg, drafter_lines, with_drafter
 from rlhfless_sdk.cli.plots import plot, plot_frontier
 from rlhfless_sdk.rollout.modes import Mode, mode_for
 from rlhfless_sdk.simulation.results import SimulationResult
@@ -368,7 +368,7 @@ def simulate_main(
             param_hint="'--frontier-gpus'",
         )
     configs = comparable_configs(names, registry, max_actors, allow_burst_engines, gpus, prof.gpus_per_actor, launch)
-    configs, accepted = with_drafter(configs, drafter), acceptance_arg(acceptance)
+    configs, accepted = with_drafter(configs, drafter_arg(registry, drafter)), acceptance_arg(acceptance)
     split = parse_rollout_gpus(rollout_gpus)
     modes = [mode_for(c, registry) for c in configs]
     if split is not None:

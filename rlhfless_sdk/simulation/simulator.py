@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from rlhfless_sdk.api.config import SchedulerConfig
-from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.errors import RlhflessError, UnknownPolicyError
 from rlhfless_sdk.api.history import isolated_history
 from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.plugins import Registry
@@ -167,7 +167,14 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         ref = config.policy("drafter")
         if ref.name == KIND["drafter"].baseline:
             return None
-        acceptance = self.acceptance or load_acceptance(ref.name)
+        try:
+            acceptance = self.acceptance or load_acceptance(ref.name)
+        except UnknownPolicyError:
+            raise RlhflessError(
+                f"scheduler {config.name!r}: no measured acceptance ships for drafter {ref.name!r}; give one "
+                "(`rlhfless drafter-bench --drafter NAME --write-acceptance DIR`, then --acceptance DIR/NAME.yaml, or "
+                "--acceptance geometric:A to assume one)"
+            ) from None
         try:
             drafter = self.registry.create("drafter", ref)
             budget = [int(drafter.draft_tokens(r, None)) for r in range(1, self.profile.max_num_seqs + 1)]
