@@ -32,7 +32,7 @@ def _registry() -> Any:
     return get_plugin_manager().registry
 
 
-def speculative_config(ref: Any, max_model_len: int | None = None) -> dict[str, Any] | None:
+def speculative_config(ref: Any) -> dict[str, Any] | None:
     """vLLM's ``speculative_config`` for the drafter ``ref`` (a name or ``PolicyRef``); sets ``RLHFLESS_DRAFTER``
     for the engines started after it. None for ``none``."""
     from rlhfless_sdk.api.config import PolicyRef

@@ -70,15 +70,22 @@ class EnginePool:
         for prompt, response in self.history:
             groups.setdefault(tuple(prompt), []).append(response)
         self.history = []
-        payload = [(list(p), rs) for p, rs in groups.items()]
-        refs = {e: self.handles[e].rl_drafter_observe.remote(payload) for e in self.live()}
+        payload = ray.put([(list(p), rs) for p, rs in groups.items()])  # once, not once per engine
+        self.gather("rl_drafter_observe", self.live(), payload)
+
+    def gather(self, method: str, engines: Sequence[int], *args: Any) -> dict[int, Any]:
+        """``method(*args)`` on each of ``engines`` at once, each one's answer; an engine lost meanwhile is marked
+        dead and left out."""
+        refs = {e: getattr(self.handles[e], method).remote(*args) for e in engines}
+        out: dict[int, Any] = {}
         for e, ref in refs.items():
             try:
-                ray.get(ref)
+                out[e] = ray.get(ref)
             except ENGINE_ERRORS as exc:
                 if not engine_lost(exc):
                     raise
                 self.mark_dead(e, exc)
+        return out
 
     def live(self) -> list[int]:
         """Engines that can take work, in order."""
@@ -103,16 +110,8 @@ class EnginePool:
     def stats(self, engines: Sequence[int]) -> dict[int, EngineStats]:
         """Each of ``engines``' stats, asked of all at once; a dead one (its actor, or its vLLM EngineCore under a
         live actor: the actor still answers, from its client-side state) is marked and left out."""
-        refs = {e: self.handles[e].rl_stats.remote() for e in engines}
         out: dict[int, EngineStats] = {}
-        for e, ref in refs.items():
-            try:
-                st = ray.get(ref)
-            except ENGINE_ERRORS as exc:
-                if not engine_lost(exc):
-                    raise
-                self.mark_dead(e, exc)
-                continue
+        for e, st in self.gather("rl_stats", engines).items():
             if st.engine_alive:
                 out[e] = st
             else:
@@ -126,15 +125,7 @@ class EnginePool:
         during rollout. An engine found asleep (e.g. a step run outside OpenRLHF's loop) is woken before any work
         reaches it. Engines outside the scaler's active subset simply get no work this step."""
         self.share_history()
-        refs = {e: self.handles[e].rl_begin_step.remote(self.drafting) for e in live}
-        for e, ref in refs.items():
-            try:
-                awake = ray.get(ref)
-            except ENGINE_ERRORS as exc:
-                if not engine_lost(exc):
-                    raise
-                self.mark_dead(e, exc)
-                continue
+        for e, awake in self.gather("rl_begin_step", live, self.drafting).items():
             if not awake:
                 log.info("rollout engine %d was asleep at the start of a step; waking it", e)
                 self.call(e, "wake_up")

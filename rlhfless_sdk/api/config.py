@@ -6,6 +6,7 @@ then each policy name and its parameters against the plugin registry (the policy
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -233,6 +234,17 @@ class SchedulerConfig(_WithPolicies):  # type: ignore[misc,valid-type]
         return self.derive(
             name=f"{self.name}.{drafter}", drafter=drafter, description=f"{self.name} with drafter {drafter}"
         )
+
+    @staticmethod
+    def with_drafter(configs: Sequence[SchedulerConfig], drafter: str | None) -> list[SchedulerConfig]:
+        """``configs`` and, after each one that is not a baseline (a framework's own engines draft nothing) and does
+        not already draft with it, its copy with ``drafter`` (``drafted``)."""
+        out: list[SchedulerConfig] = []
+        for c in configs:
+            out.append(c)
+            if drafter and c.group != "baseline" and c.policy("drafter").name != drafter:
+                out.append(c.drafted(drafter))
+        return out
 
     def derive(self, **changes: Any) -> SchedulerConfig:
         """A validated copy with some fields replaced (``assigner="sorted"`` works as in YAML)."""

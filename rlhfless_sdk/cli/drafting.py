@@ -33,14 +33,7 @@ drafter_options = (
 
 def with_drafter(configs: Sequence[SchedulerConfig], drafter: str | None) -> list[SchedulerConfig]:
     """``configs`` and, after each one that is not a baseline, its copy with ``drafter``."""
-    if drafter is None:
-        return list(configs)
-    out: list[SchedulerConfig] = []
-    for c in configs:
-        out.append(c)
-        if c.group != "baseline" and c.policy("drafter").name != drafter:
-            out.append(c.drafted(drafter))
-    return out
+    return SchedulerConfig.with_drafter(configs, drafter)
 
 
 def drafter_arg(registry: Any, name: str | None) -> str | None:

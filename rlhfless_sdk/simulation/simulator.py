@@ -116,6 +116,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         self.split_probe_steps = split_probe_steps  # async with no split set: steps each split is tried on
         self.split_plan = split_plan  # a stream with no split set: the workload its split is planned on
         self.dedicated = profile
+        self.own_speculation = profile.speculation  # the profile's own (none unless it says), for runs of no drafter
         profile = profile.with_memory(memory)
         self.profile = profile
         self.algo = algo
@@ -191,8 +192,11 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
 
     @contextmanager
     def drafting(self, spec: Speculation | None) -> Iterator[None]:
-        """This simulator's engines with ``spec``'s speculative decoding while the block runs."""
-        if spec is None:
+        """This simulator's engines with ``spec``'s speculative decoding (None: the profile's own) while the block
+        runs, whatever an enclosing run drafted with (a stream's split is planned against a baseline that drafts
+        nothing)."""
+        spec = spec if spec is not None else self.own_speculation
+        if self.profile.speculation is spec:
             yield
             return
         saved = self.profile, self.dedicated

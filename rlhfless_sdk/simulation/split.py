@@ -120,7 +120,8 @@ def choose_split(
 
         def time_at(r: int) -> float:
             if r not in cache:
-                cache[r] = sum(x.time_s for x in run(cfg, wl, None, r).reports)
+                with sim.drafting(sim.speculation(cfg)):  # each scheduler with its own drafter, or none
+                    cache[r] = sum(x.time_s for x in run(cfg, wl, None, r).reports)
             return cache[r]
 
         return time_at

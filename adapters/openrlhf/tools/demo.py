@@ -224,16 +224,12 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
     from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
     from rlhfless_openrlhf.rollout_actor import rollout_args
 
-    from rlhfless_sdk import get_plugin_manager
+    from rlhfless_sdk import SchedulerConfig, get_plugin_manager
     from rlhfless_sdk.api.profiles import load_profile
 
     registry = get_plugin_manager().registry
-    configs = []
-    for name in settings.schedulers:  # names or YAML files; beside each preset, the same with the drafter
-        config = registry.resolve(name)
-        configs.append(config)
-        if settings.drafter and config.group != "baseline" and config.policy("drafter").name != settings.drafter:
-            configs.append(config.drafted(settings.drafter))
+    configs = [registry.resolve(name) for name in settings.schedulers]  # names or YAML files
+    configs = SchedulerConfig.with_drafter(configs, settings.drafter)  # beside each preset, the same drafting
     # The planner's cost model: a small model on one CPU core is dominated by per-step overhead.
     # (the engines are up before the first step: no start-up in any plan)
     if settings.profile is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,6 @@ class BenchSettings:
     check_greedy: int = 8  # prompts of the temperature-0 losslessness check (0: none)
     write: Path | None = None  # folder for one acceptance YAML per drafter
     command: str = "rlhfless drafter-bench"
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _metrics(llm: Any) -> dict[str, Any]:
