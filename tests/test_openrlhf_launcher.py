@@ -787,7 +787,7 @@ CI_LAUNCHES = [
     ("reinforce-baseline-async", "rlhfless-stream", "async"),
     ("grpo-async-eval-colocate-actor-ref", "rlhfless-onpolicy", "async"),
     ("grpo-tensor-parallel-2", "rlhfless-fast", "sync"),
-    ("ppo-critic-reward-colocate-all", "rlhfless", "async"),
+    ("reinforce-baseline-async", "rlhfless", "async"),
 ]
 
 

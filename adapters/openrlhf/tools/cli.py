@@ -196,7 +196,8 @@ def _step_bar(steps: int, label: str):
     bar = click.progressbar(length=steps, label=label, file=sys.stderr, show_pos=True)
 
     def progress(done: int, total: int, r: dict) -> None:
-        bar.label = f"epoch {r['epoch'] + 1} {r['scheduler']} took {r['generation_s']:.1f} s"
+        where = f"epoch {r['epoch'] + 1} " if "epoch" in r else ""
+        bar.label = f"{where}{r['scheduler']} took {r['generation_s']:.1f} s"
         bar.update(1)
 
     return bar, progress
@@ -244,9 +245,25 @@ def question_options(num_prompts: int, prompts_help: str) -> Callable[[Any], Any
 @click.option(
     "--lengths-from",
     "lengths_from",
+    default="long-reasoning",
+    show_default=True,
     help="Length replay: each sample stops at a length from this trace (file or folder; or 'long-reasoning', a "
     "synthetic long-tailed input), EOS ignored, scaled so its longest fits --max-new-tokens. The schedulers are not "
-    "told: only the engines' stopping points come from it.",
+    "told: only the engines' stopping points come from it. 'own': the model's own lengths.",
+)
+@click.option(
+    "--aa/--no-aa",
+    default=True,
+    show_default=True,
+    help="Run the first scheduler twice, the second as NAME-again: an A/A row, the machine's noise.",
+)
+@click.option(
+    "--async-batches",
+    default=4,
+    type=click.IntRange(0),
+    show_default=True,
+    help="Then OpenRLHF's async loop: its async mode, again (A/A), and the stream that --scheduler rlhfless runs "
+    "in an async launch, each for this many batches (0: none).",
 )
 @click.option(
     "--drafter",
@@ -265,7 +282,9 @@ def demo_cmd(
     schedulers: tuple[str, ...],
     out: Path,
     trace_file: Path | None,
-    lengths_from: str | None,
+    lengths_from: str,
+    aa: bool,
+    async_batches: int,
     drafter: str | None,
 ) -> None:
     """A real rollout comparison on this machine: OpenRLHF's engines on vLLM (CPU), SmolLM2-135M-Instruct,
@@ -284,8 +303,9 @@ def demo_cmd(
             load_questions(prompts_file, num_prompts)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--prompts'") from None
-    if lengths_from is not None:
-        _check_replay(lengths_from, max_new_tokens)
+    replay = None if lengths_from == "own" else lengths_from
+    if replay is not None:
+        _check_replay(replay, max_new_tokens)
     if drafter is not None:
         check_drafter(drafter)
     settings = DemoSettings(
@@ -298,11 +318,13 @@ def demo_cmd(
         schedulers=schedulers,
         out=out,
         trace=trace_file,
-        lengths_from=lengths_from,
+        lengths_from=replay,
+        aa=aa,
+        async_batches=async_batches,
         drafter=drafter,
     )
-    rows = len(schedulers) * (2 if drafter else 1)  # a preset's drafted twin (baselines run without)
-    bar, progress = _step_bar(epochs * rows, "rollout steps")
+    rows = len(schedulers) * (2 if drafter else 1) + aa  # a preset's drafted twin (baselines run without)
+    bar, progress = _step_bar(epochs * rows + (len(settings.async_rows) if async_batches else 0), "rollout steps")
     result = _run_under_bar(bar, functools.partial(run_demo, settings, progress=progress))
     click.echo(
         f"\n{result['model']}: {result['prompts']} prompts x {result['samples_per_prompt']} samples, "
@@ -340,9 +362,40 @@ def demo_cmd(
         "speedup: the first scheduler's generation seconds per trained group over each one's; steps 2+: the same "
         "over the steps after each one's first (a long run's pace: partial rollouts fill their pipeline in the first)"
     )
+    loop = result.get("async_loop")
+    if loop:
+        click.echo(
+            f"\nOpenRLHF's async loop: 1 engine, {loop['batches']} batches of {loop['batch_prompts']} prompts, "
+            f"stand-in learner at {loop['learn_ratio']}x the generation time"
+        )
+        click.echo(f"{'row':<{w}}{'groups':>7}{'time s':>8}{'s/group':>9}{'speedup':>9}{'age':>5}")
+        for r in loop["all_runs"]:
+            click.echo(
+                f"{r['row']:<{w}}{r['groups']:>7}{r['time_s']:>8.1f}{r['time_s'] / max(r['groups'], 1):>9.2f}"
+                f"{r['speedup']:>8.2f}x{r['max_token_age']:>5}"
+            )
+        click.echo("rlhfless-stream is what --scheduler rlhfless runs in an async launch")
+    click.echo("\n" + "\n".join(headline(result)))
     click.echo(f"\nreport: {out / 'report.json'}  plot: {out / 'demo.png'}")
     if trace_file is not None:
         click.echo(f"trace: {trace_file}  (replay it: rlhfless simulate --trace {trace_file} --scheduler ...)")
+
+
+def headline(result: dict[str, Any]) -> list[str]:
+    """Each part's fastest row against the first, beside what the first row's repeat (A/A) measured."""
+    out = []
+    parts = [("sync", [(t["scheduler"], t["speedup"]) for t in result["totals"]])]
+    if result.get("async_loop"):
+        parts.append(("async loop", [(r["row"], r["speedup"]) for r in result["async_loop"]["all_runs"]]))
+    for part, rows in parts:
+        aa = [x for name, x in rows if name.endswith("-again")]
+        rest = [(name, x) for name, x in rows[1:] if not name.endswith("-again")]
+        if not rest:
+            continue
+        name, x = max(rest, key=lambda r: r[1])
+        noise = f"; OpenRLHF against itself: {aa[0]:.2f}x (noise {abs(aa[0] - 1):.0%})" if aa else ""
+        out.append(f"{part}: {name} {x:.2f}x {rows[0][0]} per trained group{noise}")
+    return out
 
 
 @click.command("fidelity")

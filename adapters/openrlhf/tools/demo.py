@@ -151,7 +151,11 @@ class DemoSettings:
     cache: Path | None = None
     seed: int = 0
     trace: Path | None = None  # the first scheduler's samples, as a trace the simulator replays
-    lengths_from: str | None = None  # length replay: a trace (or 'long-reasoning') each sample stops at
+    lengths_from: str | None = "long-reasoning"  # length replay: a trace (or 'long-reasoning'); None: own lengths
+    aa: bool = True  # run the first scheduler twice (the second as NAME-again): the machine's noise, measured
+    async_rows: tuple[str, ...] = ("openrlhf", "openrlhf-again", "rlhfless-stream")  # OpenRLHF's async loop
+    async_batches: int = 4  # batches each async row trains (0: no async part)
+    learn_ratio: float = 0.5  # the async part's stand-in learner, as in ``pipeline-demo``
     profile: Path | None = None  # the planners' profile (default: a 3B-on-L40S profile, start-up free)
     drafter: str | None = None  # engines built with this drafter; each preset runs with it and without (NAME.DRAFTER)
 
@@ -172,7 +176,37 @@ def run_demo(settings: DemoSettings, say=print, progress=None) -> dict[str, Any]
     )
     prompts, labels = chat_prompts(tokenizer, questions)
     with local_ray(settings.engines, say) as ray:
-        return _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out)
+        result = _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out)
+    if settings.async_batches:
+        result["async_loop"] = _async_part(settings, say, progress, done=len(result["steps"]))
+        (out / "report.json").write_text(json.dumps(result, indent=2))
+        plot_demo(result, out / "demo.png")
+    return result
+
+
+def _async_part(settings: DemoSettings, say, progress, done: int) -> dict[str, Any]:
+    """OpenRLHF's async loop (``pipeline-demo``): its async mode, again (A/A), and the stream that
+    ``--scheduler rlhfless`` runs in an async launch, on one engine with both cores."""
+    from rlhfless_openrlhf.tools.pipeline_demo import PipelineSettings, run_pipeline_demo
+
+    loop = PipelineSettings(
+        lengths_from=settings.lengths_from or "long-reasoning",
+        rows=settings.async_rows,
+        batches=settings.async_batches,
+        batch_prompts=max(settings.num_prompts * 2 // 3, 2),
+        samples=settings.samples,
+        max_new_tokens=settings.max_new_tokens,
+        learn_ratio=settings.learn_ratio,
+        out=settings.out / "async-loop",
+        cache=settings.cache,
+    )
+    say("OpenRLHF's async loop: its async mode against the stream ...")
+
+    def step(k: int, total: int, r: dict) -> None:
+        if progress is not None:
+            progress(done + k, done + total, {"scheduler": f"async {r['row']}", "generation_s": r["time_s"]})
+
+    return run_pipeline_demo(loop, say, step)
 
 
 def _drafted(ray: Any, engines: list) -> tuple[int, int]:
@@ -232,6 +266,8 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
     configs = SchedulerConfig.with_drafter(configs, settings.drafter)  # beside each preset, the same drafting
     # The planner's cost model: a small model on one CPU core is dominated by per-step overhead.
     # (the engines are up before the first step: no start-up in any plan)
+    if settings.aa:  # OpenRLHF against itself: what the machine's noise alone makes of two equal rows
+        configs.insert(1, configs[0].derive(name=f"{configs[0].name}-again", description="the first row, again"))
     if settings.profile is not None:
         profile = load_profile(str(settings.profile)).model_copy(update={"cold_start_s": 0.0})
     else:
@@ -366,6 +402,7 @@ def _totals(steps: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any
                 "migrations": sum(s["migrations"] for s in mine),
                 "prefill_tokens_saved": sum(s["prefill_tokens_saved"] for s in mine),
                 "prediction_mae_last": mine[-1]["prediction_mae"] if mine else None,
+                "max_token_age": max((s["max_token_age_steps"] for s in mine), default=0),
             }
         )
     base = rows[0]
@@ -374,6 +411,16 @@ def _totals(steps: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any
         r["speedup"] = base["generation_s_per_group"] / per if per else 0.0
         later = r["generation_s_per_group_after_first"]
         r["speedup_after_first"] = base["generation_s_per_group_after_first"] / later if later else 0.0
+        ratios = [  # each epoch's own ratio: the spread a reader weighs the pooled one against
+            _per_group([b]) / _per_group([m])
+            for b, m in zip(
+                [s for s in steps if s["scheduler"] == base["scheduler"]],
+                [s for s in steps if s["scheduler"] == r["scheduler"]],
+                strict=True,
+            )
+            if _per_group([m])
+        ]
+        r["speedup_range"] = [min(ratios), max(ratios)] if ratios else None
         b_eng = base["engine_seconds_per_group"]
         r["engine_seconds_change"] = r["engine_seconds_per_group"] / b_eng - 1 if b_eng else 0.0
     return rows
@@ -390,7 +437,7 @@ def plot_demo(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.4))
     for name in dict.fromkeys(s["scheduler"] for s in result["steps"]):
         mine = [s for s in result["steps"] if s["scheduler"] == name]
         epochs = [s["epoch"] + 1 for s in mine]
@@ -402,6 +449,7 @@ def plot_demo(result: dict[str, Any], path: Path) -> None:
         ax.set_xticks(range(1, result["epochs"] + 1))
         ax.grid(alpha=0.3)
         ax.legend()
+    _plot_speedups(ax3, result)
     title = (
         f"{result['model']}: {result['prompts']} prompts x {result['samples_per_prompt']} samples, "
         f"{result['engines']} engines"
@@ -414,3 +462,19 @@ def plot_demo(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_speedups(ax: Any, result: dict[str, Any]) -> None:
+    """Each row's speed per trained group against the first row of its part, the per-epoch range as a bar."""
+    rows = [(f"sync {t['scheduler']}", t["speedup"], t.get("speedup_range")) for t in result["totals"]]
+    rows += [(f"async {t['row']}", t["speedup"], None) for t in (result.get("async_loop") or {}).get("all_runs", [])]
+    ys = range(len(rows))
+    ax.barh(ys, [x for _, x, _ in rows], color=["tab:gray" if "again" in n else "tab:blue" for n, _, _ in rows])
+    for y, (_, x, spread) in zip(ys, rows, strict=True):
+        if spread:
+            ax.plot(spread, [y, y], "k-", lw=2)
+        ax.text(max(x, *(spread or [x])), y, f" {x:.2f}x", va="center")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_yticks(list(ys), [n for n, _, _ in rows])
+    ax.invert_yaxis()
+    ax.set(xlabel="speed per trained group vs OpenRLHF (grey: OpenRLHF again)", title="who is faster, and the noise")

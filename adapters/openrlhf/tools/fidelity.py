@@ -158,6 +158,8 @@ def run_fidelity(settings: FidelitySettings, say=print, progress=None) -> dict[s
             lengths_from=settings.lengths_from,
             profile=Path(profile),
             seed=k,
+            aa=False,  # the simulator is checked on the schedulers asked for, in the demo's sync steps alone
+            async_batches=0,
             **settings.demo_kw,
         )
         result = run_demo(demo, say=say, progress=progress)

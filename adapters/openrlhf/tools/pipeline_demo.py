@@ -35,6 +35,7 @@ from typing import Any
 #: row -> (scheduler, --train.partial_rollout_enable, --train.async_queue_size)
 ROWS: dict[str, tuple[str, bool, int]] = {
     "openrlhf": ("openrlhf", False, 1),
+    "openrlhf-again": ("openrlhf", False, 1),  # the first row again: an A/A row, the machine's noise
     "openrlhf-q2": ("openrlhf", False, 2),
     "openrlhf-partial": ("openrlhf", True, 1),
     "rlhfless-fast": ("rlhfless-fast", False, 1),

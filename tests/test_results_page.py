@@ -1,0 +1,78 @@
+"""docs/results.md is made by ``examples/results.py``: every table sits under the command the script runs for it,
+and each command runs (a short variant of it; the real-engine ones are slow)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("rlhfless_results_script", ROOT / "examples" / "results.py")
+results = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(results)
+
+
+def test_every_table_of_the_page_sits_under_the_command_that_makes_it():
+    page = results.PAGE.read_text()
+    sections = results.sections(page)
+    assert list(sections) == [t.id for t in results.TABLES], "the page's tables are the script's, in its order"
+    for t in results.TABLES:
+        body = sections[t.id]
+        assert f"```bash\n{t.command}\n```" in body, f"{t.id}: the page shows another command than the script runs"
+        assert re.search(r"Measured \d{4}-\d\d-\d\d at commit `[0-9a-f]{7,}`\.", body), f"{t.id}: not measured"
+        assert len([line for line in body.splitlines() if line.startswith("| ")]) >= 2, f"{t.id}: no rows"
+    assert page.count("| ") == sum(s.count("| ") for s in sections.values()), "a table outside the script's"
+
+
+def test_a_rebuilt_table_replaces_its_own_section_and_keeps_the_others(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "PAGE", tmp_path / "results.md")
+    plan = results.BY_ID["plan"]
+    report = {"prompts": 8, "samples_per_prompt": 2, "candidates": 3, "chosen_actors": 2, "median_ms": 1.5, "min_ms": 1}
+    results.write_page({"plan": results.section(plan, report, "2026-01-01", "abcdef1")})
+    results.write_page({"lr-8k": "<!-- table lr-8k -->\nnew\n<!-- end lr-8k -->"})
+    sections = results.sections(results.PAGE.read_text())
+    assert "| 8 x 2 | 3 | 2 | 1.5 | 1.0 |" in sections["plan"] and "new" in sections["lr-8k"]
+    assert "Not measured yet" in sections["gpqa"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("table", results.TABLES, ids=lambda t: t.id)
+def test_each_command_of_the_page_runs_in_its_short_variant(table, tmp_path):
+    extra = ("--trace", str(tmp_path / "trace.jsonl")) if table.kind == "demo" else ()
+    report = results.run(table, quick=True, echo=False, extra=extra)
+    rows = results.RENDER[table.kind](report)
+    assert len(rows) >= 2
+    if table.kind == "demo":
+        check_demo(report, tmp_path / "trace.jsonl")
+    if table.kind == "simulate":  # every scheduler of the command has its row, and the async form of rlhfless
+        asked = re.findall(r"--scheduler (\S+)", table.command)
+        assert [r[0].strip("`") for r in rows[1:]] == [
+            n for a in asked for n in ([a, f"{a}.async"] if a == "rlhfless" else [a])
+        ]
+
+
+def check_demo(report, trace):
+    """The main demo: replayed long-tailed lengths, an A/A row in each part, every group trained once, the order
+    rotated per epoch, token ages within each row's bound, and the first row's samples as a replayable trace."""
+    names = ["openrlhf", "openrlhf-again", "rlhfless", "rlhfless-fast"]
+    epochs, prompts = report["epochs"], report["prompts"]
+    assert report["replay"]["lengths_from"].startswith("long-reasoning") and report["replay_off_length"] == 0
+    assert [s["scheduler"] for s in report["steps"][: len(names)]] == names
+    assert [s["scheduler"] for s in report["steps"][len(names) : 2 * len(names)]] == names[1:] + names[:1]
+    totals = {t["scheduler"]: t for t in report["totals"]}
+    assert list(totals) == names and all(t["groups"] == epochs * prompts for t in totals.values())
+    assert totals["openrlhf"]["max_token_age"] == totals["openrlhf-again"]["max_token_age"] == 0
+    assert totals["rlhfless"]["max_token_age"] == 0 and totals["rlhfless-fast"]["max_token_age"] <= 1
+    assert all(t["speedup_range"][0] <= t["speedup_range"][1] for t in totals.values())
+    rows = {r["row"]: r for r in report["async_loop"]["all_runs"]}
+    assert list(rows) == ["openrlhf", "openrlhf-again", "rlhfless-stream"]
+    loop = report["async_loop"]
+    assert all(r["groups"] == loop["batches"] * loop["batch_prompts"] for r in rows.values())
+    assert rows["openrlhf"]["max_token_age"] == 1 and 1 <= rows["rlhfless-stream"]["max_token_age"] <= 2
+    from rlhfless_sdk.workloads.traces import load_trace
+
+    workload = load_trace(trace)
+    assert [int(s.batch.n_samples.sum()) for s in workload.steps] == [prompts * report["samples_per_prompt"]] * epochs
