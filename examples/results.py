@@ -203,7 +203,9 @@ def _f(x: float | None, digits: int = 0) -> str:
 
 
 def _rows_simulate(r: dict[str, Any]) -> list[list[str]]:
-    rows = [["scheduler", "GPUs (rollout)", "time s", "vs first", "steady step s", "GPU-s", "work bound", "token age"]]
+    rows = [
+        ["scheduler", "GPUs (rollout)", "time s", "vs first", "steady step s", "busy GPU-s", "work bound", "token age"]
+    ]
     for s in r["schedulers"]:
         split = s.get("rollout_gpus")
         rows.append(
