@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("rlhfless_results_script", ROOT / "examples" / "results.py")
 results = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = results  # its dataclasses look their module up
 _spec.loader.exec_module(results)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rlhfless_openrlhf.tools.pipeline_demo import ROWS as PIPELINE_ROWS
 
 from rlhfless_sdk import get_plugin_manager, hookimpl
 from rlhfless_sdk.api.options import FiniteFloat, distinct, writable_file, writable_folder
@@ -520,11 +521,11 @@ def fidelity_cmd(
     "--row",
     "rows",
     multiple=True,
-    type=click.Choice(["openrlhf", "openrlhf-q2", "openrlhf-partial", "rlhfless-fast", "rlhfless-stream"]),
+    type=click.Choice(list(PIPELINE_ROWS)),
     default=("openrlhf", "openrlhf-q2", "openrlhf-partial", "rlhfless-fast", "rlhfless-stream"),
     show_default=True,
-    help="Repeat. openrlhf: OpenRLHF's async mode; openrlhf-q2: with --train.async_queue_size 2; openrlhf-partial: "
-    "with --train.partial_rollout_enable. The first is the baseline of the speedups.",
+    help="Repeat. openrlhf: OpenRLHF's async mode (openrlhf-again: the same, an A/A row); openrlhf-q2: with "
+    "--train.async_queue_size 2; openrlhf-partial: with --train.partial_rollout_enable. The first is the baseline.",
 )
 @click.option("--batches", default=4, type=POSITIVE, show_default=True, help="Training batches each row runs.")
 @click.option("--batch-prompts", default=8, type=POSITIVE, show_default=True, help="Prompts a batch (B).")
