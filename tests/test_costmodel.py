@@ -190,7 +190,7 @@ def test_sharding_is_refused_with_what_is_missing():
 
 
 def test_the_tensor_parallel_tail_example_prints_every_engine_shape():
-    """``examples/tensor_parallel_tail.py`` (the measurement behind docs/results.md's sharding section) runs: a row
+    """``examples/tensor_parallel_tail.py`` (sharding the tail, measured) runs: a row
     per engine shape, the one-GPU fleet first at 1.000x, every sample finished with all its tokens (the script
     checks that before it prints a time)."""
     import subprocess

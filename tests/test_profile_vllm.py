@@ -36,7 +36,7 @@ def test_profile_measures_and_predicts_a_held_out_batch(tmp_path):
         f"{v['overlapped_simulated_s']:.3f} s overlapped"
     )
     # How close the prediction is depends on how busy this shared machine is while it times the engine (a
-    # run under load was 34% off, idle runs 2-20%; docs/results.md quotes them): no timing threshold here,
+    # run under load was 34% off, idle runs 2-20%): no timing threshold here,
     # only that both fits predicted the batch, to the right order of magnitude.
     for key in ("relative_error", "overlapped_relative_error"):
         assert 0.0 <= v[key] < 2.0, v

@@ -497,7 +497,7 @@ class EngineCostModel:
     """A per-sample cost model: every decode actor's engine run on the clock (``EngineModel``) with lengths made
     from the predictions and a ``LengthSpread`` (each sample's prediction times a lognormal factor with the
     learned spread, a learned share of runaway samples at the cap). Resampling the previous step's own
-    residuals instead was tried: less accurate on the long-reasoning workloads of docs/results.md.
+    residuals instead was tried: less accurate on the long-reasoning workloads.
 
     So a group's longest sample, the quadratic KV reads, KV pressure, preemption and admission waves are all
     counted, at the price of an event simulation per candidate (milliseconds for a few thousand samples).

@@ -146,7 +146,7 @@ class BalancedSplit:
     batch about to train more than ``min_gain`` of the last batch's training, one more engine is lent for that batch
     (the next re-plan takes it back unless the learner waited again): the split alternates, a fractional balance.
     Only where a batch trains for more than four moves' ``switch_s``, so that the lent engine's start-up and the
-    GPU's return to the learner are a small share of it (``lend``; measured in docs/results.md).
+    GPU's return to the learner are a small share of it (``lend``).
 
     The run starts with every GPU but one engine's generating (the learner has nothing to train before the first
     batch is complete: the pipeline's fill) unless the fill cannot pay (``first``), so the first re-plan is the first

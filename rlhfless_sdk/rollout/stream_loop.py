@@ -38,8 +38,7 @@ class KvSlots:
 
     ``fill`` 0.9: one engine of the L40S profile fed without pause (the engine model) on the long-reasoning lengths
     is 1.12x as fast at 0.9 as at vLLM's 256, and 1.08x at 5x those lengths; of 0.85, 0.9 and 0.95, 0.9 is the
-    fastest at 5x and within 1% of the fastest at 1x (``examples/kv_slots_engine.py``; docs/results.md, "Holding
-    each engine to what its KV cache holds")."""
+    fastest at 5x and within 1% of the fastest at 1x (``python examples/kv_slots_engine.py``)."""
 
     profile: TimePerTokenProfile
     fill: float = 0.9
