@@ -432,12 +432,13 @@ def main(argv: list[str] | None = None) -> int:
     new = {}
     for k, t in enumerate(chosen, start=1):
         print(f"[{k}/{len(chosen)}] {t.id}", file=sys.stderr, flush=True)
+        commit = _commit()  # the code the command runs, before it writes anything (drafter-bench writes configs)
         report = run(t, quick=args.check)
         rows = RENDER[t.kind](report)
         if args.check:
             print(markdown(rows))
             continue
-        new[t.id] = section(t, report, datetime.date.today().isoformat(), _commit())
+        new[t.id] = section(t, report, datetime.date.today().isoformat(), commit)
         write_page(new)  # after each table: an interrupted rebuild keeps what it measured
     return 0
 
