@@ -379,13 +379,16 @@ HEADER = """# Results
 Each table is made by the command above it, run from the repository root.
 `python examples/results.py` reruns every command and rewrites this page; `--only ID` reruns one table.
 Simulated tables use the Qwen2.5-7B profile on 16 L40S GPUs, engines on dedicated memory.
+The profile is derived from public figures; its arithmetic is in `configs/profiles/qwen2.5-7b-l40s.yaml`.
 In them, "vs OpenRLHF sync" is `openrlhf`'s time over the row's.
 "vs OpenRLHF async" is the same against the faster of `openrlhf-async` and `openrlhf-async-partial`.
 "Work bound" is the share of the time that no schedule can beat.
 "Token age" is the oldest trained token, in weight updates.
-Async rows run at their best rollout/learner split (the number of rollout GPUs in brackets).
-`rlhfless.async` is what `--scheduler rlhfless` runs in an async launch, at the split the launcher picks.
+OpenRLHF's async rows run at their best rollout/learner split in hindsight (the rollout GPUs in brackets).
+`rlhfless.async` is what `--scheduler rlhfless` runs in an async launch (`rlhfless-stream`).
+It runs at the split the launcher picks.
 The GPQA trace is read from the project's shared data folder, `../shared/data`, beside the checkout.
+Each table names the commit it was measured at; rerun its command to measure your checkout.
 """
 
 
