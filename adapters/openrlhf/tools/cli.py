@@ -289,7 +289,9 @@ def demo_cmd(
     drafter: str | None,
 ) -> None:
     """A real rollout comparison on this machine: OpenRLHF's engines on vLLM (CPU), SmolLM2-135M-Instruct,
-    each scheduler for several epochs over the same GSM8K-style prompts."""
+    every sample stopped at a long-tailed length. Each scheduler runs several epochs over the same GSM8K-style
+    prompts, OpenRLHF's own twice (the A/A row: the noise); then OpenRLHF's async loop runs its async mode against
+    the stream that --scheduler rlhfless runs in an async launch."""
 
     try:
         from rlhfless_openrlhf.tools.demo import DemoSettings, load_questions, run_demo

