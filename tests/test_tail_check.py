@@ -86,3 +86,42 @@ def test_rlhfless_trains_every_prompt_once_whichever_rounds_it_picks():
     result = sim.run(registry.scheduler("rlhfless"), workload)
     assert sum(r.groups_trained for r in result.reports) == sum(len(ws.batch) for ws in workload.steps)
     assert max(r.max_token_age_steps for r in result.reports) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 16), st.integers(0, 80), st.integers(0, 20), st.floats(0.0, 1.5))
+def test_tail_batching_begins_only_where_its_whole_cycle_fits_in_the_stream(b, stream, deferred, over):
+    """``cycle_candidates``: the next short round's prompts exactly when the stream still holds the fresh prompts of
+    every short round until a long round is due; it starts nothing and loses no prompt either way."""
+    rounds = TailRounds(b, range(stream), deferred=range(1000, 1000 + deferred))
+    got = rounds.cycle_candidates(over)
+    start = max(int(np.ceil((1.0 + over) * b)), b)
+    per_round = start - b
+    fits = per_round > 0 and deferred < b and stream >= -(-(b - deferred) // per_round) * start
+    assert (got is not None) == fits
+    if got is not None:
+        assert got == list(range(start))
+    assert rounds.waiting() == [*range(1000, 1000 + deferred), *range(len(rounds.fresh))]  # drawn, not started
+    drawn = list(rounds.fresh)
+    rest = []
+    while not rounds.done():  # every prompt still trains exactly once, whatever was drawn ahead
+        r = rounds.next(0.0)
+        rounds.settle(r.prompts[: r.train])
+        rest += r.prompts[: r.train]
+    assert sorted(rest) == sorted([*range(stream), *range(1000, 1000 + deferred)])
+    assert drawn == list(range(len(drawn)))
+
+
+def test_a_run_too_short_for_a_cycle_is_openrlhfs_step_on_every_round():
+    """Three rounds of B prompts leave no room for a short round, another and the long round its deferred groups
+    need: `rlhfless` runs OpenRLHF's plain step on each, and takes exactly its time (its check never begins a
+    cycle whose deferred groups would drain unamortized at the run's end, as they did on one real CPU engine)."""
+    registry = get_plugin_manager().registry
+    shape = SyntheticWorkload(12, 4, median_length=120, max_length=256, runaway=0.05, seed=1)
+    workload = synthetic_workload(shape, 3)
+    sim = Simulator(PROFILE, Cluster.of_gpus(1, 1), registry=registry)
+    ours = sim.run(registry.scheduler("rlhfless"), workload)
+    theirs = sim.run(registry.scheduler("openrlhf"), workload)
+    assert [r.deferred_prompts for r in ours.reports] == [0, 0, 0]
+    assert [r.groups_trained for r in ours.reports] == [12, 12, 12]
+    assert sum(r.generation_s for r in ours.reports) == pytest.approx(sum(r.generation_s for r in theirs.reports))

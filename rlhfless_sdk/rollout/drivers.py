@@ -157,11 +157,16 @@ class TailRound:
         over = planner.over_provision(step, self.fallbacks)
         self.check: TailEstimate | None = None
         margin = planner.tail_margin(step, self.fallbacks) if over > 0 and io is not None else None
-        candidates = rounds.short_candidates(over) if margin is not None else None
-        if candidates is not None and io is not None and margin is not None:
-            # tail batching only where its predicted cost per trained group beats a plain step's by the margin
-            self.check = planner.tail_check(io.batch(candidates), rounds.batch_size, self.fallbacks)
-            over = over if self.check.pays(margin) else 0.0
+        if margin is not None and io is not None:
+            # tail batching only where a whole cycle of it fits in what the stream has left and its predicted
+            # cost per trained group beats a plain step's by the margin; else the round is a plain step (a long
+            # round, when one is due, runs whatever over_provision says)
+            candidates = rounds.cycle_candidates(over)
+            if candidates is not None:
+                self.check = planner.tail_check(io.batch(candidates), rounds.batch_size, self.fallbacks)
+                over = over if self.check.pays(margin) else 0.0
+            else:
+                over = 0.0
         self.round: Round = rounds.next(over)
         self.completed: dict[int, int] = {}  # group -> completion rank (groups seen complete at one poll tie)
 

@@ -76,6 +76,22 @@ class TailRounds:
             return None
         return list(self.fresh)[:start]
 
+    def cycle_candidates(self, over_provision: float) -> list[Hashable] | None:
+        """``short_candidates``, where the stream still holds the fresh prompts for every short round until the
+        deferred ones fill a long round, else None. Tail batching pays in that cycle (its short rounds pay for the
+        long one); begun later, the groups it defers drain in the stream's last rounds, their aborted tokens lost
+        and nothing left to amortize them over. So near a run's end (or in a run of a few rounds) it is not begun."""
+        b = self.batch_size
+        start = max(math.ceil((1.0 + over_provision) * b), b)
+        per_round = start - b
+        if per_round <= 0 or len(self.deferred) >= b:
+            return None
+        rounds = math.ceil((b - len(self.deferred)) / per_round)
+        self._draw(rounds * start)
+        if len(self.fresh) < rounds * start:
+            return None
+        return self.short_candidates(over_provision)
+
     def next(self, over_provision: float) -> Round:
         """The next round's prompts; ``over_provision`` >= 0 (0: every started group trains)."""
         if self.done():
