@@ -146,9 +146,10 @@ def test_two_rollout_steps_keep_groups(stack, scheduler):
     kwargs = {"max_new_tokens": 48, "temperature": 1.0, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
     for step in range(2):  # OpenRLHF's own entry point, twice
         experiences, _, consumed, _exhausted = gen.generate_samples(**kwargs)
-        # rlhfless reads 1.5 B prompts ahead to check whether tail batching pays; the 2 it does not start yet stay
-        # drawn (and checkpointed) for the next round, which draws the 2 the dataloader has left
-        assert consumed == ((6, 2)[step] if scheduler == "rlhfless" else 4)
+        # rlhfless reads ahead the prompts a whole cycle of tail batching needs (2 short rounds of 1.5 B); the 8
+        # prompts hold none, so it runs OpenRLHF's step on B of them, and the 4 it drew and did not start stay
+        # drawn (and checkpointed) for the next round, which draws nothing more
+        assert consumed == ((8, 0)[step] if scheduler == "rlhfless" else 4)
         assert_groups(experiences, PROMPTS[step * 4 : (step + 1) * 4], N_SAMPLES, 48)
         report = gen.last_report
         assert report.samples == 16 and report.step == step and report.fallbacks == []
