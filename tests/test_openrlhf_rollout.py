@@ -187,6 +187,25 @@ def test_engine_calls_carry_the_tokenizer_by_reference_put_once(stack):
     assert gen.backend_settings.tokenizer is not shared
 
 
+def test_rlhfless_reads_a_whole_tail_cycle_ahead_and_trains_every_prompt_once(stack):
+    """B = 2 on 8 prompts: the first round draws the 6 prompts a whole cycle of tail batching needs (2 short rounds
+    of 3) and runs the check on them; whatever the check picks, round by round, every prompt's group trains exactly
+    once, its samples together, and the dataloader's 8 prompts are each drawn once."""
+    gen = make_generator(stack, "rlhfless", num_prompts=8, args={"batch_size": 2})
+    kwargs = {"max_new_tokens": 24, "temperature": 1.0, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
+    drawn, trained = [], []
+    for _ in range(8):
+        experiences, _, consumed, exhausted = gen.generate_samples(**kwargs)
+        drawn.append(consumed)
+        groups = [experiences[g * N_SAMPLES].prompts[0] for g in range(len(experiences) // N_SAMPLES)]
+        assert_groups(experiences, groups, N_SAMPLES, 24)
+        trained += groups
+        if exhausted:
+            break
+    assert drawn[0] == 6 and sum(drawn) == 8
+    assert sorted(trained) == sorted(PROMPTS)
+
+
 def test_generator_inside_a_ray_actor_logs_rlhfless_metrics(stack):
     """The generator works inside its own Ray worker (as inside OpenRLHF's PPOTrainer actor), and its metrics
     merge into OpenRLHF's logs dict the way the trainer subclass merges them before logging."""
