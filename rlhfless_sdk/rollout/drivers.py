@@ -160,7 +160,7 @@ class TailRound:
         if margin is not None and io is not None:
             # tail batching only where a whole cycle of it fits in what the stream has left and its predicted
             # cost per trained group beats a plain step's by the margin; else the round is a plain step (a long
-            # round, when one is due, runs whatever over_provision says)
+            # round, when one is due, ignores over_provision)
             candidates = rounds.cycle_candidates(over)
             if candidates is not None:
                 self.check = planner.tail_check(io.batch(candidates), rounds.batch_size, self.fallbacks)

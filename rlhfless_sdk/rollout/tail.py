@@ -64,13 +64,17 @@ class TailRounds:
         self._draw(1)
         return not self.fresh and not self.deferred
 
+    def start(self, over_provision: float) -> int:
+        """Groups a short round starts: (1 + ``over_provision``) x B, rounded up, and at least B."""
+        return max(math.ceil((1.0 + over_provision) * self.batch_size), self.batch_size)
+
     def short_candidates(self, over_provision: float) -> list[Hashable] | None:
         """The fresh prompts the next round would start if it is a short round with all it asks for, else None
         (a long round is due, or the stream runs dry)."""
         b = self.batch_size
         if len(self.deferred) >= b:
             return None
-        start = max(math.ceil((1.0 + over_provision) * b), b)
+        start = self.start(over_provision)
         self._draw(start)
         if len(self.fresh) < start:
             return None
@@ -82,7 +86,7 @@ class TailRounds:
         long one); begun later, the groups it defers drain in the stream's last rounds, their aborted tokens lost
         and nothing left to amortize them over. So near a run's end (or in a run of a few rounds) it is not begun."""
         b = self.batch_size
-        start = max(math.ceil((1.0 + over_provision) * b), b)
+        start = self.start(over_provision)
         per_round = start - b
         if per_round <= 0 or len(self.deferred) >= b:
             return None
@@ -97,7 +101,7 @@ class TailRounds:
         if self.done():
             raise TailError("no prompt left to start")
         b = self.batch_size
-        start = max(math.ceil((1.0 + over_provision) * b), b)
+        start = self.start(over_provision)
         if len(self.deferred) >= b:  # a long round: B deferred prompts, all of which train
             prompts = [self.deferred.popleft() for _ in range(b)]
             self._round = Round(prompts, True, b)
