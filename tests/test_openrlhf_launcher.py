@@ -786,9 +786,9 @@ LAUNCHED = [
 #: minutes here.
 CI_LAUNCHES = [
     ("ppo-critic-reward-colocate-all", "rlhfless-onpolicy", "sync"),
-    ("grpo-async-eval-colocate-actor-ref", "rlhfless-onpolicy", "async"),
+    ("grpo-async-eval-colocate-actor-ref", "rlhfless", "async"),  # the stream, with a fill engine
     ("grpo-tensor-parallel-2", "rlhfless-fast", "sync"),
-    ("reinforce-baseline-async", "rlhfless", "async"),
+    ("reinforce-baseline-async", "rlhfless-onpolicy", "async"),
 ]
 
 
@@ -812,7 +812,8 @@ def test_the_launches_openrlhfs_readme_shows_run_with_each_preset_until_cuda(tmp
     ``--train.colocate_all``; REINFORCE++-baseline async; GRPO async with evaluation and
     ``--train.colocate_actor_ref``; GRPO with tensor-parallel engines), each with an RLHFless preset, run through
     the launcher on a CPU: no error before CUDA, every class the launcher swaps in built through Ray. (A
-    tensor-parallel engine cannot start on vLLM's CPU build: its Ray executor is GPU-only.)"""
+    tensor-parallel engine cannot start on vLLM's CPU build: its Ray executor is GPU-only.) The stream builds its
+    fill engine in the learner's placement group where ``--train.colocate_actor_ref`` makes one."""
     import os
     import subprocess
     import sys
@@ -831,6 +832,10 @@ def test_the_launches_openrlhfs_readme_shows_run_with_each_preset_until_cuda(tmp
         "--train.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
         "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "out"),
     ]  # fmt: skip
+    launched = "rlhfless-stream" if (scheduler, mode) == ("rlhfless", "async") else scheduler  # its async form
+    fills = launched == "rlhfless-stream" and "--train.colocate_actor_ref" in extra
+    if fills:  # a model whose learner state leaves a fill engine room on the learner's one GPU
+        common += ["--scheduler.profile", "qwen2.5-3b-h100"]
     run = subprocess.run(
         [sys.executable, str(LAUNCH), *common, *extra],
         capture_output=True,
@@ -852,8 +857,11 @@ def test_the_launches_openrlhfs_readme_shows_run_with_each_preset_until_cuda(tmp
         assert all("(RlhflessRolloutActorImpl pid=" in line for line in failed), failed
     else:
         assert not failed, out[-3000:]
-    launched = "rlhfless-stream" if (scheduler, mode) == ("rlhfless", "async") else scheduler  # its async form
     assert f"'scheduler': {{'name': '{launched}'" in out
+    if fills:  # built through Ray in the learner's placement group, beside its models, before they load
+        assert "1 fill engines on the learner's GPUs" in out and "1 fill engine(s) built in the learner's" in out
+    elif launched == "rlhfless-stream":
+        assert "no fill engines (" in out
     if launched != scheduler:
         assert f"rlhfless: scheduler {scheduler!r} in an async launch (--train.async_enable) runs {launched!r}" in out
     if "tensor-parallel" in shape:
@@ -970,3 +978,35 @@ def test_a_drafter_on_tensor_parallel_engines_is_refused_before_any_engine_start
     monkeypatch.setattr(factory, "learner_gpus", lambda args: 0)
     with pytest.raises(RlhflessError, match=r"drafter 'history' with --vllm\.tensor_parallel_size 2"):
         factory.create_vllm_engines_with_rlhfless(1, 2, "model")
+
+
+def test_an_async_stream_builds_fill_engines_only_where_the_learners_group_and_memory_allow(monkeypatch, caplog):
+    """``rlhfless-stream`` (``fill_engines``) in an async launch: one fill engine per learner GPU, with vLLM's memory
+    share what the profile's learner state leaves (``beside_fraction``), only where OpenRLHF builds the learner's
+    models in a placement group of their own (``--train.colocate_actor_ref``); otherwise none, one line naming why."""
+    import logging
+
+    from rlhfless_sdk.api.profiles import load_profile
+
+    learner = load_profile("qwen2.5-7b-l40s").learner
+    _hooked(monkeypatch, "rlhfless-stream", ["--actor.model_name_or_path", "m"])
+    base = {"train.async_enable": True, "vllm.num_engines": 8, "vllm.tensor_parallel_size": 1}
+    cases = [
+        ({}, None, "pass --train.colocate_actor_ref"),
+        (
+            {"train.colocate_actor_ref": True},
+            {"engines": 8, "memory": round(learner.beside_fraction("grpo", 8), 3)},
+            "",
+        ),
+        ({"train.colocate_actor_ref": True, "actor.num_gpus_per_node": 2}, None, "leaves 0% of a GPU's memory"),
+        # last: the hook keeps the profile it sharded for the planner
+        ({"train.colocate_actor_ref": True, "vllm.tensor_parallel_size": 2}, None, "one-GPU engines"),
+    ]
+    for flags, fill, why in cases:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+            args = _hierarchized(**{**base, **flags})
+        said = [r.getMessage() for r in caplog.records if "fill engines" in r.getMessage()]
+        assert args.rlhfless["fill"] == fill and len(said) == 1, said
+        assert why in said[0] if fill is None else "8 fill engines on the learner's GPUs" in said[0]
+    assert 0.45 < learner.beside_fraction("grpo", 8) < 0.55

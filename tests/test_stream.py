@@ -55,11 +55,12 @@ class CheckedStream(SimulatedStream):
 
 def stream_run(
     sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, profile, schedule=None, kv_fill=None, restart=None,
-    floor=1,
+    floor=1, fill=False,
 ):  # fmt: skip
     """``run_stream`` on simulated engines (an elastic split pinned to ``schedule`` where given; each engine held to
     ``KvSlots`` at ``kv_fill`` where given, read every 2 finished samples; with ``restart``, an elastic learner of
-    at least ``floor`` GPUs whose every resize is a restart of ``restart`` s); returns (book, engines, stats, split
+    at least ``floor`` GPUs whose every resize is a restart of ``restart`` s; with ``fill``, a fixed split's learner
+    GPUs run fill engines of a third of the KV cache until the first batch); returns (book, engines, stats, split
     policy)."""
     n = sum(sizes)
     gid = [g for g, k in enumerate(sizes) for _ in range(k)]
@@ -77,6 +78,9 @@ def stream_run(
     r = split.first() if split else rollout
     policy = PinnedSplit(split, schedule) if split and schedule is not None else split
     engines = CheckedStream(profile, samples, r)
+    fills = gpus - r if fill and not elastic else 0
+    if fills:
+        engines.lend(fills, profile.model_copy(update={"kv_capacity_tokens": profile.kv_capacity_tokens // 3}))
     book = GroupBook(sizes, batch_groups, max_age)
     stats = run_stream(
         engines,
@@ -89,6 +93,8 @@ def stream_run(
         check_s=0.5,
         slots=slots,
         min_learners=floor,
+        fill_engines=fills,
+        fill_switch_s=3.0 if fills else 0.0,
     )
     return book, engines, stats, split
 
@@ -104,21 +110,26 @@ def stream_run(
     elastic=st.booleans(),
     slots=st.integers(2, 16),
     kv_fill=st.none() | st.floats(0.05, 1.0),
+    fill=st.booleans(),
 )
 def test_every_group_trains_once_in_batches_of_b_and_no_token_is_older_than_the_bound(
-    data, groups, n, batch_groups, max_age, gpus, elastic, slots, kv_fill
+    data, groups, n, batch_groups, max_age, gpus, elastic, slots, kv_fill, fill
 ):
     """Also with engines held to their ``KvSlots`` (``kv_fill``): the feed never gives an engine more samples than
-    the slots in force (``CheckedStream``)."""
+    the slots in force (``CheckedStream``); and with fill engines on a fixed split's learner GPUs (``fill``)."""
     lengths = data.draw(st.lists(st.integers(0, 400), min_size=groups * n, max_size=groups * n))
     rollout = data.draw(st.integers(1, gpus - 1))
-    check_stream([n] * groups, lengths, batch_groups, max_age, gpus, rollout, elastic, slots, kv_fill=kv_fill)
+    check_stream(
+        [n] * groups, lengths, batch_groups, max_age, gpus, rollout, elastic, slots, kv_fill=kv_fill, fill=fill
+    )
 
 
-def check_stream(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, slots, schedule=None, kv_fill=None):
+def check_stream(
+    sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, slots, schedule=None, kv_fill=None, fill=False
+):
     profile = small_profile(slots, kv=slots * 300)
     book, engines, stats, _ = stream_run(
-        sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, profile, schedule, kv_fill
+        sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, profile, schedule, kv_fill, fill=fill
     )
     trained = [g for batch in stats.batches for g in batch]
     assert sorted(trained) == list(range(len(sizes)))  # every group exactly once
@@ -141,6 +152,15 @@ def check_stream(sizes, lengths, batch_groups, max_age, gpus, rollout, elastic, 
         assert stats.split == [rollout] * len(stats.batches)
     for k, pinned in enumerate((schedule or [])[: len(stats.split)]):
         assert pinned == 0 or stats.split[k] == pinned
+    if fill and not elastic:  # the fill engines stopped as the first batch formed; it trained after their switch
+        stop, switch = stats.fill_stop
+        assert stats.train[0][0] == stop and switch == 3.0
+        assert stats.train[0][1] >= stop + switch
+        held = engines.held()
+        fills = range(rollout, gpus)  # engine ids: the rollout engines first, then the fill engines
+        assert all(held[e][1] <= stop for e in fills) and len(engines.actors) == rollout
+    else:
+        assert stats.fill_stop is None
     if kv_fill is None:
         assert stats.slots == []
     else:  # the slots in force as each batch formed: never above max_num_seqs, never none
@@ -665,3 +685,49 @@ def test_an_elastic_learner_never_runs_below_its_floor_and_every_resize_pays_a_r
     for k, (start, end) in enumerate(stats.train):
         work = stats.trained_tokens[k] * rate / stats.learners[k]
         assert end - start == pytest.approx((restart if k in resized else 0.0) + work, rel=1e-9, abs=1e-9)
+
+
+def test_an_engine_beside_the_learner_loses_its_shard_of_the_state_from_its_kv_cache():
+    """``beside_learner``: the KV cache less one GPU's shard of a ZeRO-3 learner (7B GRPO: 137 GB over the learner's
+    GPUs, 57,344 B a token), and none where the shard leaves under a tenth of the dedicated cache."""
+    from rlhfless_sdk.api.learner import beside_learner
+
+    state = FULL.learner.state_gb("grpo")
+    for gpus in (6, 9, 12):
+        beside = beside_learner(FULL, "grpo", gpus)
+        lost = state / gpus * 1e9 / FULL.kv_bytes_per_token
+        assert beside.kv_capacity_tokens == int(FULL.kv_capacity_tokens - lost)
+        assert beside.decode_base_s == FULL.decode_base_s  # the same engine, less memory
+    assert beside_learner(FULL, "grpo", 4) is None and beside_learner(FULL, "ppo", 8) is None
+    assert beside_learner(PROFILE, "grpo", 9) is None  # no learner block: nothing known of its state
+    assert 0.5 < FULL.learner.beside_fraction("grpo", 9) < 0.55  # vLLM's memory share for such an engine
+
+
+def test_fill_engines_run_on_the_learners_gpus_until_the_first_batch_and_keep_every_token():
+    """The stream preset fills its first batch on every GPU: the learner's run fill engines beside its state until
+    the first batch forms, then stop, their samples going on on the rollout engines with their tokens. Against the
+    same stream without them (both simulated on the same workload): the first batch forms sooner, every prompt
+    trains once and every token is trained; the JSON says how many fill engines ran and when they stopped."""
+    registry = get_plugin_manager().registry
+    config = registry.resolve("rlhfless-stream").derive(pipeline={"mode": "stream", "max_age": 2, "rollout_gpus": 7})
+    assert config.pipeline.fill_engines is False  # derive replaces the pipeline: the preset's own has them
+    assert registry.resolve("rlhfless-stream").pipeline.fill_engines is True
+    filled = config.derive(pipeline={"mode": "stream", "max_age": 2, "rollout_gpus": 7, "fill_engines": True})
+    workload = synthetic_workload(
+        SyntheticWorkload(128, 8, median_length=1500, sample_sigma=0.5, max_length=8192, runaway=0.03, seed=1), 3
+    )
+    sim = Simulator(FULL, Cluster.of_gpus(16, 8), registry=registry)
+    plain, fill = sim.run(config, workload), sim.run(filled, workload)
+    assert plain.stream["fill_engines"] == 0 and plain.stream["fill_stopped_at_s"] is None
+    assert fill.stream["fill_engines"] == 9 and fill.stream["fill_switch_s"] > 0
+    assert fill.stream["fill_stopped_at_s"] < plain.reports[0].time_s - plain.reports[0].learn_s
+    for result in (plain, fill):
+        reports = result.reports
+        assert sum(r.groups_trained for r in reports) == sum(len(ws.batch) for ws in workload.steps)
+        assert sum(r.response_tokens for r in reports) == sum(int(ws.lengths.sum()) for ws in workload.steps)
+        assert max(r.max_token_age_steps for r in reports) <= 2
+    assert fill.stream["moved_samples"] > 0 and fill.stream["restarts"] == []  # the learner never restarted
+    with pytest.raises(ValueError, match="fill_engines lends the learner's GPUs to a fixed-split stream"):
+        PipelineConfig(mode="stream", elastic=True, fill_engines=True)
+    with pytest.raises(ValueError, match="fill_engines"):
+        PipelineConfig(mode="async", fill_engines=True)

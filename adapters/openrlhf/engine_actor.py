@@ -40,7 +40,7 @@ from typing import Any
 import ray
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 from rlhfless_openrlhf import drafting
-from rlhfless_openrlhf.messages import CARRIED, Continuation, CutSample, EngineStats, SharedTokenizer
+from rlhfless_openrlhf.messages import CARRIED, CLOSED, Continuation, CutSample, EngineStats, SharedTokenizer
 from vllm.inputs import TokensPrompt
 
 _SAMPLE_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("rlhfless_sample_key", default=None)
@@ -114,6 +114,8 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         self._rl_prefix: dict[str, tuple[list[int], list[float] | None]] = {}  # key -> tokens carried from before
         self._rl_forced: dict[str, int] = {}  # key -> the response length a length replay stops it at
         self._rl_asleep = False
+        self._rl_closed = False  # a stopped fill engine (``rl_close``): no new work, ever
+        self._rl_offset: dict[str, int] = {}  # key -> tokens a carried sample had before this engine's piece
         self._rl_inflight = 0
         self._rl_busy = 0.0
         self._rl_busy_since: float | None = None
@@ -157,14 +159,17 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
     async def _run(
         self, prompt_token_ids: list[int], params: Any, key: str | None, mm: Any = None, first_piece: bool = False
     ) -> Any:
+        if self._rl_drafter and first_piece:
+            await self._rl_expect(prompt_token_ids)
+        # no await from these checks to the request's registration below: a cut or a close sees every piece here
+        if self._rl_closed:
+            raise RuntimeError(f"{CLOSED}: {key} never ran here and starts on another engine")
         if self._rl_asleep:  # vLLM pauses a slept engine's scheduler: the request would never run
             raise RuntimeError("rlhfless: work was sent to a sleeping rollout engine (wake it first)")
         request_id = f"rlhfless-{key or 'x'}-{uuid.uuid4().hex[:12]}"
         prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
         if mm:
             prompt["multi_modal_data"] = mm
-        if self._rl_drafter and first_piece:
-            await self._rl_expect(prompt_token_ids)
         if key is not None:
             self._rl_request[key] = request_id
             self._rl_progress[key] = 0
@@ -262,6 +267,10 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         tokens it had, and return the whole response, each carried token with the logprob its own policy gave
         it (as a vLLM-style {token: logprob} entry, so OpenRLHF's executor reads it like any other)."""
         had, had_logprobs = list(prefix[0]), prefix[1]
+        marks = prefix[2] if len(prefix) > 2 else None
+        if marks:  # its tokens so far and the versions they came from (a fill engine's sample): ages stay exact
+            self._rl_marks[key] = [(int(v), int(t)) for v, t in marks] + [(self._rl_version, len(had))]
+            self._rl_offset[key] = len(had)
         params = deepcopy(params)
         budget = (params.max_tokens or 0) - len(had)
         if budget <= 0:  # it was cut on its last allowed token
@@ -269,7 +278,10 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         else:
             params.max_tokens = budget
             params.min_tokens = max((getattr(params, "min_tokens", 0) or 0) - len(had), 0)
-            _, tokens, logprobs, reason = await self._keyed(key, prompt_token_ids + had, params, first_piece=True)
+            try:
+                _, tokens, logprobs, reason = await self._keyed(key, prompt_token_ids + had, params, first_piece=True)
+            finally:
+                self._rl_offset.pop(key, None)
         if logprobs is not None:
             if had_logprobs is None or len(had_logprobs) != len(had):
                 raise RuntimeError(f"rlhfless: carried sample {key} has no logprob for each of its {len(had)} tokens")
@@ -386,6 +398,12 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         finally:
             self._rl_asleep = await self.llm.is_sleeping()
 
+    async def rl_close(self) -> None:
+        """Take no new work from now on (a fill engine once the stream's first batch formed): a piece that reaches
+        ``_run`` later fails at once (``CLOSED``), before generating anything; the pieces already running here are
+        the caller's to cut."""
+        self._rl_closed = True
+
     async def wake_up(self, tags: list[str] | None = None) -> None:  # type: ignore[override]
         await super().wake_up(tags)
         self._rl_asleep = await self.llm.is_sleeping()
@@ -407,7 +425,7 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         self._rl_version += 1
         for key, tokens in self._rl_progress.items():
             if key in self._rl_marks:
-                self._rl_marks[key].append((self._rl_version, tokens))
+                self._rl_marks[key].append((self._rl_version, tokens + self._rl_offset.get(key, 0)))
         await super().resume_generation()
         now = time.time()
         self._rl_updates.append((self._rl_paused_at if self._rl_paused_at is not None else now, now))

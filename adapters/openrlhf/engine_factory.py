@@ -48,6 +48,9 @@ def learner_gpus(args: Any) -> int:
 
 
 launch_args: Any = None  # OpenRLHF's args, set by the launcher's hierarchize hook
+#: placement groups OpenRLHF's launcher built, in order (the launcher's hook records them): before the engines, the
+#: learner's actor and reference group, where ``--train.colocate_actor_ref`` or ``--train.colocate_all`` builds one
+launch_groups: list[Any] = []
 
 
 class _DropIn:
@@ -219,7 +222,23 @@ def create_vllm_engines_with_rlhfless(
     if os.environ.get("RLHFLESS_CPU_ENGINES") == "1":  # the launcher's path on a machine without a GPU (tests)
         drop_in = _DropIn(RlhflessRolloutActor, {**CPU_OVERRIDES, **drafting}, cpu_binds(num_engines))
     with _hooks(drop_in, placer, num_engines, learner):
-        return vllm_engine.create_vllm_engines(num_engines, tensor_parallel_size, pretrain, *args, **kwargs)
+        engines = vllm_engine.create_vllm_engines(num_engines, tensor_parallel_size, pretrain, *args, **kwargs)
+    plan = settings.get("fill")
+    if plan and shared is None and launch_groups:  # the stream's fill engines, in the learner's group (``fill``)
+        from rlhfless_openrlhf import fill
+
+        binds = cpu_binds(num_engines + int(plan["engines"]))[num_engines:]
+        fill_drop_in = _DropIn(drop_in.cls, drop_in.overrides, binds if drop_in.cpu_binds else None)
+        with _hooks(fill_drop_in, None, int(plan["engines"])):
+            launch_args.rlhfless_fill_engines = fill.build(
+                vllm_engine.create_vllm_engines,
+                launch_groups[-1],
+                plan,
+                (num_engines, 1, pretrain, *args),
+                kwargs,
+                sleep_mode=os.environ.get("RLHFLESS_CPU_ENGINES") != "1",
+            )
+    return engines
 
 
 def drafter_overrides(drafter: Any) -> dict[str, Any]:

@@ -140,6 +140,8 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         self._stream_mark: tuple[float, dict[int, float]] | None = None  # (time, engine busy s) at the last batch
         self._stream_began: float | None = None  # wall clock of the stream's start
         self._stream_handed: list[float] = []  # wall clock each stream batch was handed to OpenRLHF's learner
+        self.fill_engines: list[int] = []  # the stream's fill engines in the pool, until batch 0 (``fill``)
+        self.fill_stopped: dict[str, float] | None = None  # their stop: start, end (wall clock), moved, tokens
         # GPUs OpenRLHF's learner holds beside the engines (0 where a tool stands in for the learner)
         self.learner_gpus = learner_gpus(self.args) if hasattr(self.args, "actor") else 0
         self.last_billing: dict[str, Any] = {}  # what the last stream batch billed, as window_gpu_seconds read it

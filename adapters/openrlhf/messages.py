@@ -63,6 +63,9 @@ class SharedTokenizer:
 #: The finish reason of a sample handed back at a step's end, to be continued later or dropped (never trained as is).
 CARRIED = "carried"
 
+#: What a piece sent to a closed engine (``rl_close``: a stopped fill engine) fails with, before generating anything.
+CLOSED = "rlhfless: work was sent to a stopped fill engine"
+
 
 @dataclass
 class RolloutStepResult:

@@ -49,6 +49,7 @@ class EnginePool:
     def __init__(self, handles: list) -> None:
         self.handles = handles
         self.dead: set[int] = set()
+        self.retired: set[int] = set()  # engines stopped on purpose (the stream's fill engines): no more work
         self.drafting = False  # the engines run a drafter: finished responses feed its history
         self.history: list[tuple[list[int], list[int]]] = []  # finished (prompt, response) not yet shared
 
@@ -89,7 +90,7 @@ class EnginePool:
 
     def live(self) -> list[int]:
         """Engines that can take work, in order."""
-        return [e for e in range(len(self.handles)) if e not in self.dead]
+        return [e for e in range(len(self.handles)) if e not in self.dead and e not in self.retired]
 
     def call(self, engine: int, method: str, *args: Any) -> Any:
         """``method(*args)`` on ``engine``, waited for; None if the engine died (it is marked dead)."""

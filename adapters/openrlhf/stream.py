@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import ray
+from rlhfless_openrlhf import fill
 from rlhfless_openrlhf.capabilities import STREAM_NEEDS
 from rlhfless_openrlhf.ray_backend import ENGINE_ERRORS, EnginePool, engine_gpus, engine_lost
 
@@ -62,9 +63,10 @@ class StreamPrompt:
     token_ids: list[int]
 
 
-#: Submits sample ``j`` of a group to an engine: (engine, the group's prompt, j) -> a Ray reference to a
-#: one-element list of OpenRLHF's response dict.
-Submit = Callable[[int, StreamPrompt, int], Any]
+#: Submits sample ``j`` of a group to an engine: (engine, the group's prompt, j, what it carries) -> a Ray reference
+#: to a one-element list of OpenRLHF's response dict. What it carries: None, or the response tokens a sample moved
+#: off a stopped fill engine has, their logprobs and the (version, tokens) marks they came from; it goes on from them.
+Submit = Callable[[int, StreamPrompt, int, Any], Any]
 
 
 class EngineStream:
@@ -97,6 +99,8 @@ class EngineStream:
         self.pending: dict[Any, tuple[int, int]] = {}  # Ray reference -> (sample, engine)
         self.load: dict[int, int] = defaultdict(int)  # engine -> its samples in flight
         self.responses: dict[int, dict[str, Any]] = {}  # finished sample -> response, until its group trains
+        self.moving: set[int] = set()  # samples cut on a stopped fill engine, whose call brings back their tokens
+        self.carried: dict[int, tuple[list[int], list[float] | None, list]] = {}  # moved sample -> what it goes on from
         self.uids = set() if uids is None else uids
         # the feeder thread (``feed``) and the generator's calls share the stream's state under this lock
         self.cond = threading.Condition()
@@ -174,7 +178,7 @@ class EngineStream:
         fill = self.loop.fill({e: limit - self.load[e] for e in live}, version, self._more)
         for sid, engine in fill.sent:
             gid = self.book.group_of[sid]
-            ref = submit(engine, self.prompts[gid], sid - self.book.groups[gid].samples[0])
+            ref = submit(engine, self.prompts[gid], sid - self.book.groups[gid].samples[0], self.carried.pop(sid, None))
             self.pending[ref] = (sid, engine)
             self.load[engine] += 1
         return len(fill.sent)
@@ -245,10 +249,22 @@ class EngineStream:
             try:
                 (response,) = ray.get(ref)
             except ENGINE_ERRORS as exc:
+                if engine in self.pool.retired and fill.closed(exc):  # it reached a stopped fill engine: never ran
+                    self.loop.move(sid)
+                    continue
                 if not engine_lost(exc):
                     raise
                 self.pool.mark_dead(engine, exc)
                 self.loop.requeue(sid)
+                continue
+            if sid in self.moving:  # cut on a stopped fill engine: it goes on elsewhere from the tokens it has
+                self.moving.discard(sid)
+                start = response["action_ranges"][0][0]
+                lps = response["rollout_log_probs"]
+                tokens = list(response["observation_tokens"][start:])
+                if tokens:
+                    self.carried[sid] = (tokens, None if lps is None else lps[start:], response["rlhfless_versions"])
+                self.loop.move(sid)
                 continue
             self.responses[sid] = response
             self.pool.finished(response)
@@ -261,6 +277,11 @@ class EngineStream:
                 [response_tokens(self.responses[sid]) for sid in done],
             )
         return done
+
+    def key_of(self, sid: int) -> str:
+        """Sample ``sid``'s piece key on the engines (its group's uid and its index in the group)."""
+        gid = self.book.group_of[sid]
+        return f"{self.prompts[gid].uid}/{sid - self.book.groups[gid].samples[0]}"
 
     def running(self) -> int:
         """Samples in flight on the engines (or waiting to be regenerated)."""
@@ -334,6 +355,7 @@ class StreamGeneration:
 
         pipeline = self.planner.config.pipeline
         if self._stream_base is None:
+            self._attach_fill()
             stats = self.pool.stats(self.pool.live())
             self._stream_base = min((s.weights_version for s in stats.values()), default=0)
             self._stream_mark = (time.time(), {e: s.busy_s for e, s in stats.items()})
@@ -351,6 +373,34 @@ class StreamGeneration:
             kv=KvSlots(self.engine_profile, pipeline.kv_slots) if pipeline.kv_slots is not None else None,
         )
         return st
+
+    def _attach_fill(self) -> None:
+        """The fill engines the launcher built on the learner's GPUs (``fill.build``), into the pool after the
+        rollout engines, awake (OpenRLHF builds sleep-mode engines asleep), for a run's first stream only."""
+        handles = list(getattr(self.args, "rlhfless_fill_engines", None) or [])
+        if not handles or self._stream_batches:
+            return
+        first = len(self.pool.handles)
+        self.pool.handles = list(self.pool.handles) + handles
+        self.fill_engines = list(range(first, first + len(handles)))
+        for e, awake in self.pool.gather("rl_begin_step", self.fill_engines, self.pool.drafting).items():
+            if not awake:
+                self.pool.call(e, "wake_up")
+
+    def _stop_fill(self, st: EngineStream) -> None:
+        """Batch 0 formed: the fill engines stop before the learner takes it (``fill.stop``), one line says what
+        moved."""
+        t0 = time.time()
+        moved, tokens = fill.stop(st, self.fill_engines, st.key_of, self.carry_timeout_s)
+        self.fill_stopped = {"start": t0, "end": time.time(), "moved": moved, "tokens": tokens}
+        log.info(
+            "rlhfless: batch 0 is complete: %d fill engine(s) on the learner's GPUs stopped and sleep (%.1f s); %d "
+            "sample(s) go on on the rollout engines with the %d tokens they had",
+            len(self.fill_engines),
+            self.fill_stopped["end"] - t0,
+            moved,
+            tokens,
+        )
 
     def _generate_stream(self, dataloader_iter, b: int, **kw: Any) -> tuple[list, int, bool]:
         """One batch of the streaming pipeline (the SDK's ``GroupBook`` on ``EngineStream``): the engines keep
@@ -370,12 +420,13 @@ class StreamGeneration:
         params, max_len, tokenizer = self._sampling_params(**kw), kw.get("max_len", 2048), self.shared_tokenizer()
         replay = self.replay
 
-        def submit(engine: int, prompt: StreamPrompt, j: int) -> Any:
+        def submit(engine: int, prompt: StreamPrompt, j: int, carried: Any = None) -> Any:
             key = f"{prompt.uid}/{j}"
             forced = None if replay is None else {key: replay.lengths(prompt.uid, n)[j]}
             handle = self.pool.handles[engine]
+            had = None if carried is None else {key: carried}
             return handle.generate_group.remote(
-                prompt.prompt, prompt.label, params, max_len, tokenizer, [key], prompt.image, None, forced
+                prompt.prompt, prompt.label, params, max_len, tokenizer, [key], prompt.image, had, forced
             )
 
         t0 = time.time()
@@ -408,6 +459,8 @@ class StreamGeneration:
                             book.max_age,
                         )
                 st.cond.wait(self.check_interval_s)
+            if self.fill_engines and not self.pool.retired.issuperset(self.fill_engines):
+                self._stop_fill(st)  # before the learner takes batch 0: it needs the memory they hold
             taken = [
                 (st.prompts.pop(gid), [st.responses.pop(sid) for sid in book.groups[gid].samples]) for gid in chosen
             ]
@@ -455,6 +508,9 @@ class StreamGeneration:
             start = handed if j == 0 else max(handed, updates[j - 1][1])
             trains.append((self.learner_gpus, (start, updates[j][0] if j < len(updates) else hi)))
         spans = [[(lo, hi)]] * engines
+        began, stopped = self._stream_began or lo, (self.fill_stopped or {"end": hi})["end"]
+        if self.fill_engines and min(stopped, hi) > max(lo, began):  # the fill engines, held until their stop
+            spans = spans + [[(max(lo, began), min(stopped, hi))]] * len(self.fill_engines)
         learner_updates = (self.learner_gpus, updates)
         self.last_billing = {
             "lo": lo,

@@ -377,6 +377,9 @@ def check_stream(args: Any, settings: dict[str, Any]) -> None:
     from rlhfless_openrlhf.launch_split import plan_split
 
     plan_split(args, settings, keep=settings.get("split") == "keep")
+    from rlhfless_openrlhf import fill
+
+    settings["fill"] = fill.plan(args, settings)
     queue = int(_flag(args, "train", "async_queue_size") or 1)
     max_age = int(pipeline.get("max_age", 1))
     log.info(
@@ -456,9 +459,31 @@ def install_rollout_hooks(settings: dict[str, Any], argv: Sequence[str] | None =
         return out
 
     hierarchize.__wrapped__ = original  # type: ignore[attr-defined]
+    record_placement_groups()
     os.environ["RLHFLESS_PLACER"] = settings["scheduler"]["placer"]["name"]  # read by the engine builder
     config_module.hierarchize = hierarchize
     ray_pkg.create_vllm_engines = create_vllm_engines_with_rlhfless
+
+
+def record_placement_groups() -> None:
+    """Record each placement group OpenRLHF's launcher builds (``engine_factory.launch_groups``): the one of the
+    learner's actor and reference models is where the stream's fill engines go. Its launcher imports Ray's
+    ``placement_group`` when it runs, after this."""
+    import importlib
+
+    import rlhfless_openrlhf.engine_factory as engines_module
+
+    pg_module = importlib.import_module("ray.util.placement_group")  # the module (``ray.util`` names the function)
+
+    original = getattr(pg_module.placement_group, "__wrapped__", pg_module.placement_group)
+
+    def placement_group(*args: Any, **kwargs: Any) -> Any:
+        group = original(*args, **kwargs)
+        engines_module.launch_groups.append(group)
+        return group
+
+    placement_group.__wrapped__ = original  # type: ignore[attr-defined]
+    pg_module.placement_group = placement_group
 
 
 def print_help() -> None:

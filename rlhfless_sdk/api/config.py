@@ -118,6 +118,12 @@ class PipelineConfig(Record):
         "(read from the lengths finished so far), and at most max_num_seqs; none: max_num_seqs (vLLM admits by the "
         "KV a sample holds now and preempts when the running samples outgrow the cache).",
     )
+    fill_engines: bool = Field(
+        default=False,
+        description="stream, fixed split: until the first batch is complete (the learner has nothing to train), the "
+        "learner's GPUs run engines too, beside its state (colocated KV); they stop when it starts training, and "
+        "their samples go on on the rollout engines with every token they had.",
+    )
     split_schedule: list[NonNegativeInt] | None = Field(
         default=None,
         description="stream, elastic: rollout GPUs pinned for each batch in turn (0: the planner's choice; the "
@@ -149,6 +155,8 @@ class PipelineConfig(Record):
             raise ValueError("max_age and elastic apply to mode: stream only")
         if self.kv_slots is not None and self.mode != "stream":
             raise ValueError("kv_slots holds back an engine's samples in the stream: it applies to mode: stream only")
+        if self.fill_engines and (self.mode != "stream" or self.elastic):
+            raise ValueError("fill_engines lends the learner's GPUs to a fixed-split stream's fill: mode: stream only")
         if self.elastic and self.rollout_gpus is not None:
             raise ValueError(
                 "rollout_gpus fixes the split, which elastic: true re-plans between batches: drop one of them "

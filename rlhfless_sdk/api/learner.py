@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat
 
@@ -41,7 +42,32 @@ class LearnerState(Record):
         per_gpu = self.gpu_memory_gb * self.usable_fraction - self.activations_gb
         return max(1, math.ceil(self.state_gb(algo) / per_gpu - 1e-9))
 
+    def shard_gb(self, algo: str, gpus: int) -> float:
+        """What one of ``gpus`` learner GPUs holds of the state (ZeRO-3 shards it evenly), GB."""
+        return self.state_gb(algo) / max(gpus, 1)
+
+    def beside_fraction(self, algo: str, gpus: int) -> float:
+        """The share of one learner GPU's memory an engine may take beside its shard and activations (vLLM's
+        ``gpu_memory_utilization`` for an engine started there before the learner loads); 0 when none is left."""
+        left = self.gpu_memory_gb * self.usable_fraction - self.activations_gb - self.shard_gb(algo, gpus)
+        return max(left / self.gpu_memory_gb, 0.0)
+
     def restart_s(self, algo: str) -> float:
         """Seconds a resize takes: the state saved and reloaded, plus the fixed part."""
         state = self.state_gb(algo)
         return state / self.checkpoint_write_gbps + state / self.checkpoint_read_gbps + self.restart_fixed_s
+
+
+def beside_learner(profile: Any, algo: str, gpus: int) -> Any | None:
+    """``profile`` (a ``TimePerTokenProfile`` of a dedicated engine) for an engine on the GPUs of a learner of
+    ``gpus`` GPUs, beside its state: each of its GPUs loses the learner's shard (``LearnerState.shard_gb``) from its
+    KV cache. None when the profile has no ``learner`` block or the shard leaves no KV cache worth a sample of
+    ``max_num_seqs``' share (a tenth of the dedicated cache)."""
+    learner = profile.learner
+    if learner is None:
+        return None
+    lost = learner.shard_gb(algo, gpus) * 1e9 * profile.gpus_per_actor / profile.kv_bytes_per_token
+    kv = int(profile.kv_capacity_tokens - lost)
+    if kv < profile.kv_capacity_tokens // 10:
+        return None
+    return profile.model_copy(update={"name": f"{profile.name}-beside-learner", "kv_capacity_tokens": kv})

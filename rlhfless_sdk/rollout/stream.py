@@ -335,6 +335,8 @@ def run_stream(
     switch_s: float = 0.0,
     slots: KvSlots | None = None,
     min_learners: int = 1,
+    fill_engines: int = 0,
+    fill_switch_s: float = 0.0,
 ) -> StreamStats:
     """Run the whole stream; returns when the last batch's update is done. ``gpus``: the fleet; ``rollout_gpus``:
     those that generate (the rest learn, at least ``min_learners``: the GPUs the learner's state needs), changed
@@ -342,8 +344,13 @@ def run_stream(
     (``switch_s``): the batch trains ``switch_s`` after it forms, on the new learner GPUs; a GPU taken from the
     learner is an engine that starts at once (the engines' start-up is theirs to model); a GPU taken from the
     engines stops generating at once. ``slots``: how many samples an engine runs at once, from the lengths finished
-    so far (default: ``max_num_seqs``)."""
+    so far (default: ``max_num_seqs``). ``fill_engines``: engines beyond ``rollout_gpus`` (``engines`` runs them
+    last, on the learner's GPUs) that generate until the first batch forms; then they stop (``resize`` down to the
+    rollout engines: their samples go on there with their tokens) and the first batch trains ``fill_switch_s``
+    later. The learner keeps its GPUs throughout (no restart)."""
     most = gpus - max(min_learners, 1)
+    if fill_engines and split is not None:
+        raise RlhflessError("fill engines run beside a fixed split's learner; an elastic split lends GPUs itself")
     if not gpus_per_engine <= rollout_gpus <= most:
         raise RlhflessError(
             f"rollout_gpus={rollout_gpus} must leave the learner {max(min_learners, 1)} of the {gpus} GPUs (what "
@@ -379,6 +386,10 @@ def run_stream(
                     stats.slots.append(loop.limit())
                 stats.marks.append((now, engines.generated_tokens(), stats.gated_s))
                 restart = 0.0
+                if fill_engines and k == 0:  # the fill engines stop: the learner trains on its GPUs
+                    engines.resize(r // gpus_per_engine, now)
+                    restart = fill_switch_s
+                    stats.fill_stop = (now, fill_switch_s)
                 if split is not None:
                     new = split.split(k, stats, book, r)
                     if not (gpus_per_engine <= new <= most and new % gpus_per_engine == 0):

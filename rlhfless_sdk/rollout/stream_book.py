@@ -50,6 +50,7 @@ class StreamStats:
     gated_s: float = 0.0  # seconds an engine wanted work the admission rule held back (summed over checks)
     slots: list[int] = field(default_factory=list)  # samples an engine ran at most (``KvSlots``) as each batch formed
     restarts: list[tuple[int, float]] = field(default_factory=list)  # (batch, seconds) of each learner resize
+    fill_stop: tuple[float, float] | None = None  # (when, seconds): the fill engines stopped for the first batch
 
 
 class GroupBook:

@@ -96,8 +96,9 @@ class StreamLoop:
 
     def __init__(self, book: GroupBook, slots: int, kv: KvSlots | None = None) -> None:
         self.book, self.slots, self.kv = book, max(int(slots), 1), kv
-        self.retry: deque[int] = deque()  # samples whose engine died: regenerated from scratch first
-        self.redone = 0
+        self.retry: deque[int] = deque()  # samples whose engine died or stopped: dispatched again first
+        self.redone = 0  # samples regenerated from scratch (their engine died)
+        self.moved = 0  # samples that went on elsewhere with their tokens (their engine stopped)
 
     def limit(self) -> int:
         """Samples an engine runs at once now: ``slots``, fewer where ``kv`` holds it back."""
@@ -142,6 +143,12 @@ class StreamLoop:
             if n + 1 < 0:
                 heapq.heappush(heap, (n + 1, e))
         return out
+
+    def move(self, sample: int) -> None:
+        """``sample``'s engine stopped (a fill engine, once the first batch formed): it goes on on another engine
+        with the tokens it has, before the stream's next."""
+        self.retry.append(sample)
+        self.moved += 1
 
     def requeue(self, sample: int) -> None:
         """``sample``'s engine died before it finished: it runs again from scratch, before the stream's next."""

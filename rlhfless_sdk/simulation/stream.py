@@ -7,6 +7,8 @@ recompute preemption). A weight update pauses every engine that has work for the
 its running samples then go on under the new weights. An elastic split starts engines (billed from their start,
 start-up included, which delays their first work) or stops them: a stopped engine's samples, running or queued,
 go to the other engines' queues first, each re-prefilling its prompt and the tokens it had (nothing is lost).
+Fill engines (``fill_engines``) run on the learner's GPUs beside its state (``beside_learner``: less KV cache) until
+the first batch is complete, and stop as an elastic split's engines do, with no restart: the learner never left.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.learner import beside_learner
 from rlhfless_sdk.api.records import (
     StepPlan,
     StepReport,
@@ -37,6 +40,10 @@ from rlhfless_sdk.rollout.stream import (
 from rlhfless_sdk.simulation.results import OnStep, SimulatedStep, SimulationResult
 from rlhfless_sdk.workloads.traces import Workload
 
+#: Seconds from the first batch's forming to its training when fill engines ran on the learner's GPUs: each of their
+#: samples cut (vLLM's abort) and handed to a rollout engine, then the fill engines' sleep, which frees their weights
+#: and KV cache (a round figure, not measured: the cuts are milliseconds each, a sleep a few seconds)
+FILL_SWITCH_S = 10.0
 #: queued samples an engine keeps beyond its running batch (a short queue, so the stream balances engines)
 QUEUE = 8
 
@@ -117,6 +124,15 @@ class SimulatedStream:
                     self.version_at[sid].append((version, s.generated[sid]))
             a.t = max(a.t, at) + seconds if not a.idle() else max(a.t, at + seconds)
         self.paused_until = at + seconds
+
+    def lend(self, engines: int, profile: TimePerTokenProfile) -> None:
+        """``engines`` more engines of ``profile`` (the learner's GPUs, beside its state) from the start, after the
+        fleet's; the first ``resize`` below the fleet stops them first."""
+        for _ in range(engines):
+            start = self.t + profile.cold_start_s
+            self.spans[self.next_id] = [self.t, start]
+            self.actors.append(EngineModel(self.next_id, profile, "", start))
+            self.next_id += 1
 
     def resize(self, engines: int, at: float) -> None:
         if engines == len(self.actors):
@@ -264,6 +280,10 @@ class StreamRun:
         if r is None:
             raise RlhflessError(f"scheduler {config.name!r}: a stream with a fixed split needs its rollout GPUs")
         engines = SimulatedStream(prof, samples, r // gpa)
+        beside = beside_learner(prof, self.run_algo, g - r) if pipe.fill_engines else None
+        fill = (g - r) // gpa if beside is not None else 0
+        if fill:
+            engines.lend(fill, beside)
         stats = run_stream(
             engines,
             learner,
@@ -275,6 +295,8 @@ class StreamRun:
             switch_s=restart,
             slots=slots,
             min_learners=floor,
+            fill_engines=fill,
+            fill_switch_s=FILL_SWITCH_S if fill else 0.0,
         )
         held = engines.held()
         busy = [a.busy for a in engines.actors]
@@ -332,5 +354,10 @@ class StreamRun:
             "learner_floor": floor,  # the fewest GPUs the learner's state fits on
             "restarts": [{"batch": k, "restart_s": s} for k, s in stats.restarts],  # each resize, a restart
             "fill_bound_s": split.fill_bound_s if split is not None else None,
+            # engines on the learner's GPUs until the first batch, when they stopped, and what moving their samples
+            # (prompt and tokens re-prefilled on the rollout engines) delayed its training
+            "fill_engines": fill,
+            "fill_stopped_at_s": stats.fill_stop[0] if stats.fill_stop else None,
+            "fill_switch_s": stats.fill_stop[1] if stats.fill_stop else None,
         }
         return result
