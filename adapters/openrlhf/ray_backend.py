@@ -49,7 +49,8 @@ class EnginePool:
     def __init__(self, handles: list) -> None:
         self.handles = handles
         self.dead: set[int] = set()
-        self.retired: set[int] = set()  # engines stopped on purpose (the stream's fill engines): no more work
+        # the stream's fill engines once stopped, dead or alive: no more work, and outside OpenRLHF's broadcast
+        self.retired: set[int] = set()
         self.drafting = False  # the engines run a drafter: finished responses feed its history
         self.history: list[tuple[list[int], list[int]]] = []  # finished (prompt, response) not yet shared
 
@@ -132,10 +133,12 @@ class EnginePool:
                 self.call(e, "wake_up")
 
     def dead_engine_error(self, step: int) -> str | None:
-        """Why the run cannot go on after a rollout engine died in ``step``, or None if none did."""
-        if not self.dead:
+        """Why the run cannot go on after a rollout engine died in ``step``, or None if none did (a fill engine
+        dying is not a reason: OpenRLHF's broadcast never reaches one)."""
+        dead = self.dead - self.retired
+        if not dead:
             return None
-        names = ", ".join(str(e) for e in sorted(self.dead))
+        names = ", ".join(str(e) for e in sorted(dead))
         return (
             f"rlhfless: rollout engine(s) {names} died during step {step}; the step's samples were "
             "regenerated on the other engines, but OpenRLHF's weight broadcast spans every engine over one NCCL "

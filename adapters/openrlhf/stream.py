@@ -234,6 +234,7 @@ class EngineStream:
             if engine in self.pool.dead:
                 del self.pending[ref]  # never read: a late answer cannot make the sample twice
                 self.load[engine] -= 1
+                self.moving.discard(sid)
                 self.loop.requeue(sid)
 
     def _collect(self, ready: list) -> list[int]:
@@ -249,6 +250,7 @@ class EngineStream:
             try:
                 (response,) = ray.get(ref)
             except ENGINE_ERRORS as exc:
+                self.moving.discard(sid)  # whatever it had is gone with the error: it starts over, below
                 if engine in self.pool.retired and fill.closed(exc):  # it reached a stopped fill engine: never ran
                     self.loop.move(sid)
                     continue
@@ -381,8 +383,20 @@ class StreamGeneration:
         if not handles or self._stream_batches:
             return
         first = len(self.pool.handles)
+        rollout = {s.weights_version for s in self.pool.stats(self.pool.live()).values()}
         self.pool.handles = list(self.pool.handles) + handles
-        self.fill_engines = list(range(first, first + len(handles)))
+        fills = list(range(first, first + len(handles)))
+        versions = {s.weights_version for s in self.pool.stats(fills).values()}
+        if versions != rollout or len(rollout) != 1:  # e.g. a resumed run whose engines got the checkpoint's weights
+            self.pool.retired.update(fills)
+            log.info(
+                "rlhfless: the fill engines stay asleep: the rollout engines hold weights version(s) %s, the fill "
+                "engines %s (they get no broadcast)",
+                sorted(rollout),
+                sorted(versions),
+            )
+            return
+        self.fill_engines = fills
         for e, awake in self.pool.gather("rl_begin_step", self.fill_engines, self.pool.drafting).items():
             if not awake:
                 self.pool.call(e, "wake_up")
