@@ -40,6 +40,7 @@ def plan(args: Any, settings: dict[str, Any]) -> dict[str, Any] | None:
     """Whether this async launch builds fill engines, and how: ``{"engines": n, "memory": share}`` (one per learner
     GPU, vLLM's ``gpu_memory_utilization`` from the profile's learner block), or None with one line saying why not.
     Called once the split is sized (``--vllm.num_engines`` and ``--actor.num_gpus_per_node`` final)."""
+    from rlhfless_sdk.api.learner import beside_learner
     from rlhfless_sdk.api.records import TimePerTokenProfile
 
     pipeline = settings["scheduler"].get("pipeline") or {}
@@ -60,9 +61,9 @@ def plan(args: Any, settings: dict[str, Any]) -> dict[str, Any] | None:
         why = f"--vllm.tensor_parallel_size {tp}: fill engines are one-GPU engines"
     elif profile.learner is None:
         why = f"profile {profile.name!r} has no learner block, so what the learner's state leaves is not known"
+    if why is None and beside_learner(profile, algo, actor) is None:  # the simulator's own test of the same thing
+        why = f"the {algo} learner's state on {actor} GPUs leaves an engine there under a tenth of its KV cache"
     memory = 0.0 if why is not None or profile.learner is None else profile.learner.beside_fraction(algo, actor)
-    if why is None and memory < 0.1:
-        why = f"the {algo} learner's state leaves {memory:.0%} of a GPU's memory on {actor} GPUs"
     if why is not None:
         log.info("rlhfless: scheduler %r: no fill engines (%s)", name, why)
         return None
