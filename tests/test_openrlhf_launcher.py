@@ -665,7 +665,6 @@ def _launch_inputs(tmp_path) -> tuple[Path, Path]:
 def _cpu_launch(tmp_path, *extra: str, scheduler: str = "rlhfless") -> tuple[int, str, str]:
     """The drop-in launcher through ``openrlhf_cpu_launch.py`` with a tiny model and GSM8K-style prompts:
     (exit status, stdout, stderr)."""
-    import subprocess
     import sys
 
     model, data = _launch_inputs(tmp_path)
@@ -680,10 +679,45 @@ def _cpu_launch(tmp_path, *extra: str, scheduler: str = "rlhfless") -> tuple[int
         "--train.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
         "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "out"), *extra,
     ]  # fmt: skip
-    run = subprocess.run(
-        [sys.executable, str(LAUNCH), *flags], capture_output=True, text=True, timeout=600, cwd=tmp_path
-    )
+    run = run_launch([sys.executable, str(LAUNCH), *flags], tmp_path)
     return run.returncode, run.stdout, run.stderr
+
+
+def _marked(marker: str) -> list[int]:
+    """Processes whose environment holds ``marker`` (what a launch and everything it started inherited)."""
+    needle = marker.encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:  # gone, or not ours to read
+                continue
+    return pids
+
+
+def run_launch(cmd: list[str], cwd: Path, env: dict[str, str] | None = None):
+    """``cmd`` (a CPU launch) run to its end; then every process it left behind is killed. A launch stopped by the
+    missing CUDA can leave processes behind (vLLM's EngineCore, Ray's workers; seen: an EngineCore orphaned to pid
+    1 and deaf to SIGTERM), which a later test counting engine processes would see. Each launch's processes carry
+    a marker of their own in their environment; those left get SIGKILL."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import uuid
+
+    name, value = "RLHFLESS_TEST_LAUNCH", uuid.uuid4().hex
+    marker = f"{name}={value}"
+    try:
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=600, cwd=cwd, env={**(env or os.environ), name: value}
+        )
+    finally:
+        for pid in _marked(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 BUILT = {
@@ -815,7 +849,6 @@ def test_the_launches_openrlhfs_readme_shows_run_with_each_preset_until_cuda(tmp
     tensor-parallel engine cannot start on vLLM's CPU build: its Ray executor is GPU-only.) The stream builds its
     fill engine in the learner's placement group where ``--train.colocate_actor_ref`` makes one."""
     import os
-    import subprocess
     import sys
 
     model, data = _launch_inputs(tmp_path)
@@ -836,13 +869,8 @@ def test_the_launches_openrlhfs_readme_shows_run_with_each_preset_until_cuda(tmp
     fills = launched == "rlhfless-stream" and "--train.colocate_actor_ref" in extra
     if fills:  # a model whose learner state leaves a fill engine room on the learner's one GPU
         common += ["--scheduler.profile", "qwen2.5-3b-h100"]
-    run = subprocess.run(
-        [sys.executable, str(LAUNCH), *common, *extra],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env={**os.environ, "RLHFLESS_CPU_LAUNCH_GPUS": str(gpus)},
+    run = run_launch(
+        [sys.executable, str(LAUNCH), *common, *extra], tmp_path, {**os.environ, "RLHFLESS_CPU_LAUNCH_GPUS": str(gpus)}
     )
     out = run.stdout + run.stderr
     assert run.returncode != 0  # it cannot finish without CUDA ...

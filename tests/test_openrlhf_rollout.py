@@ -1827,6 +1827,22 @@ FILL_DIES = [90, 180, 180, 180, 90]
 FILL_PROMPTS = [f"Question {i}: what is {i} times {i + 2}?" for i in range(len(FILL_STREAM))]
 
 
+def fill_replay(name: str, lengths: list[int]):
+    """A replay forcing every sample of group k (one 12-token prompt of ``N_SAMPLES``) to ``lengths[k]`` tokens."""
+    from rlhfless_sdk.api.batch import PromptBatch
+    from rlhfless_sdk.workloads.replay import LengthReplay
+    from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
+
+    steps = [
+        WorkloadStep(
+            k, PromptBatch(uids=[f"g{k}"], prompt_lengths=np.full(1, 12), n_samples=np.full(1, N_SAMPLES)),
+            np.full(N_SAMPLES, n),
+        )
+        for k, n in enumerate(lengths)
+    ]  # fmt: skip
+    return LengthReplay(Workload(name, steps), cap=max(lengths))
+
+
 def test_fill_engines_generate_until_batch_0_then_sleep_and_their_samples_go_on_with_their_tokens(
     stack, openrlhf_learning
 ):
@@ -1838,22 +1854,11 @@ def test_fill_engines_generate_until_batch_0_then_sleep_and_their_samples_go_on_
     engine never gets work again."""
     from rlhfless_openrlhf.engine_factory import create_engines
 
-    from rlhfless_sdk.api.batch import PromptBatch
-    from rlhfless_sdk.workloads.replay import LengthReplay
-    from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
-
     ray = stack.ray
     (fill,) = create_engines(1, stack.model, cpu=True)  # vLLM's CPU build has no sleep mode to build it with ...
     ray.get(fill.sleep.remote())  # ... but pauses a slept engine's scheduler until its wake-up, as on a GPU
     try:
-        steps = [
-            WorkloadStep(
-                k, PromptBatch(uids=[f"g{k}"], prompt_lengths=np.full(1, 12), n_samples=np.full(1, N_SAMPLES)),
-                np.full(N_SAMPLES, n),
-            )
-            for k, n in enumerate(FILL_STREAM)
-        ]  # fmt: skip
-        replay = LengthReplay(Workload("fill-stream", steps), cap=max(FILL_STREAM))
+        replay = fill_replay("fill-stream", FILL_STREAM)
 
         def prepare(gen):
             gen.args.rlhfless_fill_engines = [fill]
@@ -1879,20 +1884,9 @@ def test_a_fill_engine_that_dies_before_batch_0_loses_no_sample(stack, openrlhf_
     once at exactly its forced length."""
     from rlhfless_openrlhf.engine_factory import create_engines
 
-    from rlhfless_sdk.api.batch import PromptBatch
-    from rlhfless_sdk.workloads.replay import LengthReplay
-    from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
-
     ray = stack.ray
     (fill,) = create_engines(1, stack.model, cpu=True)
-    steps = [
-        WorkloadStep(
-            k, PromptBatch(uids=[f"g{k}"], prompt_lengths=np.full(1, 12), n_samples=np.full(1, N_SAMPLES)),
-            np.full(N_SAMPLES, n),
-        )
-        for k, n in enumerate(FILL_DIES)
-    ]  # fmt: skip
-    replay = LengthReplay(Workload("fill-dies", steps), cap=max(FILL_DIES))
+    replay = fill_replay("fill-dies", FILL_DIES)
 
     def prepare(gen):
         gen.args.rlhfless_fill_engines = [fill]

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import ray
+from rlhfless_openrlhf.launch_split import flag as _flag
 from rlhfless_openrlhf.messages import CARRIED, CLOSED, Continuation
 from rlhfless_openrlhf.ray_backend import ENGINE_ERRORS, engine_lost
 
@@ -30,10 +31,6 @@ log = logging.getLogger("rlhfless.openrlhf")
 
 #: vLLM's sleep level for a stopped fill engine: 2 frees its weights and its KV cache (nothing kept in host memory).
 SLEEP_LEVEL = 2
-
-
-def _flag(args: Any, group: str, name: str) -> Any:
-    return getattr(getattr(args, group, None), name, None)
 
 
 def plan(args: Any, settings: dict[str, Any]) -> dict[str, Any] | None:
@@ -113,14 +110,7 @@ def stop(st: Any, engines: list[int], key_of: Any, timeout_s: float) -> tuple[in
     sample's piece key) and put them to sleep. Returns (samples moved with their tokens, tokens they took along)."""
     pool = st.pool
     pool.retired.update(engines)
-    closing = {e: pool.handles[e].rl_close.remote() for e in engines}
-    for e, ref in closing.items():
-        try:
-            ray.get(ref)
-        except ENGINE_ERRORS as exc:
-            if not engine_lost(exc):
-                raise
-            pool.mark_dead(e, exc)
+    pool.gather("rl_close", engines)  # an engine lost meanwhile is marked dead: its samples are regenerated
     held = [(ref, sid, e) for ref, (sid, e) in st.pending.items() if e in engines]
     cuts = [(ref, sid, e, pool.handles[e].cut.remote(key_of(sid))) for ref, sid, e in held if e not in pool.dead]
     for _ref, sid, e, cut in cuts:
@@ -149,12 +139,8 @@ def stop(st: Any, engines: list[int], key_of: Any, timeout_s: float) -> tuple[in
             )
         st._collect(ready)
     moved, tokens = st.loop.moved, sum(len(c[0]) for c in st.carried.values())
-    asleep = [pool.handles[e].sleep.remote(SLEEP_LEVEL) for e in engines if e not in pool.dead]
-    try:
-        ray.get(asleep)
-    except ENGINE_ERRORS as exc:  # a fill engine lost now holds nothing: the learner gets its memory either way
-        if not engine_lost(exc):
-            raise
+    # a fill engine lost now holds nothing: the learner gets its memory either way
+    pool.gather("sleep", [e for e in engines if e not in pool.dead], SLEEP_LEVEL)
     return moved, tokens
 
 

@@ -28,7 +28,8 @@ PRIOR = {"prompt_sigma": 0.6, "sample_sigma": 0.5, "runaway": 0.03}
 PLAN_STEPS = 5
 
 
-def _get(args: Any, group: str, name: str, default: Any = None) -> Any:
+def flag(args: Any, group: str, name: str, default: Any = None) -> Any:
+    """OpenRLHF's hierarchized flag ``--group.name`` from ``args``; ``default`` where it is absent or None."""
     value = getattr(getattr(args, group, None), name, default)
     return default if value is None else value
 
@@ -41,7 +42,7 @@ def launched_settings(args: Any, settings: dict[str, Any], scheduler_settings: A
     from rlhfless_sdk.api.plugins import get_plugin_manager
 
     config = SchedulerConfig.model_validate(settings["scheduler"])
-    form = config.launched(get_plugin_manager().registry, bool(_get(args, "train", "async_enable", False)))
+    form = config.launched(get_plugin_manager().registry, bool(flag(args, "train", "async_enable", False)))
     if form is config:
         return settings
     if form.policy("drafter").name == "none" and config.policy("drafter").name != "none":
@@ -59,9 +60,9 @@ def prompt_tokens(args: Any) -> tuple[tuple[int, int], str]:
     """The dataset's prompt lengths (10th and 90th percentile, in tokens) when ``--data.prompt_data`` is a local
     JSON or JSON-lines file with ``--data.input_key``, measured at ``CHARS_PER_TOKEN``; else up to
     ``--data.prompt_max_len``. Returns the range and where it came from."""
-    path = Path(str(_get(args, "data", "prompt_data", "")))
-    key = str(_get(args, "data", "input_key", "input"))
-    cap = int(_get(args, "data", "prompt_max_len", 1024))
+    path = Path(str(flag(args, "data", "prompt_data", "")))
+    key = str(flag(args, "data", "input_key", "input"))
+    cap = int(flag(args, "data", "prompt_max_len", 1024))
     lengths: list[float] = []
     if path.is_file() and path.suffix in (".json", ".jsonl"):
         try:
@@ -91,11 +92,11 @@ def plan_workload(args: Any, settings: dict[str, Any], max_tokens: int) -> tuple
             return load_trace(trace, max_tokens=max_tokens), f"the trace of an earlier run ({trace})"
         except TraceError as exc:
             log.info("rlhfless: the split is not picked on %s (%s); using the launch's flags", trace, exc)
-    cap = int(_get(args, "rollout", "max_new_tokens", 1024))
+    cap = int(flag(args, "rollout", "max_new_tokens", 1024))
     questions, where = prompt_tokens(args)
     synthetic = SyntheticWorkload(
-        int(_get(args, "rollout", "batch_size", 64)),
-        int(_get(args, "rollout", "n_samples_per_prompt", 1)),
+        int(flag(args, "rollout", "batch_size", 64)),
+        int(flag(args, "rollout", "n_samples_per_prompt", 1)),
         templates=1,
         template_tokens=0,
         question_tokens=questions,
@@ -122,11 +123,11 @@ def plan_split(args: Any, settings: dict[str, Any], keep: bool = False) -> Any:
     from rlhfless_sdk.simulation.split import choose_split
 
     config = SchedulerConfig.model_validate(settings["scheduler"])
-    tp = max(int(_get(args, "vllm", "tensor_parallel_size", 1)), 1)
-    engines = int(_get(args, "vllm", "num_engines", 0))
+    tp = max(int(flag(args, "vllm", "tensor_parallel_size", 1)), 1)
+    engines = int(flag(args, "vllm", "num_engines", 0))
     if config.pipeline.rollout_gpus is not None or settings["mode"].get("elastic") or engines < 1:
         return None  # the scheduler fixes its split, re-plans it as it runs, or OpenRLHF runs no engine
-    nodes, per_node = int(_get(args, "actor", "num_nodes", 1)), int(_get(args, "actor", "num_gpus_per_node", 1))
+    nodes, per_node = int(flag(args, "actor", "num_nodes", 1)), int(flag(args, "actor", "num_gpus_per_node", 1))
     gpus = engines * tp + nodes * per_node
     profile = TimePerTokenProfile.model_validate(settings["profile"])
     workload, source = plan_workload(args, settings, profile.kv_capacity_tokens)
@@ -155,7 +156,7 @@ def plan_split(args: Any, settings: dict[str, Any], keep: bool = False) -> Any:
     else:
         args.vllm.num_engines = choice.rollout_gpus // tp
         args.actor.num_gpus_per_node = learner // nodes
-        if _get(args, "train", "colocate_actor_ref", False):
+        if flag(args, "train", "colocate_actor_ref", False):
             args.ref.num_gpus_per_node = args.actor.num_gpus_per_node
         action = (
             f"applied: --vllm.num_engines {args.vllm.num_engines} and --actor.num_gpus_per_node "
@@ -167,16 +168,16 @@ def plan_split(args: Any, settings: dict[str, Any], keep: bool = False) -> Any:
 
 def fits(args: Any, learner: int, rollout: int, tp: int) -> str | None:
     """Why OpenRLHF could not run a learner of ``learner`` GPUs beside ``rollout`` engine GPUs, or None."""
-    nodes = int(_get(args, "actor", "num_nodes", 1))
+    nodes = int(flag(args, "actor", "num_nodes", 1))
     if learner % nodes:
         return f"{learner} learner GPUs do not split over --actor.num_nodes {nodes}"
     if rollout % tp:
         return f"{rollout} rollout GPUs are not whole engines of --vllm.tensor_parallel_size {tp}"
-    if _get(args, "train", "colocate_actor_ref", False) and int(_get(args, "ref", "num_nodes", 1)) != nodes:
+    if flag(args, "train", "colocate_actor_ref", False) and int(flag(args, "ref", "num_nodes", 1)) != nodes:
         return "the reference model is colocated with the learner on another node count"
-    micro = max(int(_get(args, "rollout", "micro_batch_size", 1)), 1)
-    batches = int(_get(args, "rollout", "n_samples_per_prompt", 1)) * int(_get(args, "rollout", "batch_size", 1))
-    ring = max(int(_get(args, "ds", "ring_attn_size", 1)), 1) * max(int(_get(args, "ds", "tensor_parallel_size", 1)), 1)
+    micro = max(int(flag(args, "rollout", "micro_batch_size", 1)), 1)
+    batches = int(flag(args, "rollout", "n_samples_per_prompt", 1)) * int(flag(args, "rollout", "batch_size", 1))
+    ring = max(int(flag(args, "ds", "ring_attn_size", 1)), 1) * max(int(flag(args, "ds", "tensor_parallel_size", 1)), 1)
     if batches // micro < learner // ring:
         return f"OpenRLHF needs at least as many sample micro-batches ({batches // micro}) as learner processes"
     return None

@@ -46,6 +46,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlhfless_openrlhf.launch_split import flag as _flag
+
 OUR_FLAGS = (
     "--scheduler",
     "--scheduler.config",
@@ -193,10 +195,6 @@ def passed(flag: str, argv: Sequence[str], shortest: str | None = None) -> bool:
         if name.startswith(shortest) and flag.startswith(name):
             return True
     return False
-
-
-def _flag(args: Any, group: str, name: str) -> Any:
-    return getattr(getattr(args, group, None), name, None)
 
 
 # -- OpenRLHF modes the adapter refuses: (flag, test on OpenRLHF's hierarchized args, why) ---------------------
