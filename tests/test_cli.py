@@ -49,6 +49,7 @@ def test_plugins_lists_every_kind_with_its_plugin():
     assert {"rlhfless", "rlhfless-stream", "rlhfless-onpolicy"} <= set(listed["scheduler (presets"])
     assert set(listed["scheduler (research set"]) == {
         "oracle",
+        "oracle-time",
         "research-elastic-stream",
         "research-onpolicy-overlap",
         "research-onpolicy-tail",

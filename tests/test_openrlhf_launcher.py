@@ -458,6 +458,7 @@ RESEARCH = {
     "research-onpolicy-tail": ("tail_learn", "rlhfless-onpolicy"),
     "research-onpolicy-overlap": ("tail_prepare", "rlhfless-onpolicy"),
     "oracle": ("reads true lengths", "rlhfless"),
+    "oracle-time": ("reads true lengths", "rlhfless"),
 }
 
 
