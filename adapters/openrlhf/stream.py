@@ -357,12 +357,10 @@ class StreamGeneration:
 
         pipeline = self.planner.config.pipeline
         if self._stream_base is None:
+            self._attach_fill()
             stats = self.pool.stats(self.pool.live())
-            self._attach_fill(stats)
-            busy = {e: s.busy_s for e, s in stats.items()}
-            busy.update((e, 0.0) for e in self.fill_engines if e not in self.pool.dead)  # stats fresh from begin
             self._stream_base = min((s.weights_version for s in stats.values()), default=0)
-            self._stream_mark = (time.time(), busy)
+            self._stream_mark = (time.time(), {e: s.busy_s for e, s in stats.items()})
             self._stream_began = self._stream_mark[0]
         book = GroupBook([], b, int(pipeline.max_age), closed=False, first_batch=self._stream_batches)
         self.stream = st = EngineStream(
@@ -378,15 +376,14 @@ class StreamGeneration:
         )
         return st
 
-    def _attach_fill(self, stats: dict[int, Any]) -> None:
+    def _attach_fill(self) -> None:
         """The fill engines the launcher built on the learner's GPUs (``fill.build``), into the pool after the
-        rollout engines (whose ``stats`` are given), awake (OpenRLHF builds sleep-mode engines asleep), for a run's
-        first stream only."""
+        rollout engines, awake (OpenRLHF builds sleep-mode engines asleep), for a run's first stream only."""
         handles = list(getattr(self.args, "rlhfless_fill_engines", None) or [])
         if not handles or self._stream_batches:
             return
         first = len(self.pool.handles)
-        rollout = {s.weights_version for s in stats.values()}
+        rollout = {s.weights_version for s in self.pool.stats(self.pool.live()).values()}
         self.pool.handles = list(self.pool.handles) + handles
         fills = list(range(first, first + len(handles)))
         versions = {s.weights_version for s in self.pool.stats(fills).values()}
