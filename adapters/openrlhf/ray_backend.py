@@ -107,7 +107,11 @@ class EnginePool:
         if engine not in self.dead:
             self.dead.add(engine)
             why = exc if isinstance(exc, str) else type(exc).__name__
-            log.warning("rollout engine %d died (%s); its prompts go to the other engines", engine, why)
+            log.warning(
+                "rollout engine %d died (%s); no more work goes to it, and what it held is regenerated elsewhere",
+                engine,
+                why,
+            )
 
     def stats(self, engines: Sequence[int]) -> dict[int, EngineStats]:
         """Each of ``engines``' stats, asked of all at once; a dead one (its actor, or its vLLM EngineCore under a
