@@ -272,7 +272,17 @@ def _rows_fidelity(r: dict[str, Any]) -> list[list[str]]:
 
 
 def _rows_drafters(r: dict[str, Any]) -> list[list[str]]:
-    rows = [["drafter", "generation s", "speed vs none", "tokens a step", "accepted at position 1", "greedy identical"]]
+    rows = [
+        [
+            "drafter",
+            "generation s",
+            "speed vs none",
+            "tokens a step",
+            "accepted at position 1",
+            "proposer host time",
+            "greedy identical",
+        ]
+    ]
     plain = sum(e["wall_s"] for e in r["runs"]["none"]["epochs"])
     lossless = r.get("lossless") or {}
     for name, run in r["runs"].items():
@@ -288,10 +298,20 @@ def _rows_drafters(r: dict[str, Any]) -> list[list[str]]:
                 f"{plain / wall:.2f}x",
                 f"{tokens / max(tokens - accepted, 1):.3f}",
                 f"{acc['accepted_at'][0]:.2f}" if acc else "-",
+                _search(run.get("search") or {}),
                 f"{same['identical']}/{same['of']}" if isinstance(same, dict) else "-",
             ]
         )
     return rows
+
+
+def _search(search: dict[str, float]) -> str:
+    """The proposer's measured host time: per context token (a whole-sequence search) or per sequence, a step."""
+    if "search_s_per_token" in search:
+        return f"{search['search_s_per_token'] * 1e9:.1f} ns a context token"
+    if "search_s_per_seq" in search:
+        return f"{search['search_s_per_seq'] * 1e6:.0f} us a sequence"
+    return "-"
 
 
 def _rows_plan(r: dict[str, Any]) -> list[list[str]]:

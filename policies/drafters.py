@@ -59,6 +59,20 @@ class _Matching(Record):
 class NgramParams(_Matching):
     tokens: PositiveInt = Field(default=4, description="Draft tokens a step (vLLM's num_speculative_tokens).")
     max_match: PositiveInt = Field(default=4, description="Longest n-gram matched (vLLM's prompt_lookup_max).")
+    step_tokens: PositiveInt | None = Field(
+        default=None,
+        description="Tokens a decode step verifies while it stays memory-bound on a GPU (the engine's roofline; "
+        "about 750 for a 7B model on an L40S, as HistoryParams.step_tokens). Set: with B sequences running a step "
+        "drafts min(tokens, step_tokens // B - 1), through vLLM's batch-size schedule "
+        "(num_speculative_tokens_per_batch_size), so drafts run in the long tail and a full batch drafts little or "
+        "nothing. None: `tokens` every step (vLLM's fixed budget).",
+    )
+    gpu_only: bool = Field(
+        default=False,
+        description="Draft on GPU engines only. A CPU engine's decode step is compute-bound at every batch size, "
+        "so each drafted token costs a token of compute (`rlhfless drafter-bench` measures ngram slower than a "
+        "plain CPU engine).",
+    )
 
 
 class NgramDrafter:
@@ -72,17 +86,43 @@ class NgramDrafter:
         self.params = params or NgramParams()
 
     def engine_method(self) -> dict:
-        """vLLM's speculative config for this drafter (its built-in method)."""
+        """vLLM's speculative config for this drafter (its built-in method; with ``step_tokens``, the budget for each
+        running count as vLLM's batch-size schedule)."""
         p = self.params
-        return {
+        config = {
             "method": "ngram",
             "num_speculative_tokens": p.tokens,
             "prompt_lookup_min": p.min_match,
             "prompt_lookup_max": p.max_match,
         }
+        if p.step_tokens is not None:
+            config["num_speculative_tokens_per_batch_size"] = self.schedule()
+        return config
+
+    def schedule(self) -> list[tuple[int, int, int]]:
+        """The budget as vLLM's ``num_speculative_tokens_per_batch_size``: ``(first, last, k)`` ranges of running
+        counts, the last one's k (0 once a step would turn compute-bound) going on to any batch size."""
+        ranges: list[tuple[int, int, int]] = []
+        running = 1
+        while True:
+            k = self.draft_tokens(running)
+            if ranges and ranges[-1][2] == k:
+                ranges[-1] = (ranges[-1][0], running, k)
+            else:
+                ranges.append((running, running, k))
+            if k == 0:
+                return ranges
+            running += 1
+
+    def drafts_on(self, device: str) -> bool:
+        """Whether this drafter drafts on engines of ``device`` (``gpu`` or ``cpu``)."""
+        return not (self.params.gpu_only and device == "cpu")
 
     def draft_tokens(self, running: int, remaining: float | None = None) -> int:
-        return self.params.tokens
+        p = self.params
+        if p.step_tokens is None:
+            return p.tokens
+        return max(0, min(p.tokens, p.step_tokens // max(running, 1) - 1))
 
     def propose(
         self, prompt: Sequence[int], response: Sequence[int], k: int, siblings: Sequence[Sequence[int]] = ()

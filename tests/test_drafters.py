@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from rlhfless_policies.drafters import HistoryDrafter, HistoryParams, NgramDrafter, NoDrafter
+from rlhfless_policies.drafters import HistoryDrafter, HistoryParams, NgramDrafter, NgramParams, NoDrafter
 
 from rlhfless_sdk import PolicySpec, hookimpl
 from rlhfless_sdk.api.profiles import load_acceptance, load_profile
@@ -146,6 +146,48 @@ def test_a_drafter_that_drafts_nothing_costs_what_plain_decoding_costs(registry,
     assert [r.time_s for r in runs[0].reports] == pytest.approx([r.time_s for r in runs[1].reports], rel=1e-12)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_proposers_host_time_is_paid_on_drafting_steps_by_sequence_and_context_token(registry, overlap):
+    """A proposer's measured host time lengthens every step that drafts (per running sequence, and per context
+    token for a whole-sequence search), and no step that drafts nothing; the cost model's steady step agrees."""
+    from rlhfless_sdk.planning.engine_model import steady_step
+
+    work = synthetic_workload(SyntheticWorkload(24, 4, median_length=600, max_length=2048, seed=4), 1)
+    prof = PROFILE.model_copy(update={"decode_overlap": overlap})
+
+    def run(budget: list[int], **search: float) -> float:
+        acc = _acceptance(0.5).model_copy(update=search)
+        spec = Speculation(acceptance=acc, budget=budget)
+        sim = Simulator(prof.model_copy(update={"speculation": spec}), Cluster.uniform(1, 2), registry=registry)
+        return sum(r.generation_s for r in sim.run(registry.scheduler("openrlhf"), work).reports)
+
+    free = run([4])
+    per_seq, per_token = run([4], search_s_per_seq=2e-4), run([4], search_s_per_token=2e-7)
+    assert per_seq > free and per_token > free
+    assert run([0], search_s_per_seq=2e-4, search_s_per_token=2e-7) == pytest.approx(run([0]), rel=1e-12)
+    acc = _acceptance(0.5)
+    prompt, response = np.full(8, 200), np.full(8, 800)
+    steady = [
+        steady_step(prof.model_copy(update={"speculation": Speculation(acceptance=a, budget=[4])}), prompt, response)
+        for a in (acc, acc.model_copy(update={"search_s_per_token": 2e-7}))
+    ]
+    assert steady[1][0] == steady[0][0] and steady[1][1] > steady[0][1]  # as many running, each token dearer
+
+
+def test_the_bench_times_vllms_ngram_search_per_token_and_a_history_proposal_per_sequence():
+    pytest.importorskip("vllm")
+    from rlhfless_openrlhf.tools.drafter_bench import search_cost
+
+    rng = np.random.default_rng(0)
+    groups = [
+        (rng.integers(0, 50, 60).tolist(), [rng.integers(0, 50, 200).tolist() for _ in range(4)]) for _ in range(6)
+    ]
+    unit, cost = search_cost("ngram", groups, [])
+    assert unit == "search_s_per_token" and 0 < cost < 1e-5
+    unit, cost = search_cost("history", groups[3:], groups[:3])
+    assert unit == "search_s_per_seq" and 0 < cost < 1.0
+
+
 def test_accepted_drafts_shorten_a_long_tail_and_lower_the_bound(registry):
     """Few sequences running (the tail): verifying 8 drafted tokens costs little more than a plain step, so at a
     per-token acceptance of 0.7 the run is faster; no run beats the work bound at that acceptance."""
@@ -175,6 +217,53 @@ def test_a_scheduler_with_a_drafter_runs_at_the_acceptance_and_reports_both_boun
     assert tot["bound_drafted_s"] < tot["bound_s"] <= plain.totals()["total_time_s"]
     assert tot["bound_drafted_s"] <= tot["total_time_s"] < plain.totals()["total_time_s"]
     assert plain.drafter is None and sim.profile.speculation is None  # the drafter was this run's only
+
+
+@given(
+    tokens=st.integers(1, 12),
+    step_tokens=st.integers(1, 2048),
+    running=st.integers(1, 1024),
+    more=st.integers(0, 256),
+)
+def test_the_ngram_roofline_budget_stays_memory_bound_and_falls_with_concurrency(tokens, step_tokens, running, more):
+    d = NgramDrafter(NgramParams(tokens=tokens, step_tokens=step_tokens))
+    k = d.draft_tokens(running)
+    assert 0 <= k <= tokens
+    assert d.draft_tokens(running + more) <= k
+    if k > 0:
+        assert running * (k + 1) <= step_tokens  # a step verifies no more than step_tokens
+    if running * (tokens + 1) <= step_tokens:
+        assert k == tokens  # the whole budget wherever it fits
+    assert NgramDrafter(NgramParams(tokens=tokens)).draft_tokens(running) == tokens  # no roofline: vLLM's fixed k
+
+
+@given(tokens=st.integers(1, 8), step_tokens=st.integers(1, 1200), max_num_seqs=st.integers(1, 512))
+def test_the_ngram_schedule_is_the_budget_at_every_batch_size_as_vllm_expands_it(tokens, step_tokens, max_num_seqs):
+    """vLLM's own expansion of ``num_speculative_tokens_per_batch_size`` gives, for every batch size an engine can
+    run, the draft tokens the simulator prices (``draft_tokens``)."""
+    utils = pytest.importorskip("vllm.v1.spec_decode.dynamic.utils")
+    d = NgramDrafter(NgramParams(tokens=tokens, step_tokens=step_tokens))
+    config = d.engine_method()
+    dense = utils.build_dynamic_sd_schedule_lookup(
+        config["num_speculative_tokens_per_batch_size"], max_num_seqs, config["num_speculative_tokens"]
+    )
+    assert dense[1:] == [d.draft_tokens(b) for b in range(1, max_num_seqs + 1)]
+
+
+def test_a_gpu_only_drafter_drafts_on_gpu_engines_and_nothing_on_cpu_ones(registry):
+    """A drafter with ``gpu_only``: speculative decoding priced on a GPU profile (its roofline budget falling with
+    the running count), none on a profile of CPU engines (the adapter builds CPU engines without it); the async form
+    of a scheduler drafts with its drafter."""
+    ref = {"name": "ngram", "params": {"step_tokens": 768, "gpu_only": True}}
+    config = registry.scheduler("rlhfless").derive(name="rlhfless.ngram", drafter=ref)
+    gpu = Simulator(PROFILE, Cluster.uniform(1, 4), registry=registry).speculation(config)
+    assert gpu is not None and gpu.draft_tokens(1) == 4 and gpu.draft_tokens(256) == 2
+    cpu_profile = PROFILE.model_copy(update={"device": "cpu"})
+    assert Simulator(cpu_profile, Cluster.uniform(1, 4), registry=registry).speculation(config) is None
+    anywhere = config.derive(drafter="ngram")  # not GPU-only: drafts on any engine
+    assert Simulator(cpu_profile, Cluster.uniform(1, 4), registry=registry).speculation(anywhere) is not None
+    assert config.launched(registry, True).name == "rlhfless-stream"
+    assert config.launched(registry, True).policy("drafter") == config.policy("drafter")
 
 
 def test_every_shipped_acceptance_loads_and_says_where_it_came_from():

@@ -973,6 +973,7 @@ def test_the_drafter_flag_sets_the_engines_speculative_decoding_in_either_launch
     settings = resolve({"--scheduler": "rlhfless", "--scheduler.drafter": "history"})
     assert settings["scheduler"]["drafter"]["name"] == "history"
     assert resolve({"--scheduler": "rlhfless"})["scheduler"]["drafter"]["name"] == "none"
+    assert resolve({"--scheduler": "rlhfless-onpolicy"})["scheduler"]["drafter"]["name"] == "none"
     with pytest.raises(SystemExit, match=r"--scheduler\.drafter 'histroy'.*history"):
         resolve({"--scheduler": "rlhfless", "--scheduler.drafter": "histroy"})
     with pytest.raises(SystemExit, match=r"--scheduler\.drafter has no effect with --scheduler openrlhf"):
@@ -992,6 +993,12 @@ def test_the_drafter_flag_sets_the_engines_speculative_decoding_in_either_launch
         },
         "rlhfless_drafter": '{"name": "ngram", "params": {}}',
     }
+    # a roofline budget: vLLM's batch-size schedule on GPU engines; a GPU-only drafter leaves CPU engines without one
+    roofline = {"name": "ngram", "params": {"step_tokens": 768, "gpu_only": True}}
+    gpu = drafter_overrides(roofline, "gpu")["speculative_config"]
+    assert gpu["method"] == "ngram" and gpu["num_speculative_tokens_per_batch_size"][0] == (1, 153, 4)
+    assert drafter_overrides(roofline, "cpu") == {}
+    assert drafter_overrides("ngram", "cpu")["speculative_config"]["method"] == "ngram"  # not GPU-only: drafts
 
 
 def test_a_drafter_on_tensor_parallel_engines_is_refused_before_any_engine_starts(monkeypatch):

@@ -49,6 +49,11 @@ def test_each_command_of_the_page_runs_in_its_short_variant(table, tmp_path):
     assert len(rows) >= 2
     if table.kind == "demo":
         check_demo(report, tmp_path / "trace.jsonl")
+    if table.kind == "drafters":  # each drafter's proposer host time, measured, in its acceptance record
+        for name, acc in report["acceptance"].items():
+            search = report["runs"][name]["search"]
+            assert len(search) == 1 and next(iter(search.values())) > 0
+            assert acc is None or {k: acc[k] for k in search} == pytest.approx(search, rel=0.01)
     if table.kind == "simulate":  # every scheduler of the command has its row, and the async form of rlhfless
         asked = re.findall(r"--scheduler (\S+)", table.command)
         assert [r[0].strip("`") for r in rows[1:]] == [

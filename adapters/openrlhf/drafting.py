@@ -32,9 +32,10 @@ def _registry() -> Any:
     return get_plugin_manager().registry
 
 
-def speculative_config(ref: Any) -> dict[str, Any] | None:
-    """vLLM's ``speculative_config`` for the drafter ``ref`` (a name or ``PolicyRef``); sets ``RLHFLESS_DRAFTER``
-    for the engines started after it. None for ``none``."""
+def speculative_config(ref: Any, device: str = "gpu") -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for the drafter ``ref`` (a name or ``PolicyRef``) on engines of ``device``
+    (``gpu`` or ``cpu``); sets ``RLHFLESS_DRAFTER`` for the engines started after it. None for ``none``, and for a
+    drafter that does not draft on ``device`` (``drafts_on``)."""
     from rlhfless_sdk.api.config import PolicyRef
 
     ref = PolicyRef.model_validate(ref)
@@ -42,6 +43,13 @@ def speculative_config(ref: Any) -> dict[str, Any] | None:
         os.environ.pop(ENV, None)
         return None
     drafter = _registry().create("drafter", ref)
+    drafts_on = getattr(drafter, "drafts_on", None)
+    if callable(drafts_on) and not drafts_on(device):
+        log.info(
+            "rlhfless: drafter %r drafts nothing on %s engines; they run without speculative decoding", ref.name, device
+        )
+        os.environ.pop(ENV, None)
+        return None
     method = getattr(drafter, "engine_method", None)
     if callable(method):
         return dict(method())

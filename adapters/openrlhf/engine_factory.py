@@ -176,7 +176,7 @@ def create_engines(
         create_kwargs.setdefault("gpu_memory_utilization", 0.5)
     if max_num_seqs is not None:
         overrides["max_num_seqs"] = int(max_num_seqs)
-    overrides.update(drafter_overrides(drafter))
+    overrides.update(drafter_overrides(drafter, "cpu" if cpu else "gpu"))
     drop_in = _DropIn(RlhflessRolloutActor, overrides, cpu_binds(num_engines) if cpu else None)
     with _hooks(drop_in, placer, num_engines):
         return vllm_engine.create_vllm_engines(
@@ -217,9 +217,10 @@ def create_vllm_engines_with_rlhfless(
             "one-GPU engines only (a tensor-parallel engine's Ray workers are not handed it); use "
             "--vllm.tensor_parallel_size 1 or drop --scheduler.drafter"
         )
-    drafting = drafter_overrides(drafter)
+    cpu = os.environ.get("RLHFLESS_CPU_ENGINES") == "1"  # the launcher's path on a machine without a GPU (tests)
+    drafting = drafter_overrides(drafter, "cpu" if cpu else "gpu")
     drop_in = _DropIn(RlhflessRolloutActor, drafting, None)
-    if os.environ.get("RLHFLESS_CPU_ENGINES") == "1":  # the launcher's path on a machine without a GPU (tests)
+    if cpu:
         drop_in = _DropIn(RlhflessRolloutActor, {**CPU_OVERRIDES, **drafting}, cpu_binds(num_engines))
     with _hooks(drop_in, placer, num_engines, learner):
         engines = vllm_engine.create_vllm_engines(num_engines, tensor_parallel_size, pretrain, *args, **kwargs)
@@ -236,14 +237,15 @@ def create_vllm_engines_with_rlhfless(
                 plan,
                 (num_engines, 1, pretrain, *args),
                 kwargs,
-                sleep_mode=os.environ.get("RLHFLESS_CPU_ENGINES") != "1",
+                sleep_mode=not cpu,
             )
     return engines
 
 
-def drafter_overrides(drafter: Any) -> dict[str, Any]:
+def drafter_overrides(drafter: Any, device: str = "gpu") -> dict[str, Any]:
     """The engine arguments for speculative decoding with ``drafter`` (a name, a ``PolicyRef`` or its dict; None
-    or ``none``: nothing): vLLM's ``speculative_config``, and the drafter for the engine actor to hand its workers."""
+    or ``none``: nothing) on engines of ``device``: vLLM's ``speculative_config``, and the drafter for the engine
+    actor to hand its workers (nothing where the drafter does not draft on ``device``)."""
     import json
 
     from rlhfless_openrlhf.drafting import speculative_config
@@ -253,7 +255,7 @@ def drafter_overrides(drafter: Any) -> dict[str, Any]:
     if drafter is None:
         return {}
     ref = PolicyRef.model_validate(drafter)
-    spec = speculative_config(ref)
+    spec = speculative_config(ref, device)
     if spec is None:
         return {}
     return {"speculative_config": spec, "rlhfless_drafter": json.dumps(ref.model_dump(mode="json"))}

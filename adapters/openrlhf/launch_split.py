@@ -45,8 +45,6 @@ def launched_settings(args: Any, settings: dict[str, Any], scheduler_settings: A
     form = config.launched(get_plugin_manager().registry, bool(flag(args, "train", "async_enable", False)))
     if form is config:
         return settings
-    if form.policy("drafter").name == "none" and config.policy("drafter").name != "none":
-        form = form.derive(drafter=config.policy("drafter").model_dump())  # the drafter goes with either launch
     log.info(
         "rlhfless: scheduler %r in an async launch (--train.async_enable) runs %r: %s",
         config.name,

@@ -226,7 +226,8 @@ class SchedulerConfig(_WithPolicies):  # type: ignore[misc,valid-type]
 
     def launched(self, registry: Any, asynchronous: bool) -> SchedulerConfig:
         """What this scheduler runs in a synchronous or an async launch: itself, or (async) its ``async_launch``
-        scheduler from ``registry``, which must be pipelined."""
+        scheduler from ``registry``, which must be pipelined. The drafter goes with either launch: an async form
+        that drafts nothing takes this scheduler's."""
         if not asynchronous or self.async_launch is None:
             return self
         form = registry.scheduler(self.async_launch)
@@ -235,6 +236,8 @@ class SchedulerConfig(_WithPolicies):  # type: ignore[misc,valid-type]
                 f"scheduler {self.name!r}: async_launch {self.async_launch!r} is synchronous (pipeline: "
                 f"{form.pipeline.mode}); an async launch needs a pipelined scheduler"
             )
+        if form.policy("drafter").name == "none" and self.policy("drafter").name != "none":
+            form = form.derive(drafter=self.policy("drafter").model_dump())
         return form
 
     def drafted(self, drafter: str) -> SchedulerConfig:

@@ -158,7 +158,8 @@ class Drafter(Protocol):
     that raises is replaced by ``none`` (no drafts) with a warning naming it.
 
     A drafter with ``engine_method()`` (a dict) runs on vLLM as that built-in method (``ngram``); others run through
-    the adapter's proposer class in each engine.
+    the adapter's proposer class in each engine. A drafter with ``drafts_on(device)`` (``gpu`` or ``cpu``) that
+    returns False drafts nothing on engines of that device: they are built without speculative decoding.
     """
 
     def draft_tokens(self, running: int, remaining: float | None = None) -> int: ...

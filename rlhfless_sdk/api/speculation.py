@@ -12,11 +12,12 @@ Per verification step of a sequence (``Acceptance``, measured on real rollouts):
 - ``drafted_per_draft``: the drafted tokens per draft at the measured budget ``K = len(accepted_at)``.
 
 With a budget of k draft tokens a step yields ``tau(k) = 1 + draft_rate * sum(accepted_at[:k])`` tokens a sequence
-(beyond K the last ratio continues geometrically) and computes ``1 + d(k)`` tokens a sequence, ``d(k) =
-draft_rate * drafted_per_draft * min(k, K) / K`` (beyond K, ``draft_rate * k``). On the engine model a step of B
-sequences holding ``ctx`` KV tokens costs what a plain step costs with the per-sequence compute ``s * B`` raised to
-``s * B * (1 + d)`` (the KV and the weights are read once for the k+1 positions) plus ``draft_overhead_s`` (the
-proposer's host time); it yields ``tau`` tokens a sequence, so one token of each sequence costs the step over tau.
+(beyond K the last ratio continues geometrically) and computes ``1 + d(k)`` tokens a sequence, ``d(k) = draft_rate *
+drafted_per_draft * min(k, K) / K`` (beyond K, ``draft_rate * k``). On the engine model a step of B sequences
+holding ``ctx`` KV tokens costs what a plain step costs with the per-sequence compute ``s * B`` raised to ``s * B *
+(1 + d)`` (the KV and the weights are read once for the k+1 positions) plus the proposer's host time
+(``draft_overhead_s`` a step, ``search_s_per_seq`` a sequence and ``search_s_per_token`` a context token); it yields
+``tau`` tokens a sequence, so one token of each sequence costs the step over tau.
 Low concurrency is memory-bound (the extra positions are nearly free, so the step costs little more and yields
 tau tokens); a full batch is compute-bound, where drafting costs more than it saves: the budget decides k per
 step from the running count (``Speculation.budget``).
@@ -42,6 +43,18 @@ class Acceptance(Record):
     drafted_per_draft: float = Field(ge=0.0, description="Drafted tokens per draft at the budget K.")
     tokens_per_step_measured: float | None = Field(
         default=None, ge=1.0, description="Tokens per verification step of a sequence, as measured (a check)."
+    )
+    search_s_per_seq: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Host seconds the proposer takes per running sequence, each step it drafts (on the step's "
+        "critical path), as measured: a drafter whose search does not scan the whole sequence (history).",
+    )
+    search_s_per_token: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Host seconds the proposer's search takes per context token of a running sequence, each step "
+        "it drafts, as measured: a drafter that scans the whole sequence (vLLM's n-gram lookup).",
     )
 
     @model_validator(mode="after")

@@ -227,13 +227,14 @@ class EngineModel:
                 self._advance(s, k, dt)
                 continue
             tau, drafted = p.speculation.at(self.B) if p.speculation is not None else (1.0, 0.0)
+            c = p.decode_per_ctx_token_s + self._search_per_token()  # KV read, and the proposer's search
             A = (
                 p.decode_base_s
                 + self._draft_overhead()
                 + (p.decode_per_seq_s * (1.0 + drafted) + p.decode_per_seq_comm_s) * self.B
-                + p.decode_per_ctx_token_s * self.ctx
+                + c * self.ctx
             ) / tau
-            C = p.decode_per_ctx_token_s * self.B / tau
+            C = c * self.B / tau
             dt = k * A + C * k * (k - 1) / 2.0
             if self.t + dt > limit:  # partial advance: the most whole steps that fit before the limit
                 room = limit - self.t
@@ -268,11 +269,23 @@ class EngineModel:
             bound = k
         rest = k - bound
         mem = o + w + c * (self.ctx + self.B * bound)
-        return bound * (o + compute) + rest * mem + cb * rest * (rest - 1) / 2.0
+        h = self._search_per_token() / tau  # the proposer's search, on the host after the step: outside the max
+        search = h * (k * self.ctx + self.B * k * (k - 1) / 2.0)
+        return bound * (o + compute) + rest * mem + cb * rest * (rest - 1) / 2.0 + search
 
     def _draft_overhead(self) -> float:
+        """Host seconds a drafting step spends proposing, but for the per-context-token search."""
         spec = self.prof.speculation
-        return spec.draft_overhead_s if spec is not None and spec.draft_tokens(self.B) > 0 else 0.0
+        if spec is None or spec.draft_tokens(self.B) <= 0:
+            return 0.0
+        return spec.draft_overhead_s + spec.acceptance.search_s_per_seq * self.B
+
+    def _search_per_token(self) -> float:
+        """Host seconds of the proposer's search per context token of the running batch, on steps that draft."""
+        spec = self.prof.speculation
+        if spec is None or spec.draft_tokens(self.B) <= 0:
+            return 0.0
+        return spec.acceptance.search_s_per_token
 
     def _steps_within(self, room: float, most: int) -> int:
         lo, hi = 0, max(most, 0)
@@ -339,7 +352,10 @@ def steady_step(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.n
     comm = profile.decode_per_seq_comm_s * running
     spec = profile.speculation
     tau, drafted = spec.at(int(running)) if spec is not None else (1.0, 0.0)
-    extra = spec.draft_overhead_s if spec is not None and drafted > 0 else 0.0
+    extra = 0.0
+    if spec is not None and drafted > 0:  # the proposer's host time: a step, each sequence, each context token
+        acc = spec.acceptance
+        extra = spec.draft_overhead_s + (acc.search_s_per_seq + acc.search_s_per_token * ctx) * running
     s *= 1.0 + drafted
     if profile.decode_overlap:
         o = profile.decode_overhead_s

@@ -164,7 +164,8 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
 
     def speculation(self, config: SchedulerConfig) -> Speculation | None:
         """What ``config``'s drafter does on these engines: its budget for each running count and its acceptance
-        (this simulator's, or the one shipped for its name); None without a drafter."""
+        (this simulator's, or the one shipped for its name); None without a drafter, or with one that does not draft
+        on these engines' device (``drafts_on``)."""
         ref = config.policy("drafter")
         if ref.name == KIND["drafter"].baseline:
             return None
@@ -178,6 +179,9 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
             ) from None
         try:
             drafter = self.registry.create("drafter", ref)
+            drafts_on = getattr(drafter, "drafts_on", None)
+            if callable(drafts_on) and not drafts_on(self.profile.device):
+                return None  # a drafter that drafts nothing on these engines (a GPU-only one on CPU engines)
             budget = [int(drafter.draft_tokens(r, None)) for r in range(1, self.profile.max_num_seqs + 1)]
             if any(k < 0 for k in budget):
                 raise ValueError(f"draft_tokens returned {min(budget)} (< 0)")

