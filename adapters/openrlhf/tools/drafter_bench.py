@@ -164,8 +164,10 @@ def run_bench(settings: BenchSettings, say=print) -> dict[str, Any]:
             groups = [(ids[i], [list(c.token_ids) for c in o.outputs]) for i, o in enumerate(outs)]
             unit, cost = search_cost(name, groups, earlier)
             report["runs"][name]["search"] = {unit: cost}
-            per = "a context token" if unit.endswith("token") else "a sequence"
-            say(f"{name}: the proposer takes {cost * 1e6:.3f} us {per} a step")
+            took = (
+                f"{cost * 1e9:.1f} ns a context token" if unit.endswith("token") else f"{cost * 1e6:.0f} us a sequence"
+            )
+            say(f"{name}: the proposer takes {took} a step")
         del llm
         gc.collect()
     report["lossless"] = _lossless(greedy)
