@@ -37,14 +37,14 @@ def speculative_config(ref: Any, device: str = "gpu") -> dict[str, Any] | None:
     (``gpu`` or ``cpu``); sets ``RLHFLESS_DRAFTER`` for the engines started after it. None for ``none``, and for a
     drafter that does not draft on ``device`` (``drafts_on``)."""
     from rlhfless_sdk.api.config import PolicyRef
+    from rlhfless_sdk.api.speculation import drafts_on
 
     ref = PolicyRef.model_validate(ref)
     if ref.name == "none":
         os.environ.pop(ENV, None)
         return None
     drafter = _registry().create("drafter", ref)
-    drafts_on = getattr(drafter, "drafts_on", None)
-    if callable(drafts_on) and not drafts_on(device):
+    if not drafts_on(drafter, device):
         log.info(
             "rlhfless: drafter %r drafts nothing on %s engines; they run without speculative decoding", ref.name, device
         )

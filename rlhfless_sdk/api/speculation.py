@@ -132,6 +132,13 @@ class Speculation(Record):
         return max(self.acceptance.tokens_per_step(k) for k in set(self.budget))
 
 
+def drafts_on(drafter: object, device: str) -> bool:
+    """Whether ``drafter`` drafts on engines of ``device`` (``gpu`` or ``cpu``): its optional ``drafts_on`` says,
+    else it drafts on any. The simulator and the adapter's engine builder both ask here."""
+    says = getattr(drafter, "drafts_on", None)
+    return bool(says(device)) if callable(says) else True
+
+
 def acceptance_tokens_needed(target_tau: float, budget: int) -> float:
     """The per-token acceptance a (draft every step, ``accepted_at[j] = a**j``) at which a budget of ``budget``
     draft tokens yields ``target_tau`` tokens a step: solves ``1 + a + ... + a**budget = target_tau``."""
@@ -158,5 +165,6 @@ __all__ = [
     "Acceptance",
     "Speculation",
     "acceptance_tokens_needed",
+    "drafts_on",
     "geometric",
 ]

@@ -42,7 +42,7 @@ from rlhfless_sdk.api.records import (
     StepReport,
     TimePerTokenProfile,
 )
-from rlhfless_sdk.api.speculation import Acceptance, Speculation
+from rlhfless_sdk.api.speculation import Acceptance, Speculation, drafts_on
 from rlhfless_sdk.planning.planner import StepPlanner, planner_for
 from rlhfless_sdk.rollout.billing import StepUsage, billing, held, stopped_at
 from rlhfless_sdk.rollout.controller import StepController, StepOutcome
@@ -179,8 +179,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
             ) from None
         try:
             drafter = self.registry.create("drafter", ref)
-            drafts_on = getattr(drafter, "drafts_on", None)
-            if callable(drafts_on) and not drafts_on(self.profile.device):
+            if not drafts_on(drafter, self.profile.device):
                 return None  # a drafter that drafts nothing on these engines (a GPU-only one on CPU engines)
             budget = [int(drafter.draft_tokens(r, None)) for r in range(1, self.profile.max_num_seqs + 1)]
             if any(k < 0 for k in budget):

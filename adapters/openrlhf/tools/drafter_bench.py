@@ -112,9 +112,8 @@ def run_bench(settings: BenchSettings, say=print) -> dict[str, Any]:
     max_len = max(len(p) for p in ids) + settings.max_new_tokens + 16
     report: dict[str, Any] = {"source": source, "settings": {k: str(v) for k, v in vars(settings).items()}, "runs": {}}
     greedy: dict[str, list[list[list[int]]]] = {}
-    earlier: list[tuple[list[int], list[list[int]]]] = []
     for name in ("none", *settings.drafters):
-        earlier = []
+        earlier: list[tuple[list[int], list[list[int]]]] = []  # the history a drafter held before the last epoch
         say(f"{name}: starting a vLLM engine (CPU) ...")
         llm = _engine(model, name, settings.seed, max_len)
         inputs = [{"prompt_token_ids": p} for p in ids]
@@ -137,7 +136,7 @@ def run_bench(settings: BenchSettings, say=print) -> dict[str, Any]:
                 done = [(ids[i], [list(c.token_ids) for c in o.outputs]) for i, o in enumerate(outs)]
                 drafting.observe(llm, done)
                 if epoch + 1 < settings.epochs:
-                    earlier.extend(done)  # the history a drafter held before the last epoch
+                    earlier.extend(done)
             accepted = spec.get("num_accepted_tokens", 0) or 0
             epochs.append(
                 {
@@ -160,9 +159,8 @@ def run_bench(settings: BenchSettings, say=print) -> dict[str, Any]:
             ]
             greedy[name] = [[list(o.outputs[0].token_ids) for o in r] for r in runs]
         report["runs"][name] = {"epochs": epochs, "proposer": drafting.proposer_stats(llm) if name != "none" else None}
-        if name != "none":  # the proposer's host time, on this run's last rollouts
-            groups = [(ids[i], [list(c.token_ids) for c in o.outputs]) for i, o in enumerate(outs)]
-            unit, cost = search_cost(name, groups, earlier)
+        if name != "none":  # the proposer's host time, on this run's last rollouts (``done``: its last epoch)
+            unit, cost = search_cost(name, done, earlier)
             report["runs"][name]["search"] = {unit: cost}
             took = (
                 f"{cost * 1e9:.1f} ns a context token" if unit.endswith("token") else f"{cost * 1e6:.0f} us a sequence"
@@ -200,7 +198,8 @@ def search_cost(
     tokens = sum(len(p) + len(r) for p, r, _ in rows)
     if tokens == 0:
         return ("search_s_per_token" if name == "ngram" else "search_s_per_seq"), 0.0
-    if name == "ngram":
+    drafter = get_plugin_manager().registry.create("drafter", {"name": name, "params": WHOLE_BUDGET.get(name, {})})
+    if name == "ngram":  # vLLM's search with this drafter's settings (engine_method: what the engine is built with)
         from numba import get_num_threads, set_num_threads
         from vllm.v1.spec_decode.ngram_proposer import batch_propose_numba
 
@@ -210,11 +209,13 @@ def search_cost(
         for i, (p, r, _) in enumerate(rows):
             table[i, : len(p) + len(r)] = p + r
             counts[i] = len(p) + len(r)
-        drafts, sizes = np.zeros((len(rows), 4), dtype=np.int32), np.zeros(len(rows), dtype=np.int32)
+        vllm = drafter.engine_method()
+        lo, hi, k = vllm["prompt_lookup_min"], vllm["prompt_lookup_max"], vllm["num_speculative_tokens"]
+        drafts, sizes = np.zeros((len(rows), k), dtype=np.int32), np.zeros(len(rows), dtype=np.int32)
         threads = get_num_threads()
         set_num_threads(1)
         try:
-            search = lambda: batch_propose_numba(list(range(len(rows))), counts, table, 2, 4, width, 4, drafts, sizes)  # noqa: E731
+            search = lambda: batch_propose_numba(list(range(len(rows))), counts, table, lo, hi, width, k, drafts, sizes)  # noqa: E731
             search()  # compiled
             repeats = 20
             t0 = time.perf_counter()
@@ -223,7 +224,6 @@ def search_cost(
             return "search_s_per_token", (time.perf_counter() - t0) / (repeats * tokens)
         finally:
             set_num_threads(threads)
-    drafter = get_plugin_manager().registry.create("drafter", {"name": name, "params": WHOLE_BUDGET.get(name, {})})
     for prompt, responses in earlier:
         drafter.observe(prompt, responses)
     k = max(int(drafter.draft_tokens(1, None)), 1)
