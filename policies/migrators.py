@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt
+from pydantic import Field, NonNegativeInt, PositiveInt
 from rlhfless_policies._base import Parameterless
 
 from rlhfless_sdk import ActorProgress, MigrationDecision, Record, SampleProgress, StepProgress
@@ -217,6 +217,84 @@ class GlobalMigrator:
                 if to is None:
                     return out
                 out.append(MigrationDecision.move(s, to, self.params.mode))
+        return out
+
+
+class BalanceParams(Record):
+    margin: float = Field(
+        default=0.2,
+        gt=0.0,
+        description="Move while the actor holding the most KV holds more than the one holding the least by this share "
+        "of the actors' mean.",
+    )
+    moves: PositiveInt = Field(default=8, description="Most samples moved at one check.")
+    min_left: NonNegativeInt = Field(
+        default=2000,
+        description="Move only a sample that may still decode this many tokens (its max_tokens less its tokens): a "
+        "short remainder does not repay its re-prefill. Above every sample's cap (short responses), nothing moves.",
+    )
+    mode: Literal["tokens", "kv"] = "tokens"
+
+
+class BalanceMigrator:
+    """Beyond the paper: spread a synchronous step's long tail so that no actor's decode steps are the slowest.
+
+    In the tail every actor decodes until its longest sample ends, and each decode step reads the weights once plus
+    the KV of every running sequence: with a runaway sample on every actor they all run about as many steps, and the
+    one holding the most KV ends last. Once no actor has samples queued, a check moves a sample from the actor holding
+    the most KV to the one holding the least (with a free slot and room for it), choosing the sample whose context is
+    nearest half their gap, so each move narrows it, while the gap exceeds ``margin`` of the mean. A sample moves at
+    most once a step; one that may decode fewer than ``min_left`` more tokens stays.
+    """
+
+    description = "spread the long tail's KV evenly over the actors (beyond the paper; sync steps)"
+    reads_predictions = False  # reads tokens, caps and each actor's KV, no predicted length
+
+    def __init__(self, params: BalanceParams | None = None) -> None:
+        self.params = params or BalanceParams()
+
+    def decide(self, progress: StepProgress) -> list[MigrationDecision]:
+        p = self.params
+        if len(progress.actors) < 2 or any(a.waiting for a in progress.actors):
+            return []
+        by_actor: dict[int, list[SampleProgress]] = defaultdict(list)
+        for s in progress.unfinished:
+            by_actor[s.actor_id].append(s)
+        kv = {a.actor_id: float(a.context_tokens) for a in progress.actors}
+        slots = {a.actor_id: a.free_slots for a in progress.actors}
+        cap = {a.actor_id: a.kv_capacity_tokens for a in progress.actors}
+        prompt = {  # each actor's mean prompt: a moved sample's context is its tokens plus that
+            a: max(kv[a] - sum(s.tokens_generated for s in ss), 0.0) / len(ss) for a, ss in by_actor.items() if ss
+        }
+        mean = sum(kv.values()) / len(kv)
+        movable = {
+            a: [s for s in ss if s.migrations == 0 and s.max_tokens - s.tokens_generated >= p.min_left]
+            for a, ss in by_actor.items()
+        }
+        out: list[MigrationDecision] = []
+        for _ in range(p.moves):
+            src = max(kv, key=lambda a: (kv[a], -a))
+            open_ = [a for a in kv if a != src and slots[a] > 0]
+            if not open_:
+                break
+            dst = min(open_, key=lambda a: (kv[a], a))
+            gap = kv[src] - kv[dst]
+            if gap <= p.margin * mean:
+                break
+            fits = [
+                s
+                for s in movable.get(src, [])
+                if (ctx := s.tokens_generated + prompt[src]) < gap and (cap[dst] <= 0 or kv[dst] + ctx <= cap[dst])
+            ]
+            if not fits:
+                break
+            pick = min(fits, key=lambda s: (abs(s.tokens_generated + prompt[src] - gap / 2), s.uid, s.sample_index))
+            movable[src].remove(pick)
+            ctx = pick.tokens_generated + prompt[src]
+            kv[src] -= ctx
+            kv[dst] += ctx
+            slots[dst] -= 1
+            out.append(MigrationDecision.move(pick, dst, p.mode))
         return out
 
 

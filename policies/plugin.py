@@ -21,7 +21,15 @@ from rlhfless_policies.assigners import (
     WorkParams,
 )
 from rlhfless_policies.drafters import HistoryDrafter, HistoryParams, NgramDrafter, NgramParams, NoDrafter
-from rlhfless_policies.migrators import GlobalMigrator, GlobalParams, NoMigrator, TauMigrator, TauParams
+from rlhfless_policies.migrators import (
+    BalanceMigrator,
+    BalanceParams,
+    GlobalMigrator,
+    GlobalParams,
+    NoMigrator,
+    TauMigrator,
+    TauParams,
+)
 from rlhfless_policies.model_predictor import ModelParams, ModelPredictor
 from rlhfless_policies.placers import LocalityAwarePlacer, PackPlacer
 from rlhfless_policies.predictors import (
@@ -85,6 +93,7 @@ POLICIES: dict[str, list[tuple]] = {
     "migrator": [
         ("tau", TauMigrator, TauParams),
         ("global", GlobalMigrator, GlobalParams),
+        ("balance", BalanceMigrator, BalanceParams),
         ("none", NoMigrator),
     ],
     "scaler": [

@@ -49,11 +49,12 @@ def test_paper_defaults_in_rlhfless_paper_preset(registry):
 
 
 def test_rlhfless_preset_is_never_slower_than_openrlhf(registry):
-    """``rlhfless``: groups balanced by predicted work on the deadline scaler's count, no cut-and-migrate, no dedup
-    prefill, tail batching where the predicted tail pays and the stream in an async launch; ``rlhfless-slo`` is the
-    same dispatch and scaler without those two (its earlier form)."""
+    """``rlhfless``: groups balanced by predicted work on the deadline scaler's count, the long tail spread by KV
+    (``balance``), no dedup prefill, tail batching where the predicted tail pays and the stream in an async launch;
+    ``rlhfless-slo`` is the same dispatch and scaler without tail batching and the tail's spreading (its earlier
+    form)."""
     cfg = registry.scheduler("rlhfless")
-    assert (cfg.assigner.name, cfg.migrator.name, cfg.prefill_planner.name) == ("balanced", "none", "none")
+    assert (cfg.assigner.name, cfg.migrator.name, cfg.prefill_planner.name) == ("balanced", "balance", "none")
     assert cfg.scaler.name == "deadline" and cfg.scaler.params == {"slack": 0.01, "max_uncertainty": 0.05}
     assert cfg.async_launch == "rlhfless-stream"  # an async launch runs the stream
     assert cfg.straggler.name == "tail-batch" and cfg.straggler.params == {"over_provision": 0.5, "margin": 0.0}
@@ -62,6 +63,7 @@ def test_rlhfless_preset_is_never_slower_than_openrlhf(registry):
         "description": "",
         "async_launch": None,
         "straggler": registry.scheduler("rlhfless-slo").straggler,
+        "migrator": registry.scheduler("rlhfless-slo").migrator,
     }
     assert cfg.model_copy(update=same) == registry.scheduler("rlhfless-slo").model_copy(update=same)
 

@@ -573,6 +573,33 @@ def test_the_tau_migrator_fires_once_an_engine_has_done_tau_of_its_planned_token
         assert later[0].tokens_generated >= gen.last_cuts[0][2].partial.__len__()
 
 
+def test_the_balance_migrator_moves_a_sample_from_the_engine_holding_the_most_kv(stack, registry_with):
+    """Real engines: one engine runs a long prompt's group and the other a short one's, every sample to the same
+    length, so the first holds far more KV. Once neither has queued samples the balance migrator moves a sample
+    from the engine holding the most KV to the one holding the least; every group comes back whole, in order."""
+    from rlhfless_policies.migrators import BalanceMigrator, BalanceParams
+
+    recorder = type("BalanceRecorded", (_Recorder, BalanceMigrator), {"seen": []})
+    spec = PolicySpec(name="balance-recorded", factory=recorder, params=BalanceParams)
+    reg = registry_with(**{"balance-recorded-plugin": H.policy_plugin(migrator=spec)})
+    config = reg.scheduler("openrlhf").derive(
+        name="balance-test", migrator={"name": "balance-recorded", "params": {"margin": 0.05, "min_left": 0}}
+    )
+    prompts = [VARIED[6], VARIED[0]]  # OpenRLHF's split: one prompt an engine, the long one on engine 0
+    gen = make_generator(stack, config, registry=reg, prompts=prompts, check_interval_s=0.05)
+    max_new = 200
+    kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
+    experiences, *_ = gen.generate_samples(**kwargs)
+    assert_groups(experiences, prompts, N_SAMPLES, max_new)
+    fired = [(p, d) for p, d in recorder.seen if d]
+    assert gen.last_report.migrations >= 1 and fired, [[a.context_tokens for a in p.actors] for p, _ in recorder.seen]
+    for progress, decisions in fired:
+        assert all(a.waiting == 0 for a in progress.actors)
+        kv = {a.actor_id: a.context_tokens for a in progress.actors}
+        first = decisions[0]
+        assert kv[first.from_actor] == max(kv.values()) and kv[first.to_actor] == min(kv.values())
+
+
 def _global_recorded():
     from rlhfless_policies.migrators import GlobalMigrator
 

@@ -282,6 +282,49 @@ def test_kv_consolidation_fills_keepers_within_their_kv_and_releases_the_rest(pr
         assert decisions == []
 
 
+@settings(max_examples=300)
+@given(
+    progress=S.step_progress(kv=True),
+    margin=st.floats(0.01, 1.0),
+    moves=st.integers(1, 8),
+    left=st.integers(0, 3000),
+    queued=st.booleans(),
+)
+def test_balancing_narrows_the_kv_spread_and_waits_for_the_queues(progress, margin, moves, left, queued):
+    """The balance migrator: nothing moves while an actor has queued samples; each move takes a sample that may
+    still decode ``min_left`` tokens, once, to an actor with a free slot and KV room; the actors' KV (each moved
+    sample's context: its tokens and its actor's mean prompt) keeps its sum, and its spread never widens."""
+    if not queued:  # the tail: every actor's queue empty
+        progress = progress.model_copy(
+            update={"actors": [a.model_copy(update={"waiting": 0}) for a in progress.actors]}
+        )
+    params = {"margin": margin, "moves": moves, "min_left": left}
+    decisions = REG.create("migrator", {"name": "balance", "params": params}).decide(progress)
+    MigrationController.check(decisions, progress)
+    assert len(decisions) <= moves
+    if any(a.waiting for a in progress.actors):
+        assert decisions == []
+    actors = {a.actor_id: a for a in progress.actors}
+    on: dict[int, list] = {}
+    for s in progress.unfinished:
+        on.setdefault(s.actor_id, []).append(s)
+    kv = {a: float(x.context_tokens) for a, x in actors.items()}
+    spread = max(kv.values()) - min(kv.values())
+    taken: dict[int, int] = {}
+    for d in decisions:
+        moved = next(s for s in on[d.from_actor] if (s.uid, s.sample_index) == (d.uid, d.sample_index))
+        assert moved.max_tokens - moved.tokens_generated >= left and moved.migrations == 0
+        src = on[d.from_actor]
+        prompt = max(actors[d.from_actor].context_tokens - sum(s.tokens_generated for s in src), 0) / len(src)
+        kv[d.from_actor] -= d.tokens_generated + prompt
+        kv[d.to_actor] += d.tokens_generated + prompt
+        taken[d.to_actor] = taken.get(d.to_actor, 0) + 1
+        assert kv[d.to_actor] <= actors[d.to_actor].kv_capacity_tokens + 1e-6
+    assert sum(kv.values()) == pytest.approx(sum(float(a.context_tokens) for a in progress.actors))
+    assert max(kv.values()) - min(kv.values()) <= spread + 1e-6
+    assert all(n <= actors[a].free_slots for a, n in taken.items())
+
+
 def test_kv_consolidation_keeps_enough_actors_for_the_tails_kv():
     """Four actors holding about 100 tokens of KV each of 300: by slots alone one actor takes everyone's samples;
     at fill 0.7 (210 tokens each) two keepers hold all 406, and at 0.5 no keeper has room for one more sample."""
