@@ -33,6 +33,20 @@ class _Destinations:
         return None
 
 
+def _by_actor(progress: StepProgress) -> defaultdict[int, list[SampleProgress]]:
+    """The snapshot's unfinished samples, by the actor running them."""
+    by_actor: defaultdict[int, list[SampleProgress]] = defaultdict(list)
+    for s in progress.unfinished:
+        by_actor[s.actor_id].append(s)
+    return by_actor
+
+
+def _mean_prompt(context_tokens: float, samples: list[SampleProgress]) -> float:
+    """An actor's mean prompt, from the KV it holds less its samples' tokens: a moved sample's context is its tokens
+    plus that (a snapshot states each actor's KV, not each sample's prompt)."""
+    return max(context_tokens - sum(s.tokens_generated for s in samples), 0) / max(len(samples), 1)
+
+
 def _planned(s: SampleProgress) -> float:
     return s.predicted_length if s.planned_length is None else s.planned_length
 
@@ -72,9 +86,7 @@ class TauMigrator:
 
     def decide(self, progress: StepProgress) -> list[MigrationDecision]:
         p = self.params
-        by_actor: dict[int, list[SampleProgress]] = defaultdict(list)
-        for s in progress.unfinished:
-            by_actor[s.actor_id].append(s)
+        by_actor = _by_actor(progress)
         sources = {
             a.actor_id
             for a in progress.actors
@@ -155,9 +167,7 @@ class GlobalMigrator:
             return []
         if max(s.max_tokens - s.tokens_generated for s in progress.unfinished) < p.min_tail_tokens:
             return []
-        by_actor: dict[int, list[SampleProgress]] = defaultdict(list)
-        for s in progress.unfinished:
-            by_actor[s.actor_id].append(s)
+        by_actor = _by_actor(progress)
         if p.kv_fill is not None and all(a.kv_capacity_tokens > 0 for a in progress.actors):
             return self._by_kv(progress, by_actor, p.kv_fill)
         actors = sorted(
@@ -209,7 +219,7 @@ class GlobalMigrator:
             if a.actor_id in kept:
                 continue
             samples = by_actor[a.actor_id]
-            prompt = max(a.context_tokens - sum(s.tokens_generated for s in samples), 0) / max(len(samples), 1)
+            prompt = _mean_prompt(a.context_tokens, samples)
             for s in sorted(samples, key=lambda s: -s.tokens_generated):
                 if s.migrations >= self.params.max_migrations:
                     continue
@@ -257,15 +267,11 @@ class BalanceMigrator:
         p = self.params
         if len(progress.actors) < 2 or any(a.waiting for a in progress.actors):
             return []
-        by_actor: dict[int, list[SampleProgress]] = defaultdict(list)
-        for s in progress.unfinished:
-            by_actor[s.actor_id].append(s)
+        by_actor = _by_actor(progress)
         kv = {a.actor_id: float(a.context_tokens) for a in progress.actors}
         slots = {a.actor_id: a.free_slots for a in progress.actors}
         cap = {a.actor_id: a.kv_capacity_tokens for a in progress.actors}
-        prompt = {  # each actor's mean prompt: a moved sample's context is its tokens plus that
-            a: max(kv[a] - sum(s.tokens_generated for s in ss), 0.0) / len(ss) for a, ss in by_actor.items() if ss
-        }
+        prompt = {a: _mean_prompt(kv[a], ss) for a, ss in by_actor.items() if ss}
         mean = sum(kv.values()) / len(kv)
         movable = {
             a: [s for s in ss if s.migrations == 0 and s.max_tokens - s.tokens_generated >= p.min_left]
