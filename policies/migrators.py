@@ -259,6 +259,7 @@ class BalanceMigrator:
 
     description = "spread the long tail's KV evenly over the actors (beyond the paper; sync steps)"
     reads_predictions = False  # reads tokens, caps and each actor's KV, no predicted length
+    balances_tail = True  # a tail batching check prices a round run to its end as balanced (``tail_check``)
 
     def __init__(self, params: BalanceParams | None = None) -> None:
         self.params = params or BalanceParams()

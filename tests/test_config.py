@@ -50,15 +50,17 @@ def test_paper_defaults_in_rlhfless_paper_preset(registry):
 
 def test_rlhfless_preset_is_never_slower_than_openrlhf(registry):
     """``rlhfless``: groups balanced by predicted work on the deadline scaler's count, the long tail spread by KV
-    (``balance``), no dedup prefill, tail batching where the predicted tail pays and the stream in an async launch;
-    ``rlhfless-slo`` is the same dispatch and scaler without tail batching and the tail's spreading (its earlier
-    form)."""
+    (``balance``), vLLM's KV watermark at 5% (no preemption storms when the KV fills), no dedup prefill, tail
+    batching where the predicted tail pays and the stream in an async launch; ``rlhfless-slo`` is the same dispatch
+    and scaler without tail batching, the tail's spreading and the watermark (its earlier form)."""
     cfg = registry.scheduler("rlhfless")
     assert (cfg.assigner.name, cfg.migrator.name, cfg.prefill_planner.name) == ("balanced", "balance", "none")
     assert cfg.scaler.name == "deadline" and cfg.scaler.params == {"slack": 0.01, "max_uncertainty": 0.05}
     assert cfg.async_launch == "rlhfless-stream"  # an async launch runs the stream
     assert cfg.straggler.name == "tail-batch" and cfg.straggler.params == {"over_provision": 0.5, "margin": 0.0}
+    assert cfg.kv_watermark == 0.05 and registry.scheduler("openrlhf").kv_watermark == 0.0
     same = {
+        "kv_watermark": 0.0,
         "name": "x",
         "description": "",
         "async_launch": None,

@@ -238,3 +238,41 @@ def test_a_pause_that_frees_the_kv_preempts_every_running_sample_and_loses_no_to
     assert s.state == [DONE] * len(lengths) and s.generated == list(lengths)
     assert eng.preemptions == len(running)
     assert eng.t >= end - 1e-9 * max(end, 1.0)
+
+
+@given(
+    lengths=st.lists(st.integers(1, 400), min_size=1, max_size=40),
+    prompts=st.lists(st.integers(1, 200), min_size=1, max_size=40),
+    capacity=st.integers(400, 4000),
+    watermark=st.sampled_from([0.0, 0.05, 0.2, 0.5]),
+)
+def test_the_kv_watermark_holds_admissions_beside_running_sequences_and_every_sample_ends(
+    lengths, prompts, capacity, watermark
+):
+    """vLLM's scheduler watermark in the engine model: a sequence admitted beside running ones leaves the
+    watermark's share of the KV free; one admitted onto an idle engine is not held back, so no sample waits forever,
+    every sample ends at exactly its length, and preemption (recompute) still makes room as the running ones grow."""
+    import math
+
+    from rlhfless_sdk.planning.engine_model import DONE, EngineModel, EngineSamples
+
+    n = len(lengths)
+    plen = [prompts[i % len(prompts)] for i in range(n)]
+    prof = PROFILE.model_copy(update={"kv_capacity_tokens": capacity, "watermark": watermark})
+    s = EngineSamples(range(n), [0] * n, plen, [0] * n, lengths, [float(x) for x in lengths], [0] * n)
+    free = capacity - int(watermark * capacity)
+    seen: list[tuple[int, int, int]] = []  # (running before, running after, KV after) of each admission round
+
+    class Checked(EngineModel):
+        def admit(self, samples: EngineSamples) -> None:
+            before = self.B
+            super().admit(samples)
+            seen.append((before, self.B, self.ctx))
+
+    eng = Checked(0, prof, "", 0.0)
+    eng.waiting.extend(range(n))
+    eng.run_until(s, math.inf)
+    assert s.state == [DONE] * n and s.generated == list(lengths)
+    for before, after, ctx in seen:
+        if after > max(before, 1):  # admitted beside running sequences
+            assert ctx <= free, (before, after, ctx, free)

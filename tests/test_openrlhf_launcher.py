@@ -1001,6 +1001,27 @@ def test_the_drafter_flag_sets_the_engines_speculative_decoding_in_either_launch
     assert drafter_overrides("ngram", "cpu")["speculative_config"]["method"] == "ngram"  # not GPU-only: drafts
 
 
+def test_the_engine_builder_sets_the_launched_schedulers_kv_watermark_on_vllm():
+    """``rlhfless`` in a synchronous launch builds its engines with vLLM's scheduler watermark (``kv_watermark``,
+    5% of the KV kept free when admitting beside running sequences); its async form, the stream, holds samples
+    back itself and keeps vLLM's default, as OpenRLHF's engines do."""
+    from types import SimpleNamespace
+
+    from rlhfless_openrlhf.engine_factory import engine_overrides
+    from rlhfless_openrlhf.launch_split import launched_settings
+    from rlhfless_openrlhf.train_ppo_ray import scheduler_settings
+
+    settings = resolve({"--scheduler": "rlhfless"})
+    assert engine_overrides(settings["scheduler"]) == {"watermark": 0.05}
+    sync = launched_settings(SimpleNamespace(train=SimpleNamespace(async_enable=False)), settings, scheduler_settings)
+    assert engine_overrides(sync["scheduler"], "cpu") == {"watermark": 0.05}
+    stream = launched_settings(SimpleNamespace(train=SimpleNamespace(async_enable=True)), settings, scheduler_settings)
+    assert stream["scheduler"]["name"] == "rlhfless-stream" and engine_overrides(stream["scheduler"]) == {}
+    both = engine_overrides({**settings["scheduler"], "drafter": {"name": "ngram"}}, "cpu")
+    assert both["watermark"] == 0.05 and both["speculative_config"]["method"] == "ngram"
+    assert engine_overrides(None) == {}
+
+
 def test_a_drafter_on_tensor_parallel_engines_is_refused_before_any_engine_starts(monkeypatch):
     from types import SimpleNamespace
 

@@ -65,8 +65,8 @@ def stack(tmp_path_factory):
     # logical CPUs and GPUs, one of each per engine: two engines for most tests, one with a reward function, and
     # for the tests that kill one engine of a pair (its actor or its EngineCore), partial rollouts' and the
     # stream's: four pairs (an engine killed keeps its placement group's reservation: each pair needs its own), and
-    # the stream's fill engine tests: one each (3)
-    H.local_ray(ray, cpus=15, gpus=14)
+    # the stream's fill engine tests: one each (3), and the KV watermark's engine (1)
+    H.local_ray(ray, cpus=16, gpus=15)
     try:
         placer = get_plugin_manager().registry.create("placer", "locality-aware")
         bundles = placer_bundles(2, placer)  # the placement group the placer builds
@@ -1759,6 +1759,32 @@ def test_the_stream_keeps_the_engines_fed_while_openrlhfs_actor_waits(stack, ope
     for st in batches:
         if st["in_flight"]:
             assert [d[0] for d in st["held"]["deferred"]] == st["in_flight"]
+
+
+def test_rlhfless_runs_a_step_on_an_engine_built_with_its_kv_watermark(stack):
+    """``rlhfless``'s ``kv_watermark`` reaches vLLM: an engine built with it (``create_engines``, as the launcher's
+    builder sets it from the launched scheduler) runs vLLM's scheduler with that watermark, says so in its stats,
+    and the generator plans with the engine's figure; a step on it trains every sample, groups whole and in
+    order."""
+    from rlhfless_openrlhf.engine_factory import create_engines
+
+    from rlhfless_sdk import get_plugin_manager
+
+    ray = stack.ray
+    watermark = get_plugin_manager().registry.scheduler("rlhfless").kv_watermark
+    assert watermark > 0
+    (engine,) = create_engines(1, stack.model, cpu=True, watermark=watermark)
+    try:
+        vllm_side = ray.get(engine.__ray_call__.remote(lambda a: a.llm.vllm_config.scheduler_config.watermark))
+        assert vllm_side == watermark and ray.get(engine.rl_stats.remote()).watermark == watermark
+        on_it = SimpleNamespace(**{**vars(stack), "engines": [engine]})
+        gen = make_generator(on_it, "rlhfless", num_prompts=2)
+        assert gen.engine_profile.watermark == watermark
+        kwargs = {"max_new_tokens": 24, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
+        experiences, *_ = gen.generate_samples(**kwargs)
+        assert_groups(experiences, PROMPTS[:2], N_SAMPLES, 24)
+    finally:
+        ray.kill(engine)
 
 
 def test_the_stream_and_the_kv_moves_size_by_the_engines_own_kv_cache(stack):

@@ -125,3 +125,40 @@ def test_a_run_too_short_for_a_cycle_is_openrlhfs_step_on_every_round():
     assert [r.deferred_prompts for r in ours.reports] == [0, 0, 0]
     assert [r.groups_trained for r in ours.reports] == [12, 12, 12]
     assert sum(r.generation_s for r in ours.reports) == pytest.approx(sum(r.generation_s for r in theirs.reports))
+
+
+def test_with_a_balancing_migrator_a_round_run_to_its_end_lasts_its_mean_engines_work():
+    """``balanced`` (a migrator that evens out the tail's KV, ``balance``): the plain step and the long round last
+    the mean engine's work, or the longest sample's own decode steps where those are longer; never longer than
+    round robin's slowest engine. The short round, cut at its B-th group, is the same either way."""
+    from rlhfless_sdk.planning.tail_check import _run
+
+    rng = np.random.default_rng(2)
+    groups = _groups(rng, 48, 4, 6, 4000)
+    raw = estimate_tail(PROFILE, groups, [100] * 48, 32, 4)
+    bal = estimate_tail(PROFILE, groups, [100] * 48, 32, 4, balanced=True)
+    assert (bal.short_s, bal.deferred) == (raw.short_s, raw.deferred)
+    _, engines = _run(PROFILE, 4, groups[:32], [100] * 32)
+    mean_work = float(np.mean([e.busy for e in engines]))
+    assert bal.plain_s == pytest.approx(max(mean_work, 4000 * PROFILE.decode_base_s))
+    assert bal.plain_s <= raw.plain_s and bal.long_s <= raw.long_s
+    one = [np.array([4000])]  # one sample on one engine: its own decode steps are the floor
+    assert estimate_tail(PROFILE, one, [100], 1, 1, balanced=True).plain_s >= 4000 * PROFILE.decode_base_s
+
+
+@pytest.mark.parametrize(("scheduler", "balanced"), [("rlhfless", True), ("rlhfless-onpolicy", False)])
+def test_the_planners_check_is_balanced_exactly_when_its_migrator_balances_the_tail(scheduler, balanced):
+    """``rlhfless`` spreads the tail by KV (``balance``: ``balances_tail``), so its check prices balanced rounds;
+    ``rlhfless-onpolicy`` migrates nothing, so its check prices round robin's."""
+    from rlhfless_sdk.planning.engine_model import LengthSpread
+
+    registry = get_plugin_manager().registry
+    sim = Simulator(PROFILE, Cluster.of_gpus(4, 4), registry=registry)
+    planner = sim.planner(registry.scheduler(scheduler))
+    batch, _ = SyntheticWorkload(48, 4, median_length=300, max_length=4096, runaway=0.05, seed=2).batch()
+    lengths = planner.check_model.lengths(batch, planner.predict(batch, []), planner.spread or LengthSpread())
+    groups = [lengths[a:b] for a, b in zip(batch.sample_offsets[:-1], batch.sample_offsets[1:], strict=True)]
+    engines = planner.actor_range([])[1]  # the fleet, and burst engines where the preset allows them
+    expected = estimate_tail(PROFILE, groups, batch.prompt_lengths.tolist(), 32, engines, balanced=balanced)
+    assert planner.tail_check(batch, 32, []) == expected
+    assert getattr(planner.policies["migrator"], "balances_tail", False) is balanced

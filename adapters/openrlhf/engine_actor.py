@@ -497,15 +497,17 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
             **self.rl_capacity(),
         )
 
-    def rl_capacity(self) -> dict[str, int]:
+    def rl_capacity(self) -> dict[str, float]:
         """What this engine holds, as vLLM sized it at start-up (the GPU, ``--vllm.gpu_memory_utilization``, the
         model): KV tokens (blocks x block size; under tensor parallelism each shard holds every token's heads of its
-        share, so the engine holds this many tokens) and sequences at once."""
+        share, so the engine holds this many tokens), sequences at once, and the share of the KV its scheduler keeps
+        free when admitting beside running sequences (its watermark)."""
         config = self.llm.vllm_config
         blocks = int(config.cache_config.num_gpu_blocks or 0)
         return {
             "kv_capacity_tokens": blocks * int(config.cache_config.block_size or 0),
             "max_num_seqs": int(config.scheduler_config.max_num_seqs or 0),
+            "watermark": float(getattr(config.scheduler_config, "watermark", 0.0) or 0.0),
         }
 
     def rl_alive(self) -> bool:

@@ -162,12 +162,14 @@ def create_engines(
     placer: Any | None = None,
     max_num_seqs: int | None = None,
     drafter: Any = None,
+    watermark: float = 0.0,
     **create_kwargs: Any,
 ) -> list[Any]:
     """``num_engines`` RLHFless rollout engines, created by OpenRLHF's ``create_vllm_engines`` and placed by
     ``placer`` (an ``ActorPlacer``) when one is given; ``max_num_seqs``: vLLM's bound on the sequences an engine
     runs at once (default: vLLM's), e.g. the one the planners' profile assumes; ``drafter``: a drafter's name or
-    ``PolicyRef`` for speculative decoding on the engines (``rlhfless_openrlhf.drafting``)."""
+    ``PolicyRef`` for speculative decoding on the engines (``rlhfless_openrlhf.drafting``); ``watermark``: vLLM's
+    KV watermark (a scheduler's ``kv_watermark``)."""
     from openrlhf.trainer.ray import vllm_engine
 
     overrides: dict[str, Any] = {}
@@ -176,7 +178,7 @@ def create_engines(
         create_kwargs.setdefault("gpu_memory_utilization", 0.5)
     if max_num_seqs is not None:
         overrides["max_num_seqs"] = int(max_num_seqs)
-    overrides.update(drafter_overrides(drafter, "cpu" if cpu else "gpu"))
+    overrides.update(engine_overrides({"drafter": drafter, "kv_watermark": watermark}, "cpu" if cpu else "gpu"))
     drop_in = _DropIn(RlhflessRolloutActor, overrides, cpu_binds(num_engines) if cpu else None)
     with _hooks(drop_in, placer, num_engines):
         return vllm_engine.create_vllm_engines(
@@ -218,7 +220,7 @@ def create_vllm_engines_with_rlhfless(
             "--vllm.tensor_parallel_size 1 or drop --scheduler.drafter"
         )
     cpu = os.environ.get("RLHFLESS_CPU_ENGINES") == "1"  # the launcher's path on a machine without a GPU (tests)
-    drafting = drafter_overrides(drafter, "cpu" if cpu else "gpu")
+    drafting = engine_overrides(settings.get("scheduler"), "cpu" if cpu else "gpu")
     drop_in = _DropIn(RlhflessRolloutActor, drafting, None)
     if cpu:
         drop_in = _DropIn(RlhflessRolloutActor, {**CPU_OVERRIDES, **drafting}, cpu_binds(num_engines))
@@ -240,6 +242,18 @@ def create_vllm_engines_with_rlhfless(
                 sleep_mode=not cpu,
             )
     return engines
+
+
+def engine_overrides(scheduler: dict[str, Any] | None, device: str = "gpu") -> dict[str, Any]:
+    """The engine arguments a scheduler (its config as a dict) sets on engines of ``device``: its drafter's
+    (``drafter_overrides``) and its ``kv_watermark`` as vLLM's scheduler ``watermark`` (nothing at 0, vLLM's
+    default)."""
+    scheduler = scheduler or {}
+    out = drafter_overrides(scheduler.get("drafter"), device)
+    watermark = float(scheduler.get("kv_watermark") or 0.0)
+    if watermark > 0.0:
+        out["watermark"] = watermark
+    return out
 
 
 def drafter_overrides(drafter: Any, device: str = "gpu") -> dict[str, Any]:

@@ -92,6 +92,7 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         # the engines OpenRLHF created, one decode actor each: never more (real engines do not burst)
         config = scheduler.derive(burst=1.0, max_actors=min(scheduler.max_actors or n, n))
         self.cluster = Cluster.of_gpus(n * gpa, gpus_per_node)
+        profile = profile.model_copy(update={"watermark": scheduler.kv_watermark})  # as the engine builder sets it
         self.planner = planner_for(config, profile, self.cluster, registry, prefill_actor=False)
         self.planner.warm_actors = n  # OpenRLHF started them before the first step
         mode = planned_mode(self.planner)
@@ -183,10 +184,11 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
 
     @property
     def engine_profile(self) -> TimePerTokenProfile:
-        """The profile with the KV capacity and sequences at once of the engines themselves (read from them once,
-        the least of the live ones), not the profile's: on another GPU, ``--vllm.gpu_memory_utilization`` or model
-        the profile's could be off by 2x. What the stream holds each engine to (``KvSlots``) and what the KV-aware
-        consolidation moves by come from here; an engine that does not say keeps the profile's figure."""
+        """The profile with the KV capacity, sequences at once and KV watermark of the engines themselves (read
+        from them once: the least of the live ones, the watermark's most), not the profile's: on another GPU,
+        ``--vllm.gpu_memory_utilization`` or model the profile's could be off by 2x. What the stream holds each
+        engine to (``KvSlots``) and what the KV-aware consolidation moves by come from here; an engine that does not
+        say keeps the profile's figure."""
         if self._engine_profile is None:
             stats = self.pool.stats(self.pool.live())
             kv = min((s.kv_capacity_tokens for s in stats.values() if s.kv_capacity_tokens > 0), default=0)
@@ -195,6 +197,7 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
             update = {
                 "kv_capacity_tokens": kv or prof.kv_capacity_tokens,
                 "max_num_seqs": seqs or prof.max_num_seqs,
+                "watermark": max((s.watermark for s in stats.values()), default=prof.watermark),
             }
             if kv and abs(kv - prof.kv_capacity_tokens) > 0.1 * prof.kv_capacity_tokens:
                 log.info(

@@ -26,6 +26,7 @@ class EngineStats:
     engine_alive: bool = True  # vLLM's EngineCore is up (False: it died under this live actor, e.g. CUDA OOM)
     kv_capacity_tokens: int = 0  # tokens this engine's KV cache holds (vLLM's blocks x block size; 0: not known)
     max_num_seqs: int = 0  # sequences it runs at once (vLLM's scheduler setting; 0: not known)
+    watermark: float = 0.0  # share of the KV its scheduler keeps free when admitting beside running sequences
 
 
 @dataclass

@@ -204,6 +204,14 @@ class SchedulerConfig(_WithPolicies):  # type: ignore[misc,valid-type]
     prefill_capacity_tokens: PositiveInt = Field(
         default=65536, description="Tokens the prefill actor can hold in one deduplicated batch."
     )
+    kv_watermark: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=0.5,
+        description="vLLM's scheduler watermark on the engines: the share of the KV cache kept free when a waiting "
+        "or preempted sequence is admitted beside running ones, so that the running ones grow into it instead of "
+        "being preempted and recomputed (0: vLLM's default, none).",
+    )
     pipeline: PipelineConfig = Field(
         default_factory=PipelineConfig, description="Synchronous steps, or generation overlapping learning."
     )

@@ -186,6 +186,13 @@ class TimePerTokenProfile(Record):
         "tokens; None: not known for this profile.",
     )
     max_num_seqs: PositiveInt = Field(default=256, description="Cap on concurrently running sequences per actor.")
+    watermark: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="vLLM's scheduler watermark: the share of the KV cache kept free when admitting a waiting or "
+        "preempted sequence while others run (0: vLLM's default, none).",
+    )
     kv_bytes_per_token: PositiveInt = Field(description="Size of one token's KV cache (for migration by KV).")
     cold_start_s: NonNegativeFloat = Field(default=0.0, description="Time to start an actor (serverless billing).")
     intra_node_gbps: float = Field(default=100.0, gt=0, description="Transfer bandwidth within a node, GB/s.")

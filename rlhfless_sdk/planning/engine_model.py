@@ -1,7 +1,8 @@
 """A continuous-batching decode engine on a simulated clock: the simulator's engines, and the engine cost model's.
 
 vLLM-style: at most ``max_num_seqs`` running sequences and ``kv_capacity_tokens`` of KV; FCFS admission with a
-prefill pause per admission round; recompute preemption of the newest sequence when KV runs out. Between events
+prefill pause per admission round, which leaves the profile's ``watermark`` of the KV free while others run;
+recompute preemption of the newest sequence when KV runs out. Between events
 the batch is constant, so k decode steps cost ``k * (a + b*B + c*ctx) + c*B*k*(k-1)/2`` (the context grows by B a
 step) and the engine jumps from event to event.
 """
@@ -130,8 +131,8 @@ class EngineModel:
                 else:
                     break
             need = s.prompt_len[sid] + s.generated[sid]
-            if self.B > 0 and self.ctx + need > p.kv_capacity_tokens:
-                break
+            if self.B > 0 and self.ctx + need > p.kv_capacity_tokens - int(p.watermark * p.kv_capacity_tokens):
+                break  # vLLM keeps its watermark free when admitting beside running sequences
             self.waiting.popleft()
             if s.kv_cached[sid]:
                 cached_tok += need

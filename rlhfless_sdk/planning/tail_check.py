@@ -9,6 +9,10 @@ run to their end. Each is the engine model (``EngineModel``) run on the check mo
 robin to the engines. Where the long rounds are as slow as the steps they spare (a runaway in every fifth group,
 say), tail batching only adds the aborted tokens, and the check says so; so a better predictor makes the choice
 better.
+
+With a migrator that evens out the tail's KV (``balances_tail``, as ``balance`` does), a round that runs to its end
+ends when the mean engine's work does, or when its longest sample's own decode steps do, whichever is later: the
+rounds the check compares are then the balanced ones the step really runs, not round robin's slowest engine.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlhfless_sdk.api.records import TimePerTokenProfile
-from rlhfless_sdk.planning.engine_model import EngineSamples, run_engines
+from rlhfless_sdk.planning.engine_model import EngineModel, EngineSamples, run_engines
 
 
 @dataclass(frozen=True)
@@ -48,8 +52,11 @@ class TailEstimate:
         return self.per_group_tail <= (1.0 - margin) * self.per_group_plain
 
 
-def _done_at(profile: TimePerTokenProfile, engines: int, groups: list[np.ndarray], prompt_len: list[int]) -> np.ndarray:
-    """Each group's completion time when ``groups`` (response lengths of each group's samples) run together."""
+def _run(
+    profile: TimePerTokenProfile, engines: int, groups: list[np.ndarray], prompt_len: list[int]
+) -> tuple[np.ndarray, list[EngineModel]]:
+    """Each group's completion time when ``groups`` (response lengths of each group's samples) run together, and
+    the engines that ran them."""
     sizes = [len(g) for g in groups]
     group = np.repeat(np.arange(len(groups)), sizes)
     index = np.concatenate([np.arange(n) for n in sizes]) if groups else np.zeros(0, dtype=np.int64)
@@ -64,10 +71,22 @@ def _done_at(profile: TimePerTokenProfile, engines: int, groups: list[np.ndarray
         [],
         (np.arange(n) % engines).tolist(),
     )
-    run_engines(profile, s, engines, range(n))
+    models = run_engines(profile, s, engines, range(n))
     finish = np.asarray(s.finish_time, dtype=np.float64)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    return np.maximum.reduceat(finish, offsets[:-1]) if n else np.zeros(0)
+    return (np.maximum.reduceat(finish, offsets[:-1]) if n else np.zeros(0)), models
+
+
+def _round_s(
+    profile: TimePerTokenProfile, engines: int, groups: list[np.ndarray], prompt_len: list[int], balanced: bool
+) -> float:
+    """Seconds until the last of ``groups`` completes: the slowest engine's end, or with ``balanced`` the mean
+    engine's work or the longest sample's own decode steps, whichever is longer."""
+    done, models = _run(profile, engines, groups, prompt_len)
+    if not balanced or not len(done):
+        return float(done.max(initial=0.0))
+    longest = max(int(g.max(initial=0)) for g in groups)
+    return max(float(np.mean([m.busy for m in models])), longest * profile.decode_base_s)
 
 
 def estimate_tail(
@@ -76,13 +95,15 @@ def estimate_tail(
     prompt_len: list[int],
     train: int,
     engines: int,
+    balanced: bool = False,
 ) -> TailEstimate:
     """The estimate for a short round of the groups ``lengths`` (each group's samples' response lengths, in
-    start order; ``prompt_len`` each group's prompt), B = ``train``, on ``engines`` engines."""
+    start order; ``prompt_len`` each group's prompt), B = ``train``, on ``engines`` engines; ``balanced``: a
+    migrator evens out the KV of the rounds that run to their end (the plain step and the long round)."""
     if not 0 < train <= len(lengths) or engines < 1:
         raise ValueError(f"a round of {len(lengths)} groups cannot train {train} on {engines} engines")
-    plain = float(_done_at(profile, engines, lengths[:train], prompt_len[:train]).max())
-    done = _done_at(profile, engines, lengths, prompt_len)
+    plain = _round_s(profile, engines, lengths[:train], prompt_len[:train], balanced)
+    done, _ = _run(profile, engines, lengths, prompt_len)
     order = np.argsort(done, kind="stable")
     short = float(done[order[train - 1]])
     deferred = [int(g) for g in order[train:]]
@@ -90,5 +111,5 @@ def estimate_tail(
         return TailEstimate(plain, short, 0.0, train, 0)
     reps = math.ceil(train / len(deferred))
     tiled = (deferred * reps)[:train]  # a long round: B groups like the ones deferred
-    long = float(_done_at(profile, engines, [lengths[g] for g in tiled], [prompt_len[g] for g in tiled]).max())
+    long = _round_s(profile, engines, [lengths[g] for g in tiled], [prompt_len[g] for g in tiled], balanced)
     return TailEstimate(plain, short, long, train, len(deferred))

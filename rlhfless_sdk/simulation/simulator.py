@@ -145,7 +145,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         predictor's length history reads only what this run records (``isolated_history``): a replayed workload's
         later steps are never seen before their turn, whatever an earlier run left in a history file."""
         spec = self.speculation(config)
-        with isolated_history(), self.drafting(spec):
+        with isolated_history(), self.drafting(spec, config.kv_watermark):
             result = self._run(config, workload, on_step, frontier)
         result.workload_steps, result.gpus = len(workload.steps), self.cluster.total_gpus
         result.work = self.work_bound(workload)
@@ -194,17 +194,18 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         return Speculation(acceptance=acceptance, budget=budget)
 
     @contextmanager
-    def drafting(self, spec: Speculation | None) -> Iterator[None]:
-        """This simulator's engines with ``spec``'s speculative decoding (None: the profile's own) while the block
-        runs, whatever an enclosing run drafted with (a stream's split is planned against a baseline that drafts
-        nothing)."""
+    def drafting(self, spec: Speculation | None, watermark: float = 0.0) -> Iterator[None]:
+        """This simulator's engines with ``spec``'s speculative decoding (None: the profile's own) and vLLM's KV
+        ``watermark`` (a scheduler's ``kv_watermark``) while the block runs, whatever an enclosing run drafted with
+        (a stream's split is planned against a baseline that drafts nothing)."""
         spec = spec if spec is not None else self.own_speculation
-        if self.profile.speculation is spec:
+        if self.profile.speculation is spec and self.profile.watermark == watermark:
             yield
             return
         saved = self.profile, self.dedicated
-        self.profile = self.profile.model_copy(update={"speculation": spec})
-        self.dedicated = self.dedicated.model_copy(update={"speculation": spec})
+        update = {"speculation": spec, "watermark": watermark}
+        self.profile = self.profile.model_copy(update=update)
+        self.dedicated = self.dedicated.model_copy(update=update)
         try:
             yield
         finally:

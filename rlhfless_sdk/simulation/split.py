@@ -120,7 +120,7 @@ def choose_split(
 
         def time_at(r: int) -> float:
             if r not in cache:
-                with sim.drafting(sim.speculation(cfg)):  # each scheduler with its own drafter, or none
+                with sim.drafting(sim.speculation(cfg), cfg.kv_watermark):  # each scheduler's own engines
                     cache[r] = sum(x.time_s for x in run(cfg, wl, None, r).reports)
             return cache[r]
 
