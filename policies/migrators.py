@@ -259,10 +259,14 @@ class BalanceMigrator:
 
     description = "spread the long tail's KV evenly over the actors (beyond the paper; sync steps)"
     reads_predictions = False  # reads tokens, caps and each actor's KV, no predicted length
-    balances_tail = True  # a tail batching check prices a round run to its end as balanced (``tail_check``)
 
     def __init__(self, params: BalanceParams | None = None) -> None:
         self.params = params or BalanceParams()
+
+    def balanced_share(self, max_tokens: int) -> float:
+        """The share of a step's tail imbalance this evens out when samples decode at most ``max_tokens``: a sample
+        moves only before its last ``min_left`` tokens (what a tail batching check prices, ``tail_check``)."""
+        return max(0.0, 1.0 - self.params.min_left / max_tokens) if max_tokens > 0 else 0.0
 
     def decide(self, progress: StepProgress) -> list[MigrationDecision]:
         p = self.params

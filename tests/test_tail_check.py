@@ -128,37 +128,55 @@ def test_a_run_too_short_for_a_cycle_is_openrlhfs_step_on_every_round():
 
 
 def test_with_a_balancing_migrator_a_round_run_to_its_end_lasts_its_mean_engines_work():
-    """``balanced`` (a migrator that evens out the tail's KV, ``balance``): the plain step and the long round last
-    the mean engine's work, or the longest sample's own decode steps where those are longer; never longer than
-    round robin's slowest engine. The short round, cut at its B-th group, is the same either way."""
+    """``balanced`` (the share of the tail's imbalance a migrator evens out, ``balance``): at 1 the plain step and
+    the long round last the mean engine's work, or the longest sample's own decode steps where those are longer;
+    at a share in between, that share of the way from round robin's slowest engine; never longer than it. The short
+    round, cut at its B-th group, is the same either way."""
     from rlhfless_sdk.planning.tail_check import _run
 
     rng = np.random.default_rng(2)
     groups = _groups(rng, 48, 4, 6, 4000)
     raw = estimate_tail(PROFILE, groups, [100] * 48, 32, 4)
-    bal = estimate_tail(PROFILE, groups, [100] * 48, 32, 4, balanced=True)
-    assert (bal.short_s, bal.deferred) == (raw.short_s, raw.deferred)
+    bal = estimate_tail(PROFILE, groups, [100] * 48, 32, 4, balanced=1.0)
+    half = estimate_tail(PROFILE, groups, [100] * 48, 32, 4, balanced=0.5)
+    assert (bal.short_s, bal.deferred) == (raw.short_s, raw.deferred) == (half.short_s, half.deferred)
     _, engines = _run(PROFILE, 4, groups[:32], [100] * 32)
     mean_work = float(np.mean([e.busy for e in engines]))
     assert bal.plain_s == pytest.approx(max(mean_work, 4000 * PROFILE.decode_base_s))
-    assert bal.plain_s <= raw.plain_s and bal.long_s <= raw.long_s
+    assert bal.plain_s < raw.plain_s and bal.long_s <= raw.long_s
+    assert half.plain_s == pytest.approx((raw.plain_s + bal.plain_s) / 2)
     one = [np.array([4000])]  # one sample on one engine: its own decode steps are the floor
-    assert estimate_tail(PROFILE, one, [100], 1, 1, balanced=True).plain_s >= 4000 * PROFILE.decode_base_s
+    assert estimate_tail(PROFILE, one, [100], 1, 1, balanced=1.0).plain_s >= 4000 * PROFILE.decode_base_s
 
 
-@pytest.mark.parametrize(("scheduler", "balanced"), [("rlhfless", True), ("rlhfless-onpolicy", False)])
-def test_the_planners_check_is_balanced_exactly_when_its_migrator_balances_the_tail(scheduler, balanced):
-    """``rlhfless`` spreads the tail by KV (``balance``: ``balances_tail``), so its check prices balanced rounds;
+def test_the_balance_migrator_evens_out_only_what_may_still_move():
+    """``balance`` moves a sample only while it may decode ``min_left`` more tokens: under a cap at or below that
+    it evens out nothing, and above it the share of a sample's decode before its last ``min_left`` tokens."""
+    from rlhfless_policies.migrators import BalanceMigrator, BalanceParams
+
+    m = BalanceMigrator(BalanceParams(min_left=2000))
+    assert m.balanced_share(0) == m.balanced_share(1024) == m.balanced_share(2000) == 0.0
+    assert m.balanced_share(8192) == pytest.approx(1 - 2000 / 8192)
+    assert 0 < m.balanced_share(4096) < m.balanced_share(16384) < 1
+
+
+@pytest.mark.parametrize("scheduler", ["rlhfless", "rlhfless-onpolicy"])
+@pytest.mark.parametrize("cap", [0, 1024, 8192])
+def test_the_planners_check_is_balanced_as_far_as_its_migrator_evens_out_the_tail(scheduler, cap):
+    """``rlhfless`` spreads the tail by KV (``balance``), so its check prices the rounds that run to their end as
+    balanced as ``balanced_share`` says for the run's length cap (none before a step has shown one);
     ``rlhfless-onpolicy`` migrates nothing, so its check prices round robin's."""
     from rlhfless_sdk.planning.engine_model import LengthSpread
 
     registry = get_plugin_manager().registry
     sim = Simulator(PROFILE, Cluster.of_gpus(4, 4), registry=registry)
     planner = sim.planner(registry.scheduler(scheduler))
+    planner.spread = LengthSpread(cap=cap) if cap else None
     batch, _ = SyntheticWorkload(48, 4, median_length=300, max_length=4096, runaway=0.05, seed=2).batch()
     lengths = planner.check_model.lengths(batch, planner.predict(batch, []), planner.spread or LengthSpread())
     groups = [lengths[a:b] for a, b in zip(batch.sample_offsets[:-1], batch.sample_offsets[1:], strict=True)]
     engines = planner.actor_range([])[1]  # the fleet, and burst engines where the preset allows them
-    expected = estimate_tail(PROFILE, groups, batch.prompt_lengths.tolist(), 32, engines, balanced=balanced)
+    share = planner.policies["migrator"].balanced_share(cap) if scheduler == "rlhfless" and cap else 0.0
+    assert (share > 0) == (scheduler == "rlhfless" and cap == 8192)
+    expected = estimate_tail(PROFILE, groups, batch.prompt_lengths.tolist(), 32, engines, balanced=share)
     assert planner.tail_check(batch, 32, []) == expected
-    assert getattr(planner.policies["migrator"], "balances_tail", False) is balanced

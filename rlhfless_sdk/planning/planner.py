@@ -382,15 +382,17 @@ class StepPlanner:
     def tail_check(self, batch: PromptBatch, train: int, fallbacks: list[str]) -> TailEstimate:
         """Tail batching's predicted cost per trained group against a plain step's, if ``batch`` (in start order)
         were the next short round training ``train`` groups (``rlhfless_sdk.planning.tail_check``): the predictor's
-        lengths with the learned spread, on the fleet's engines, balanced where the migrator says it evens out the
-        tail's KV (its ``balances_tail``)."""
+        lengths with the learned spread, on the fleet's engines, balanced as far as the migrator evens out the
+        tail's KV under the run's length cap (its ``balanced_share``; none before a step has run)."""
         assert self.check_model is not None
         pred = self.predict(batch, fallbacks)
         lengths = self.check_model.lengths(batch, pred, self.spread or LengthSpread())
         offsets = batch.sample_offsets
         groups = [lengths[offsets[i] : offsets[i + 1]] for i in range(len(batch))]
         engines = self.actor_range([])[1]
-        balanced = bool(getattr(self.policies["migrator"], "balances_tail", False))
+        share = getattr(self.policies["migrator"], "balanced_share", None)
+        cap = self.spread.cap if self.spread is not None else 0
+        balanced = float(share(cap)) if callable(share) and cap > 0 else 0.0
         return estimate_tail(self.check_model.profile, groups, batch.prompt_lengths.tolist(), train, engines, balanced)
 
     def keeps_tokens(self, step: int, fallbacks: list[str]) -> bool:

@@ -10,9 +10,10 @@ robin to the engines. Where the long rounds are as slow as the steps they spare 
 say), tail batching only adds the aborted tokens, and the check says so; so a better predictor makes the choice
 better.
 
-With a migrator that evens out the tail's KV (``balances_tail``, as ``balance`` does), a round that runs to its end
-ends when the mean engine's work does, or when its longest sample's own decode steps do, whichever is later: the
-rounds the check compares are then the balanced ones the step really runs, not round robin's slowest engine.
+With a migrator that evens out the tail's KV (``balance``), a round that runs to its end ends nearer the mean
+engine's work, or its longest sample's own decode steps, whichever is later, than round robin's slowest engine:
+the migrator's ``balanced_share`` of the gap between the two, for samples of the run's length cap (``balance``
+moves a sample only while it may decode ``min_left`` more tokens, so under a short cap it moves none).
 """
 
 from __future__ import annotations
@@ -78,15 +79,18 @@ def _run(
 
 
 def _round_s(
-    profile: TimePerTokenProfile, engines: int, groups: list[np.ndarray], prompt_len: list[int], balanced: bool
+    profile: TimePerTokenProfile, engines: int, groups: list[np.ndarray], prompt_len: list[int], balanced: float
 ) -> float:
-    """Seconds until the last of ``groups`` completes: the slowest engine's end, or with ``balanced`` the mean
-    engine's work or the longest sample's own decode steps, whichever is longer."""
+    """Seconds until the last of ``groups`` completes: the slowest engine's end, less the share ``balanced`` of its
+    gap to the balanced end (the mean engine's work or the longest sample's own decode steps, whichever is
+    longer)."""
     done, models = _run(profile, engines, groups, prompt_len)
-    if not balanced or not len(done):
-        return float(done.max(initial=0.0))
+    slowest = float(done.max(initial=0.0))
+    if balanced <= 0.0 or not len(done):
+        return slowest
     longest = max(int(g.max(initial=0)) for g in groups)
-    return max(float(np.mean([m.busy for m in models])), longest * profile.decode_base_s)
+    even = max(float(np.mean([m.busy for m in models])), longest * profile.decode_base_s)
+    return slowest - min(balanced, 1.0) * max(slowest - even, 0.0)
 
 
 def estimate_tail(
@@ -95,11 +99,11 @@ def estimate_tail(
     prompt_len: list[int],
     train: int,
     engines: int,
-    balanced: bool = False,
+    balanced: float = 0.0,
 ) -> TailEstimate:
     """The estimate for a short round of the groups ``lengths`` (each group's samples' response lengths, in
-    start order; ``prompt_len`` each group's prompt), B = ``train``, on ``engines`` engines; ``balanced``: a
-    migrator evens out the KV of the rounds that run to their end (the plain step and the long round)."""
+    start order; ``prompt_len`` each group's prompt), B = ``train``, on ``engines`` engines; ``balanced``: the share
+    of the rounds run to their end (the plain step and the long round) whose imbalance a migrator evens out."""
     if not 0 < train <= len(lengths) or engines < 1:
         raise ValueError(f"a round of {len(lengths)} groups cannot train {train} on {engines} engines")
     plain = _round_s(profile, engines, lengths[:train], prompt_len[:train], balanced)
