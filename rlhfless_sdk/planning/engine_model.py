@@ -123,6 +123,7 @@ class EngineModel:
             return
         self.blocked = False
         cap = min(self.slots, p.max_num_seqs) if self.slots > 0 else p.max_num_seqs
+        room = p.kv_capacity_tokens - int(p.watermark * p.kv_capacity_tokens)  # beside running sequences (vLLM's)
         while self.waiting and cap > self.B:
             sid = self.waiting[0]
             if s.ready_at[sid] > self.t:
@@ -131,8 +132,8 @@ class EngineModel:
                 else:
                     break
             need = s.prompt_len[sid] + s.generated[sid]
-            if self.B > 0 and self.ctx + need > p.kv_capacity_tokens - int(p.watermark * p.kv_capacity_tokens):
-                break  # vLLM keeps its watermark free when admitting beside running sequences
+            if self.B > 0 and self.ctx + need > room:
+                break
             self.waiting.popleft()
             if s.kv_cached[sid]:
                 cached_tok += need
