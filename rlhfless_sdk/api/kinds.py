@@ -78,6 +78,14 @@ KINDS: tuple[PolicyKind, ...] = (
         Migrator,
         baseline="none",
         summary="Register cut-and-migrate policies (``Migrator``) consulted while a step runs.",
+        capabilities=(
+            (
+                "balanced_share",
+                "balanced_share(max_tokens) -> float: the share of a step's tail imbalance it evens out when samples "
+                "decode at most max_tokens; a tail batching check prices the rounds run to their end that much "
+                "nearer the mean engine's work",
+            ),
+        ),
     ),
     PolicyKind(
         "scaler",
