@@ -220,10 +220,10 @@ def create_vllm_engines_with_rlhfless(
             "--vllm.tensor_parallel_size 1 or drop --scheduler.drafter"
         )
     cpu = os.environ.get("RLHFLESS_CPU_ENGINES") == "1"  # the launcher's path on a machine without a GPU (tests)
-    drafting = engine_overrides(settings.get("scheduler"), "cpu" if cpu else "gpu")
-    drop_in = _DropIn(RlhflessRolloutActor, drafting, None)
+    overrides = engine_overrides(settings.get("scheduler"), "cpu" if cpu else "gpu")  # drafter, KV watermark
+    drop_in = _DropIn(RlhflessRolloutActor, overrides, None)
     if cpu:
-        drop_in = _DropIn(RlhflessRolloutActor, {**CPU_OVERRIDES, **drafting}, cpu_binds(num_engines))
+        drop_in = _DropIn(RlhflessRolloutActor, {**CPU_OVERRIDES, **overrides}, cpu_binds(num_engines))
     with _hooks(drop_in, placer, num_engines, learner):
         engines = vllm_engine.create_vllm_engines(num_engines, tensor_parallel_size, pretrain, *args, **kwargs)
     plan = settings.get("fill")
