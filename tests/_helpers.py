@@ -95,3 +95,23 @@ def local_ray(ray: Any, cpus: int, gpus: int) -> None:
         include_dashboard=False,
         runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}},
     )
+
+
+def run_ended(cmd: Sequence[str], timeout: float, **kw: Any):
+    """``subprocess.run(cmd, capture_output=True, text=True, timeout=...)`` in a process group of its own: on a
+    timeout the whole group gets SIGKILL (the engines a command started too, not only the command), then
+    ``TimeoutExpired`` is raised as ``subprocess.run`` raises it."""
+    import os
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -149,7 +149,7 @@ def test_learning_side_without_gpu_install_is_a_clear_error(capsys):
         with pytest.raises(SystemExit) as exit_info:
             main(["--scheduler", "rlhfless"])
         assert exit_info.value.code == 2
-        assert "GPU install" in capsys.readouterr().err
+        assert "install OpenRLHF's learning side on a" in capsys.readouterr().err
     else:  # a machine with OpenRLHF's full install: the trainer side checks out too
         assert any("PPOTrainer" in c for c in check_internals(learning=True))
 
@@ -596,7 +596,7 @@ def test_help_prints_the_launchers_flags_and_what_the_learning_side_needs():
     assert "--scheduler.config FILE" in out.stdout and "--scheduler.report FILE" in out.stdout
     assert "--scheduler.carry_timeout S" in out.stdout
     # either OpenRLHF's own flags follow (its learning side imports here) or the line saying what it needs
-    assert "--actor.model_name_or_path" in out.stdout or "needs OpenRLHF's GPU install" in out.stdout
+    assert "--actor.model_name_or_path" in out.stdout or "Install OpenRLHF on a" in out.stdout
     assert "Traceback" not in out.stderr
 
 

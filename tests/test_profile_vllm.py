@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from rlhfless_sdk.api.profiles import load_profile
+
+_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
 
 pytestmark = pytest.mark.slow
 
@@ -21,13 +29,7 @@ def test_profile_measures_and_predicts_a_held_out_batch(tmp_path):
     out = tmp_path / "profiles" / "new" / "measured.yaml"  # a folder that does not exist yet: made, after the checks
     exe = Path(sys.executable).parent / "rlhfless"
     env = {**os.environ, "RLHFLESS_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run(
-        [str(exe), "profile", "--out", str(out), "--name", "cpu-tiny", "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
+    proc = H.run_ended([str(exe), "profile", "--out", str(out), "--name", "cpu-tiny", "--json"], 900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     v = result["validation"]
@@ -54,3 +56,45 @@ def test_profile_measures_and_predicts_a_held_out_batch(tmp_path):
     bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or cpu_binds(1)[0]
     assert f"threads on cores {bind}" in prof.derivation
     assert (tmp_path / "cache" / "tiny-llama" / "model.safetensors").exists()
+
+
+def test_a_real_engine_command_killed_hard_leaves_no_engine_process(tmp_path):
+    """``rlhfless profile`` gets SIGKILL once its vLLM engine runs: no process it started is left (vLLM's
+    EngineCore has no watch on its parent; the command's watcher ends it). The command runs in a process group of
+    its own, which the test ends in any case, so that a failure here leaves nothing behind either."""
+    from rlhfless_openrlhf.reaper import alive, descendants
+
+    exe = Path(sys.executable).parent / "rlhfless"
+    env = {**os.environ, "RLHFLESS_CACHE": str(tmp_path / "cache")}
+    cmd = [str(exe), "profile", "--out", str(tmp_path / "p.yaml"), "--no-validate"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    try:
+        deadline, started = time.time() + 600, []
+        while time.time() < deadline and proc.poll() is None:
+            started = [
+                p for p in descendants([proc.pid]) if _comm(p[0]).startswith("VLLM::EngineCor")
+            ]  # comm: 15 characters
+            if started:
+                break
+            time.sleep(0.5)
+        assert started, "the engine never started"
+        time.sleep(2)  # the watcher notes the processes under the command twice a second
+        tree = descendants([proc.pid])
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        deadline = time.time() + 60
+        while any(alive(p) for p in tree) and time.time() < deadline:
+            time.sleep(0.5)
+        left = [f"{pid} {_comm(pid)}" for pid, start in tree if alive((pid, start))]
+        assert not left, f"still running after the command was killed: {left}"
+        assert len(tree) >= 2  # the engine core and its worker at least
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""

@@ -75,10 +75,10 @@ def check_demo(report, trace):
     assert totals["rlhfless"]["max_token_age"] == 0 and totals["rlhfless-fast"]["max_token_age"] <= 1
     assert all(t["speedup_range"][0] <= t["speedup_range"][1] for t in totals.values())
     rows = {r["row"]: r for r in report["async_loop"]["all_runs"]}
-    assert list(rows) == ["openrlhf", "openrlhf-again", "rlhfless-stream"]
+    assert list(rows) == ["openrlhf", "openrlhf-again", "rlhfless.async"]
     loop = report["async_loop"]
     assert all(r["groups"] == loop["batches"] * loop["batch_prompts"] for r in rows.values())
-    assert rows["openrlhf"]["max_token_age"] == 1 and 1 <= rows["rlhfless-stream"]["max_token_age"] <= 2
+    assert rows["openrlhf"]["max_token_age"] == 1 and 1 <= rows["rlhfless.async"]["max_token_age"] <= 2
     from rlhfless_sdk.workloads.traces import load_trace
 
     workload = load_trace(trace)

@@ -34,9 +34,10 @@ def check_openrlhf_version() -> str:
     try:
         found = importlib.metadata.version("openrlhf")
     except importlib.metadata.PackageNotFoundError:
+        from rlhfless_openrlhf.requirements import openrlhf_install
+
         raise OpenRLHFMismatch(
-            f"openrlhf is not installed; the adapter needs openrlhf=={OPENRLHF_VERSION} "
-            f"(pip install --no-deps openrlhf=={OPENRLHF_VERSION}, see the README)"
+            f"openrlhf is not installed; the adapter needs openrlhf=={OPENRLHF_VERSION}: {openrlhf_install()}"
         ) from None
     if found != OPENRLHF_VERSION:
         raise OpenRLHFMismatch(f"openrlhf {found} is installed; the adapter is written against {OPENRLHF_VERSION}")

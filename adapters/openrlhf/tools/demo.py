@@ -156,7 +156,7 @@ class DemoSettings:
     trace: Path | None = None  # the first scheduler's samples, as a trace the simulator replays
     lengths_from: str | None = "long-reasoning"  # length replay: a trace (or 'long-reasoning'); None: own lengths
     aa: bool = True  # run the first scheduler twice (the second as NAME-again): the machine's noise, measured
-    async_rows: tuple[str, ...] = ("openrlhf", "openrlhf-again", "rlhfless-stream")  # OpenRLHF's async loop
+    async_rows: tuple[str, ...] = ("openrlhf", "openrlhf-again", "rlhfless.async")  # OpenRLHF's async loop
     async_batches: int = 4  # batches each async row trains (0: no async part)
     learn_ratio: float = 0.5  # the async part's stand-in learner, as in ``pipeline-demo``
     profile: Path | None = None  # the planners' profile (default: a 3B-on-L40S profile, start-up free)

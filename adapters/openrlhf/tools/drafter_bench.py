@@ -336,8 +336,9 @@ def drafter_bench_cmd(drafters: tuple[str, ...], write_acceptance: Path | None, 
     """Each drafter's acceptance and time on a real vLLM engine (CPU), and its tokens beside a plain engine's."""
     import json
 
-    from rlhfless_openrlhf.tools.cli import check_drafter
+    from rlhfless_openrlhf.tools.cli import check_drafter, real_engine_command
 
+    real_engine_command("drafter-bench")
     for name in drafters:
         check_drafter(name)
     command = " ".join(["rlhfless drafter-bench", *_measuring_flags(sys.argv[2:])])

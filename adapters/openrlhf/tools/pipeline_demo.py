@@ -15,7 +15,8 @@ The rows:
 - ``openrlhf-partial``: plus ``--train.partial_rollout_enable``. Generation runs without the lock, and a broadcast
   pauses the batch being generated.
 - ``rlhfless-fast``: partial rollouts cut at B groups, in OpenRLHF's async mode.
-- ``rlhfless-stream``: the streaming pipeline (``rlhfless_openrlhf.stream``).
+- ``rlhfless.async``: what ``--scheduler rlhfless`` runs in an async launch, the stream (preset ``rlhfless-stream``,
+  ``rlhfless_openrlhf.stream``).
 
 Calibration: one synchronous batch of the same workload with OpenRLHF's scheduling, before any row. The stand-in
 learner then takes ``learn_ratio`` x (that batch's generation seconds / its trained tokens) per trained token, so
@@ -39,7 +40,7 @@ ROWS: dict[str, tuple[str, bool, int]] = {
     "openrlhf-q2": ("openrlhf", False, 2),
     "openrlhf-partial": ("openrlhf", True, 1),
     "rlhfless-fast": ("rlhfless-fast", False, 1),
-    "rlhfless-stream": ("rlhfless-stream", True, 1),
+    "rlhfless.async": ("rlhfless-stream", True, 1),  # what --scheduler rlhfless runs in an async launch
 }
 
 
