@@ -109,6 +109,7 @@ def start_until():
 
     def start(cmd, signal, *, timeout=600.0, **kw):
         kw.setdefault("preexec_fn", sigint_default)
+        kw.setdefault("start_new_session", True)  # its own process group, which the end of the test ends whole
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
         procs.append(proc)
         lines: list[str] = []
@@ -130,5 +131,5 @@ def start_until():
     yield start
     for proc in procs:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -28,7 +29,9 @@ def run(*args: str):
         (["plan", "--gpus", "0"], "'--gpus': 0 is not in the range 1<=x<=100000"),
         (["plan", "--history", "-2"], "'--history': -2 is not in the range 0<=x<=100"),
         (["plan", "--samples", "0"], "'--samples': 0 is not in the range x>=1"),
-        (["simulate", "--steps", "-1"], "'--steps': -1 is not in the range x>=0"),
+        (["simulate", "--steps", "-1"], "'--steps': -1 is not in the range x>=1"),
+        (["simulate", "--steps", "0"], "'--steps': 0 is not in the range x>=1"),  # it once ran 5 steps silently
+        (["compare-predictors", "--steps", "0"], "'--steps': 0 is not in the range x>=1"),
         (["simulate", "--max-length", "0"], "'--max-length': 0 is not in the range x>=1"),
         (["simulate", "--median-length", "-300"], "'--median-length': '-300' must be > 0"),
         (["simulate", "--median-length", "nan"], "'--median-length': 'nan' is not a finite number"),
@@ -103,15 +106,42 @@ def test_json_output_is_strict_json():
     json.loads(res.output, parse_constant=refuse)
 
 
-def test_ctrl_c_exits_130_promptly(start_until):
-    """A long simulation (minutes), interrupted once it says it is under way (its progress label on stderr, not
-    after a sleep that a loaded machine outruns): it stops with exit status 130 and one line, not when it ends."""
+def test_ctrl_c_exits_130_promptly():
+    """A long simulation (minutes), interrupted once it says it is under way (its progress bar on a terminal's
+    stderr, not after a sleep that a loaded machine outruns): it stops with exit status 130 and one line, not when
+    it ends."""
+    import pty
+    import select
+
     cmd = [sys.executable, "-m", "rlhfless_sdk", "simulate", "--prompts", "4096", "--samples", "8", "--steps", "50"]
-    proc, lines = start_until(cmd, "simulating", env={**os.environ, "COLUMNS": "80"})
-    proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=600)  # a guard against a hang only: ignoring the signal would finish the run, exit status 0
-    proc.reader.join()
-    err = "".join(lines)
+    main_fd, child_fd = pty.openpty()  # stderr a terminal: the bar shows
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=child_fd,
+        env={**os.environ, "COLUMNS": "80"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a backgrounded suite ignores SIGINT
+    )
+    os.close(child_fd)
+    err, deadline = "", time.time() + 600  # a guard against a child that hangs before it is ready
+    try:
+        while "simulating" not in err and time.time() < deadline and proc.poll() is None:
+            if select.select([main_fd], [], [], 1.0)[0]:
+                err += os.read(main_fd, 4096).decode(errors="replace")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=600)  # a guard against a hang only: ignoring the signal would finish the run, exit 0
+        while select.select([main_fd], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(main_fd, 4096)
+            except OSError:  # the terminal's other end closed
+                break
+            if not chunk:
+                break
+            err += chunk.decode(errors="replace")
+    finally:
+        os.close(main_fd)
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 130, err[-500:]
     assert "interrupted" in err and "Traceback" not in err
 
@@ -163,3 +193,27 @@ def test_real_engine_commands_refuse_bad_arguments_before_ray_or_an_engine_start
     for started in ("Started a local Ray instance", "ray.init", "EngineCore", "Initializing a V1 LLM engine"):
         assert started not in out, out[-2000:]
     assert "Traceback" not in out
+
+
+def test_simulate_shows_progress_only_on_a_terminal(tmp_path):
+    """The bar names the scheduler running and the time so far, on a terminal's stderr; piped, or under ``--json``,
+    stderr stays empty."""
+    import io
+
+    from rlhfless_sdk.cli.progress import progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term, pipe = Terminal(), io.StringIO()
+    for stream in (term, pipe):
+        with progress(4, file=stream) as bar:
+            bar.now("rlhfless")
+            bar.step(4)
+    with progress(4, show=False, file=Terminal()) as bar:  # --json
+        bar.now("rlhfless")
+    assert "simulating rlhfless (0 s)" in term.getvalue() and "4/4" in term.getvalue()
+    assert pipe.getvalue() == ""
+    res = run("simulate", "--steps", "2", "--prompts", "16", "--no-frontier")  # CliRunner: stderr is no terminal
+    assert res.exit_code == 0 and "simulating" not in res.stderr

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import rlhfless_test_helpers as H  # registered by conftest.py
 
 pytestmark = pytest.mark.slow
 
@@ -74,9 +75,7 @@ def test_the_pipeline_demo_runs_openrlhfs_async_loop_for_every_row(tmp_path, dem
     flags = ["--batches", "3", "--batch-prompts", "2", "--samples", "2", "--max-new-tokens", "32", "--out", str(out)]
     # the stream's row runs in the main demo's check (tests/test_results_page.py); OpenRLHF's other modes here
     flags += [f"--row={r}" for r in ("openrlhf", "openrlhf-q2", "openrlhf-partial", "rlhfless-fast")]
-    proc = subprocess.run(
-        [EXE, "pipeline-demo", *flags], capture_output=True, text=True, env=env, timeout=900
-    )  # fmt: skip
+    proc = H.run_ended([EXE, "pipeline-demo", *flags], 900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     rows = {r["row"]: r for r in report["runs"][0]["rows"]}
@@ -111,7 +110,17 @@ def test_ctrl_c_shuts_everything_down(tmp_path, demo_cache):
         text=True,
         env=env,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a backgrounded suite ignores SIGINT
+        start_new_session=True,  # its own process group: whatever happens here, the test ends all of it
     )
+    try:
+        _interrupt_once_generating(proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert _no_strays_within(60) == 0
+
+
+def _interrupt_once_generating(proc: subprocess.Popen) -> None:
     seen = []
     deadline = time.time() + 600
     assert proc.stdout is not None
@@ -124,4 +133,3 @@ def test_ctrl_c_shuts_everything_down(tmp_path, demo_cache):
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, "".join(seen) + rest
     assert "interrupted: engines and Ray are shut down" in rest
-    assert _no_strays_within(60) == 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -13,12 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+import rlhfless_test_helpers as H  # registered by conftest.py
 
 from rlhfless_sdk.api.profiles import load_profile
-
-_spec = importlib.util.spec_from_file_location("rlhfless_test_helpers", Path(__file__).with_name("_helpers.py"))
-H = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(H)
 
 pytestmark = pytest.mark.slow
 

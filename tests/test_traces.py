@@ -246,3 +246,23 @@ def test_a_sample_beyond_the_kv_capacity_names_the_capacity_and_its_flag(tmp_pat
         f"{path}, line 2, field 'response_length': prompt + response = 187 tokens (150 + 37), more than an "
         "engine's KV capacity of 100 tokens (--colocated-kv-tokens), which must hold a whole sample"
     )
+
+
+def test_the_docs_example_trace_replays(tmp_path):
+    """docs/simulator.md's five-row example is a trace the simulator reads: two groups of 2 in step 1, then 1."""
+    import re
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "simulator.md").read_text()
+    (example,) = re.findall(r"```csv\n(.*?)```", doc, flags=re.S)
+    workload = load_trace(write(tmp_path, "example.csv", example))
+    assert [s.step for s in workload.steps] == [1, 2]
+    assert workload.steps[0].lengths.tolist() == [480, 1310, 260, 305]
+    assert workload.steps[1].lengths.tolist() == [702]
+
+
+@pytest.mark.parametrize("sep, name", [("\t", "tab"), (";", "semicolon")])
+def test_a_trace_separated_by_tabs_or_semicolons_is_named_so(tmp_path, sep, name):
+    text = sep.join(["uid", "step", "sample_idx", "prompt_length", "response_length"]) + "\n"
+    text += sep.join(["a", "1", "0", "10", "20"]) + "\n"
+    with pytest.raises(TraceError, match=rf"line 1: is {name}-separated; a CSV trace is comma-separated"):
+        load_trace(write(tmp_path, "t.tsv", text))

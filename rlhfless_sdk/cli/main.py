@@ -385,7 +385,7 @@ def rollout_split(config: Any, mode: Mode, rollout_gpus: int | None, gpus: int, 
     "--prompts", default=256, type=POSITIVE, show_default=True, help="Synthetic workload (no --trace): prompts/step."
 )
 @click.option("--samples", default=8, type=POSITIVE, show_default=True, help="Synthetic workload: samples per prompt.")
-@click.option("--steps", default=0, type=NON_NEGATIVE, help="Steps to replay (default: all of a trace, 5 synthetic).")
+@click.option("--steps", default=None, type=POSITIVE, help="Steps to replay (default: all of a trace, 5 synthetic).")
 @synthetic_shape_options
 @click.option("--seed", default=0, type=NON_NEGATIVE, show_default=True)
 @click.option(
@@ -476,8 +476,8 @@ def simulate_cmd(**kw) -> None:
 @click.option("--samples", default=8, type=POSITIVE, show_default=True, help="Synthetic workload: samples per prompt.")
 @click.option(
     "--steps",
-    default=0,
-    type=NON_NEGATIVE,
+    default=None,
+    type=POSITIVE,
     help="Steps to replay, at least 2: the first is not scored (default: all of a trace, 5 synthetic).",
 )
 @click.option("--seed", default=0, type=NON_NEGATIVE, show_default=True)
@@ -497,7 +497,7 @@ def compare_predictors_cmd(
     predictors: str,
     prompts: int,
     samples: int,
-    steps: int,
+    steps: int | None,
     seed: int,
     scheduler: str,
     profile: str,

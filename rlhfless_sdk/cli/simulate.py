@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from rlhfless_sdk.api.records import Cluster, dumps
 from rlhfless_sdk.cli.args import MAX_GPUS, check_samples, run_profile
 from rlhfless_sdk.cli.drafting import acceptance_arg, drafter_arg, drafter_lines, with_drafter
 from rlhfless_sdk.cli.plots import plot, plot_frontier
+from rlhfless_sdk.cli.progress import progress as progress_bar
 from rlhfless_sdk.rollout.modes import Mode, mode_for
 from rlhfless_sdk.simulation.results import SimulationResult
 from rlhfless_sdk.simulation.simulator import Simulator, equal_peak
@@ -150,11 +150,12 @@ def run_simulation(
     progress: bool = True,
     frontier: bool = False,
 ) -> list[SimulationResult]:
+    """Each scheduler's run, under a progress bar on stderr when it is a terminal and ``progress`` is on."""
     results = []
-    total = len(configs) * len(workload.steps)
-    with click.progressbar(length=total, label="simulating", file=sys.stderr, hidden=not progress) as bar:
+    with progress_bar(len(configs) * len(workload.steps), show=progress) as bar:
         for config in configs:
-            results.append(simulator.run(config, workload, on_step=lambda _r: bar.update(1), frontier=frontier))
+            bar.now(config.name)
+            results.append(simulator.run(config, workload, on_step=lambda _r: bar.step(), frontier=frontier))
     return results
 
 
@@ -260,7 +261,7 @@ def load_workload(
     trace: str | None,
     prompts: int,
     samples: int,
-    steps: int,
+    steps: int | None,
     seed: int,
     *,
     max_tokens: int = MAX_TOKENS,
@@ -293,7 +294,7 @@ def engine_workload(
     trace: str | None,
     prompts: int,
     samples: int,
-    steps: int,
+    steps: int | None,
     seed: int,
     prof: Any,
     memory: str,
@@ -319,7 +320,7 @@ def simulate_main(
     trace: str | None,
     prompts: int,
     samples: int,
-    steps: int,
+    steps: int | None,
     seed: int,
     median_length: float = 300.0,
     length_sigma: float = 0.6,
@@ -521,7 +522,7 @@ def given_flags(names: Sequence[str]) -> list[str]:
     ]
 
 
-def check_workload_flags(trace: str | None, steps: int, length_growth: float = 1.0) -> None:
+def check_workload_flags(trace: str | None, steps: int | None, length_growth: float = 1.0) -> None:
     """No option of the synthetic workload with ``--trace`` (it would change nothing), and no ``--length-growth``
     over a single step (growth is from the first step to the last)."""
     if trace is not None:

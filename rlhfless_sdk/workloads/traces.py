@@ -170,6 +170,15 @@ def _parse(path: Path, fh: Any) -> Iterator[tuple[int, dict[str, Any]]]:
             raise TraceError(path, 1, None, f"not a CSV header: {exc}") from None
         if not header:
             raise TraceError(path, None, None, f"is empty: expected a CSV header with {', '.join(REQUIRED)}")
+        for sep, name in (("\t", "tab"), (";", "semicolon")):
+            if len(header) == 1 and sep in header[0]:
+                raise TraceError(
+                    path,
+                    1,
+                    None,
+                    f"is {name}-separated; a CSV trace is comma-separated (columns {', '.join(REQUIRED)}): "
+                    f"convert it, e.g. with tr '{sep.encode('unicode_escape').decode()}' ',', or write JSON lines",
+                )
         missing = [c for c in REQUIRED if c not in header]
         if missing:
             raise TraceError(path, 1, missing[0], f"missing column(s) {missing}; found {header}")
