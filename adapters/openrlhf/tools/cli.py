@@ -358,6 +358,11 @@ def demo_cmd(
     rows = len(schedulers) * (2 if drafter else 1) + aa  # a preset's drafted twin (baselines run without)
     bar, progress = _step_bar(epochs * rows + (len(settings.async_rows) if async_batches else 0), "rollout steps")
     result = _run_under_bar(bar, functools.partial(run_demo, settings, progress=progress))
+    print_demo(result, out, trace_file, drafter)
+
+
+def print_demo(result: dict[str, Any], out: Path, trace_file: Path | None, drafter: str | None) -> None:
+    """The demo's report as tables: each step, each scheduler's totals, the async loop's rows, the headline."""
     click.echo(
         f"\n{result['model']}: {result['prompts']} prompts x {result['samples_per_prompt']} samples, "
         f"{result['engines']} engines, up to {result['max_new_tokens']} new tokens"
