@@ -28,13 +28,19 @@ def first_command() -> str:
 # imports it, flash-attn's CPU placeholder in place), each imported in a fresh interpreter.
 DEMO_IMPORTS = """
 import json, sys
+before = set(sys.modules)  # what the interpreter's start loaded (.pth files of this environment's installs)
 from rlhfless_openrlhf import flash_attn_placeholder
 flash_attn_placeholder.install()
 import matplotlib.pyplot, ray, ray.util.queue, transformers, vllm, gguf, accelerate
 import openrlhf.trainer.ppo_trainer_async
 import rlhfless_openrlhf.engine_factory, rlhfless_openrlhf.generator, rlhfless_openrlhf.rollout_actor
 import rlhfless_openrlhf.trainer, rlhfless_openrlhf.tools.demo, rlhfless_openrlhf.tools.pipeline_demo
-print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})))
+files = {
+    n: m.__file__
+    for n, m in list(sys.modules.items())
+    if "." not in n and n not in before and getattr(m, "__file__", None)
+}
+print(json.dumps(files))
 """
 
 
@@ -72,10 +78,6 @@ def test_the_first_commands_install_holds_every_module_the_demo_imports():
     ``datasets`` from the ``openrlhf`` extra fails this test (OpenRLHF's async trainer imports it)."""
     pytest.importorskip("vllm")
     pytest.importorskip("openrlhf")
-    from importlib.metadata import packages_distributions
-
-    from packaging.utils import canonicalize_name
-
     setup = first_command()
     (extras,) = re.findall(r"pip install -e '\.\[([\w,-]+)\]'", setup)
     (no_deps,) = re.findall(r"pip install --no-deps ([^&]+)", setup)
@@ -87,15 +89,25 @@ def test_the_first_commands_install_holds_every_module_the_demo_imports():
         [sys.executable, "-c", DEMO_IMPORTS], capture_output=True, text=True, timeout=600, cwd=ROOT
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    modules = json.loads(out.stdout.strip().splitlines()[-1])
-    owners = packages_distributions()
-    outside = {
-        m: owners[m]
-        for m in modules
-        if m in owners and m not in sys.stdlib_module_names and not m.startswith("rlhfless_")
-        if not any(canonicalize_name(d) in have for d in owners[m])
-    }
+    imported = json.loads(out.stdout.strip().splitlines()[-1])  # top-level module -> its file
+    owner = file_owners()
+    # a module's distribution is the one whose files hold it: a vendored copy (setuptools' jaraco) is its host's
+    found = {name: owner.get(str(Path(file).resolve())) for name, file in imported.items()}
+    outside = {name: dist for name, dist in found.items() if dist and dist not in have and dist != "rlhfless"}
     assert not outside, f"imported by the demo, not installed by the README's first command: {outside}"
+
+
+def file_owners() -> dict[str, str]:
+    """Every file of every installed distribution (resolved path) -> the distribution's normalised name."""
+    from importlib.metadata import distributions
+
+    from packaging.utils import canonicalize_name
+
+    owners = {}
+    for dist in distributions():
+        for file in dist.files or []:
+            owners[str(Path(dist.locate_file(file)).resolve())] = canonicalize_name(dist.metadata["Name"])
+    return owners
 
 
 def test_the_closure_follows_extras_and_leaves_out_what_is_removed():
