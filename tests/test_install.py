@@ -204,3 +204,11 @@ def test_a_command_killed_hard_takes_the_processes_it_started_with_it():
         assert not [p for p in tree if alive(p)]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_the_refusals_install_line_is_the_readmes_first_command():
+    """The recipe a refusal prints is the README's first command's install, word for word (no second copy that
+    drifts)."""
+    from rlhfless_openrlhf.requirements import CPU_RECIPE
+
+    assert CPU_RECIPE in first_command()
