@@ -1,0 +1,51 @@
+"""Train with the drop-in launcher, and through it OpenRLHF's own ``train()``, on a machine without a GPU.
+
+Used by ``test_openrlhf_training.py`` in a subprocess: ``python tests/openrlhf_cpu_train.py OUT <launcher flags>``.
+It starts a local Ray with logical GPUs (``RLHFLESS_CPU_LAUNCH_GPUS``, default 2: one per learner rank or engine),
+puts the CPU shims (``openrlhf_cpu_shims``: each names the OpenRLHF line it stands in for) in this process, in every
+Ray worker and, as a vLLM plugin, in the engines' own processes, and runs the launcher. Everything else is real:
+OpenRLHF's parser, its ``train()``, DeepSpeed's learner on its CPU accelerator, the weight broadcast to the vLLM CPU
+engines, the launcher's hooks and classes. What the run did is written under OUT by ``openrlhf_cpu_probe`` (the
+learner's and engines' own state after each step), for the test to check.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+OUT = Path(sys.argv[1]).resolve()
+OUT.mkdir(parents=True, exist_ok=True)
+
+import openrlhf_cpu_shims  # noqa: E402
+
+plugins = openrlhf_cpu_shims.plugin_path(OUT / "plugins")
+env = {
+    "PYTHONPATH": os.pathsep.join([str(HERE), str(plugins), os.environ.get("PYTHONPATH", "")]),
+    "DS_ACCELERATOR": "cpu",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "RLHFLESS_CPU_ENGINES": "1",
+    "RLHFLESS_CPU_PROBE": str(OUT / "probe"),
+}
+os.environ.update(env)
+sys.path.insert(0, str(plugins))
+openrlhf_cpu_shims.install()
+
+import ray  # noqa: E402
+
+ray.init(
+    num_cpus=8,
+    num_gpus=int(os.environ.get("RLHFLESS_CPU_LAUNCH_GPUS", "2")),  # logical: one per learner rank or engine
+    include_dashboard=False,
+    runtime_env={"env_vars": env, "worker_process_setup_hook": "openrlhf_cpu_shims.install"},
+)
+
+from rlhfless_openrlhf.train_ppo_ray import main  # noqa: E402
+
+main(sys.argv[2:])
+print("rlhfless-cpu-train: train() returned", flush=True)
