@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import sqlite3
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -28,6 +29,7 @@ def sibling(name: str) -> ModuleType:
     """The module ``<name>.py`` of this folder, loaded by path as ``rlhfless_test_<name>``."""
     spec = importlib.util.spec_from_file_location(f"rlhfless_test_{name}", Path(__file__).with_name(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass in it looks its module up there
     spec.loader.exec_module(module)
     return module
 
@@ -115,3 +117,40 @@ def run_ended(cmd: Sequence[str], timeout: float, **kw: Any):
         proc.communicate()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _marked(marker: str) -> list[int]:
+    """Processes whose environment holds ``marker`` (what a launch and everything it started inherited)."""
+    needle = marker.encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:  # gone, or not ours to read
+                continue
+    return pids
+
+
+def run_launch(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 600):
+    """``cmd`` (a CPU launch) run to its end; then every process it left behind is killed. A launch stopped by the
+    missing CUDA can leave processes behind (vLLM's EngineCore, Ray's workers; seen: an EngineCore orphaned to pid
+    1 and deaf to SIGTERM), which a later test counting engine processes would see. Each launch's processes carry
+    a marker of their own in their environment; those left get SIGKILL."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import uuid
+
+    name, value = "RLHFLESS_TEST_LAUNCH", uuid.uuid4().hex
+    marker = f"{name}={value}"
+    try:
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env={**(env or os.environ), name: value}
+        )
+    finally:
+        for pid in _marked(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -38,44 +38,9 @@ ray.init(
     runtime_env={"env_vars": env, "worker_process_setup_hook": "flash_attn_placeholder.install"},
 )
 
-import rlhfless_openrlhf.trainer as trainer_module  # noqa: E402
+
+import openrlhf_built  # noqa: E402
 from rlhfless_openrlhf.train_ppo_ray import main  # noqa: E402
 
-
-def _class_name(actor):
-    return type(actor).__name__
-
-
-def _built(handle) -> list[str]:
-    """Wait until Ray built ``handle``'s actor and the actors it holds; the names of their classes."""
-    names = [ray.get(handle.__ray_call__.remote(_class_name), timeout=300)]
-    inner = ray.get(
-        handle.__ray_call__.remote(
-            lambda actor: [getattr(actor, a) for a in ("generator_actor", "trainer_actor") if hasattr(actor, a)]
-        ),
-        timeout=300,
-    )
-    for h in inner:
-        names.append(ray.get(h.__ray_call__.remote(_class_name), timeout=300))
-    return names
-
-
-class BuiltThroughRay:
-    """The launcher's trainer actor class, whose ``remote`` returns only once Ray built the actor (and its own)."""
-
-    def __init__(self, actor_class) -> None:
-        self.actor_class = actor_class
-
-    def remote(self, *args, **kwargs):
-        handle = self.actor_class.remote(*args, **kwargs)
-        print(f"built through Ray: {', '.join(_built(handle))}", flush=True)
-        return handle
-
-    def __getattr__(self, name):
-        return getattr(self.actor_class, name)
-
-
-trainer_module.RlhflessPPOTrainer = BuiltThroughRay(trainer_module.RlhflessPPOTrainer)
-trainer_module.RlhflessPPOTrainerAsync = BuiltThroughRay(trainer_module.RlhflessPPOTrainerAsync)
-
+openrlhf_built.wrap_trainers()
 main(sys.argv[1:])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -21,6 +22,7 @@ sys.path.insert(0, str(HERE))
 OUT = Path(sys.argv[1]).resolve()
 OUT.mkdir(parents=True, exist_ok=True)
 
+import openrlhf_cpu_probe  # noqa: E402
 import openrlhf_cpu_shims  # noqa: E402
 
 plugins = openrlhf_cpu_shims.plugin_path(OUT / "plugins")
@@ -34,7 +36,7 @@ env = {
 }
 os.environ.update(env)
 sys.path.insert(0, str(plugins))
-openrlhf_cpu_shims.install()
+openrlhf_cpu_probe.install()
 
 import ray  # noqa: E402
 
@@ -42,10 +44,15 @@ ray.init(
     num_cpus=8,
     num_gpus=int(os.environ.get("RLHFLESS_CPU_LAUNCH_GPUS", "2")),  # logical: one per learner rank or engine
     include_dashboard=False,
-    runtime_env={"env_vars": env, "worker_process_setup_hook": "openrlhf_cpu_shims.install"},
+    runtime_env={"env_vars": env, "worker_process_setup_hook": "openrlhf_cpu_probe.install"},
 )
 
+import openrlhf_built  # noqa: E402
 from rlhfless_openrlhf.train_ppo_ray import main  # noqa: E402
 
+openrlhf_built.wrap_trainers()
 main(sys.argv[2:])
 print("rlhfless-cpu-train: train() returned", flush=True)
+deadline = time.monotonic() + 120  # the engines' answers to the last weight sync, written by a thread
+while openrlhf_cpu_probe.unanswered(OUT / "probe") > 0 and time.monotonic() < deadline:
+    time.sleep(0.5)

@@ -11,6 +11,7 @@ import yaml
 
 pytest.importorskip("openrlhf", reason="the adapter's tests need openrlhf 0.11.2 (installed by the test command)")
 
+import rlhfless_test_helpers as H  # registered by conftest.py
 from rlhfless_openrlhf import OpenRLHFMismatch, check_openrlhf_version
 from rlhfless_openrlhf.internals import check_internals
 from rlhfless_openrlhf.train_ppo_ray import install_rollout_hooks, main, resolve, split_args
@@ -680,52 +681,11 @@ def _cpu_launch(tmp_path, *extra: str, scheduler: str = "rlhfless") -> tuple[int
         "--train.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
         "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "out"), *extra,
     ]  # fmt: skip
-    run = run_launch([sys.executable, str(LAUNCH), *flags], tmp_path)
+    run = H.run_launch([sys.executable, str(LAUNCH), *flags], tmp_path)
     return run.returncode, run.stdout, run.stderr
 
 
-def _marked(marker: str) -> list[int]:
-    """Processes whose environment holds ``marker`` (what a launch and everything it started inherited)."""
-    needle = marker.encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if needle in (entry / "environ").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:  # gone, or not ours to read
-                continue
-    return pids
-
-
-def run_launch(cmd: list[str], cwd: Path, env: dict[str, str] | None = None):
-    """``cmd`` (a CPU launch) run to its end; then every process it left behind is killed. A launch stopped by the
-    missing CUDA can leave processes behind (vLLM's EngineCore, Ray's workers; seen: an EngineCore orphaned to pid
-    1 and deaf to SIGTERM), which a later test counting engine processes would see. Each launch's processes carry
-    a marker of their own in their environment; those left get SIGKILL."""
-    import contextlib
-    import os
-    import signal
-    import subprocess
-    import uuid
-
-    name, value = "RLHFLESS_TEST_LAUNCH", uuid.uuid4().hex
-    marker = f"{name}={value}"
-    try:
-        return subprocess.run(
-            cmd, capture_output=True, text=True, timeout=600, cwd=cwd, env={**(env or os.environ), name: value}
-        )
-    finally:
-        for pid in _marked(marker):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-BUILT = {
-    "sync": "built through Ray: RlhflessPPOTrainerImpl",
-    "async": "built through Ray: "
-    + ", ".join(["RlhflessPPOTrainerAsyncImpl", "RlhflessGenerateSamplesActorImpl", "RlhflessTrainingActorImpl"]),
-}
+BUILT = H.sibling("openrlhf_built").BUILT
 
 
 def _ran_until_cuda(returncode: int, out: str, mode: str = "sync") -> None:
@@ -869,7 +829,7 @@ def test_the_launches_openrlhfs_readme_shows_run_with_each_preset_until_cuda(tmp
     fills = launched == "rlhfless-stream" and "--train.colocate_actor_ref" in extra
     if fills:  # a model whose learner state leaves a fill engine room on the learner's one GPU
         common += ["--scheduler.profile", "qwen2.5-3b-h100"]
-    run = run_launch(
+    run = H.run_launch(
         [sys.executable, str(LAUNCH), *common, *extra], tmp_path, {**os.environ, "RLHFLESS_CPU_LAUNCH_GPUS": str(gpus)}
     )
     out = run.stdout + run.stderr

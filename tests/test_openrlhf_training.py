@@ -1,0 +1,171 @@
+"""OpenRLHF's own training loop, launched through the drop-in launcher, trains on this CPU with every preset.
+
+Each row runs ``python tests/openrlhf_cpu_train.py OUT <launcher flags>`` (``openrlhf_cpu_train.py``: OpenRLHF
+0.11.2's ``train()``, DeepSpeed's learner on its CPU accelerator, the weight broadcast to vLLM CPU engines, a tiny
+model built here and the toy reward ``examples/openrlhf/reward_digits.py``) for an epoch of 3 or more steps, then
+checks what ``openrlhf_cpu_probe`` read from the learner's and the engines' own state:
+- every step trains: finite weights and loss, and the weights move;
+- after each weight sync each engine scores a fixed sequence as the learner's new weights do, not as the old;
+- each trained token's rollout logprob is reproduced by the weights of a version within the preset's age bound;
+- every prompt of the epoch is trained exactly once (each of its samples once), none lost or doubled.
+
+CI runs every preset once (``CI_ROWS``); ``RLHFLESS_TRAIN_MATRIX=full`` runs the rest of the matrix.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import rlhfless_test_helpers as H  # registered by conftest.py
+
+HERE = Path(__file__).resolve().parent
+SHIMS = H.sibling("openrlhf_cpu_shims")
+PROBE = H.sibling("openrlhf_cpu_probe")
+BUILT = H.sibling("openrlhf_built").BUILT
+
+TRAIN = HERE / "openrlhf_cpu_train.py"
+REWARD = HERE.parent / "examples" / "openrlhf" / "reward_digits.py"
+PROMPTS = 12  # an epoch: 3 steps of B = 4 groups
+
+
+@dataclass(frozen=True)
+class Row:
+    """One launch of the matrix: the scheduler, OpenRLHF flags beyond the common ones, the oldest a trained token
+    may be (in weight updates), and what else to expect."""
+
+    scheduler: str
+    flags: tuple[str, ...] = ()
+    max_age: int = 0
+    samples: int = 2  # --rollout.n_samples_per_prompt
+    gpus: int = 2  # logical GPUs Ray gets
+    ranks: int = 1  # learner ranks
+    built: str = "sync"  # the trainer classes the launcher builds through Ray (``BUILT``; none: OpenRLHF's own)
+    expect: tuple[str, ...] = field(default=())  # lines the launch prints
+
+
+ASYNC = ("--train.async_enable",)
+ROWS = {
+    "openrlhf-sync": Row("openrlhf", built=""),
+    "openrlhf-async": Row("openrlhf", ASYNC, max_age=2, built=""),
+    "rlhfless-sync": Row("rlhfless"),
+    "rlhfless-async": Row(
+        "rlhfless", ASYNC, max_age=2, built="async", expect=("runs 'rlhfless-stream'", "no token more than 2")
+    ),
+    "rlhfless-fast-sync": Row("rlhfless-fast", max_age=1),
+    "rlhfless-onpolicy-sync": Row("rlhfless-onpolicy"),
+}
+CI_ROWS = list(ROWS)
+
+
+def _rows() -> list[str]:
+    return list(ROWS) if os.environ.get("RLHFLESS_TRAIN_MATRIX") == "full" else CI_ROWS
+
+
+def test_each_shim_names_the_line_it_stands_in_for():
+    """The shims' table names lines of the pinned OpenRLHF and vLLM: each still holds the text it quotes."""
+    pytest.importorskip("openrlhf")
+    pytest.importorskip("vllm")
+    site = Path(importlib.util.find_spec("openrlhf").origin).parent.parent
+    for shim in SHIMS.SHIMS:
+        line = (site / shim.file).read_text().splitlines()[shim.line - 1]
+        assert shim.text in line, f"{shim.file}:{shim.line} now reads {line.strip()!r}"
+
+
+def test_the_version_fit_finds_where_a_sample_changed_weights():
+    """A sample of 12 tokens sampled under version 1, then (from its 5th token) version 2, with errors of a CPU
+    kernel's size on top: the fit puts the change where it is, and one noisy token alone moves nothing."""
+    noise = [0.002, 0.0, 0.003, 0.001] * 3
+    errors = [
+        [0.08 + n for n in noise],  # version 0: far from every token
+        [n if t < 4 else 0.05 for t, n in enumerate(noise)],
+        [0.05 if t < 4 else n for t, n in enumerate(noise)],
+    ]
+    errors[0][7] = 0.0  # one token that version 0 happens to match better
+    versions, left = PROBE.monotone_versions(errors)
+    assert versions == [1] * 4 + [2] * 8 and max(left) <= 0.003
+
+
+def _inputs(tmp_path: Path) -> tuple[Path, Path]:
+    for module in ("peft", "deepspeed", "datasets", "torchdata", "vllm", "ray"):
+        pytest.importorskip(module, reason="OpenRLHF's training loop needs it (the README's test install has it)")
+    from rlhfless_openrlhf.tools.tiny_model import tiny_model
+
+    model = tiny_model(tmp_path / "cache")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"input": f"Tom has {i} apples and buys {i} more. How many?", "label": f"q{i}"}) + "\n"
+            for i in range(PROMPTS)
+        )
+    )
+    return model, data
+
+
+def _launch(tmp_path: Path, row: Row):
+    model, data = _inputs(tmp_path)
+    flags = [
+        "--scheduler", row.scheduler, "--actor.model_name_or_path", str(model), "--actor.num_nodes", "1",
+        "--actor.num_gpus_per_node", str(row.ranks), "--vllm.num_engines", "1",
+        "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", str(row.samples),
+        "--algo.kl.init_coef", "0", "--data.prompt_dataset", str(data), "--data.input_key", "input",
+        "--data.label_key", "label", "--reward.remote_url", str(REWARD), "--rollout.batch_size", "4",
+        "--train.batch_size", str(4 * row.samples), "--rollout.micro_batch_size", "2",
+        "--train.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
+        "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "ckpt"),
+        "--ds.attn_implementation", "sdpa", "--vllm.sync_backend", "gloo",
+        "--algo.advantage.is_correction_level", "token",  # rollout logprobs on every token, for the age check
+        "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0", "--actor.lr_scheduler", "constant",
+        *row.flags,
+    ]  # fmt: skip
+    if row.scheduler != "openrlhf":
+        flags += ["--scheduler.report", str(tmp_path / "steps.jsonl")]
+    env = {**os.environ, "RLHFLESS_CPU_LAUNCH_GPUS": str(row.gpus)}
+    return H.run_launch([sys.executable, str(TRAIN), str(tmp_path / "run"), *flags], tmp_path, env, timeout=900)
+
+
+def check_training(folder: Path, row: Row, steps: int) -> dict[str, float]:
+    """The checks of the module docstring on a run's probe records; returns figures for the closing note."""
+    found = PROBE.records(folder)
+    trained = [r for r in found if r["kind"] == "train"]
+    assert len(trained) == steps * row.ranks, [r["trained_from"] for r in trained]
+    for record in trained:
+        assert record["finite"] and record["moved"] > 0, record
+        assert all(math.isfinite(v) for v in record["status"].values()), record["status"]
+    syncs = [r for r in found if r["kind"] == "sync"]
+    assert sorted(r["version"] for r in syncs) == list(range(1, steps + 1)), syncs
+    for sync in syncs:
+        assert "error" not in sync, sync
+        assert sync["err_now"] <= 0.01 < 0.02 <= sync["err_before"], sync  # holds the new weights, not the old
+        if "engine_version" in sync and "--train.async_enable" in row.flags:
+            assert sync["engine_version"] == sync["version"], sync  # partial-rollout engines count each update
+    ages = [a for r in trained for s in r["samples"] for a in s.get("ages", [])]
+    assert ages and max(ages) <= row.max_age and min(ages) >= 0, Counter(ages)
+    errors = [s["max_err"] for r in trained for s in r["samples"] if "max_err" in s]
+    assert max(errors) <= 0.01, max(errors)
+    labels = Counter(s["label"] for r in trained for s in r["samples"])
+    assert labels == {f"q{i}": row.samples for i in range(PROMPTS)}, labels
+    return {"max_age": max(ages), "max_logprob_err": max(errors)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _rows())
+def test_openrlhf_trains_on_cpu_with_the_preset(tmp_path, name):
+    row = ROWS[name]
+    run = _launch(tmp_path, row)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0 and "rlhfless-cpu-train: train() returned" in out, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    for line in row.expect:
+        assert line in out, (line, out[-4000:])
+    if row.built:  # every class the launcher swaps in, built through Ray by OpenRLHF's own constructors
+        assert BUILT[row.built] in out.splitlines(), out[-4000:]
+    figures = check_training(tmp_path / "run" / "probe", row, PROMPTS // 4)
+    print(name, figures)
