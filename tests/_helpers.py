@@ -154,3 +154,17 @@ def run_launch(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, tim
         for pid in _marked(marker):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def note_figures(test: str, name: str, figures: dict[str, Any]) -> None:
+    """A test's measured figures, as one JSON line appended to the file ``RLHFLESS_TEST_FIGURES`` names (for a
+    report), else printed (``pytest -s`` shows it)."""
+    import json
+    import os
+
+    line = json.dumps({"test": test, "name": name, **figures})
+    if path := os.environ.get("RLHFLESS_TEST_FIGURES"):
+        with open(path, "a") as out:
+            out.write(line + "\n")
+    else:
+        print(line)

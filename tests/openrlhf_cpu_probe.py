@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -224,6 +225,7 @@ def _around_training(ppo_train: Any) -> Any:
             {
                 "kind": "train",
                 "rank": _rank(),
+                "time": time.time(),
                 "trained_from": trained_from,
                 "status": {k: float(v) for k, v in status.items() if isinstance(v, int | float)},
                 "moved": moved,

@@ -152,7 +152,12 @@ def check_training(folder: Path, row: Row, steps: int) -> dict[str, float]:
     assert max(errors) <= 0.01, max(errors)
     labels = Counter(s["label"] for r in trained for s in r["samples"])
     assert labels == {f"q{i}": row.samples for i in range(PROMPTS)}, labels
-    return {"max_age": max(ages), "max_logprob_err": max(errors)}
+    times = sorted(r["time"] for r in trained if r["rank"] == 0)
+    return {
+        "max_age": max(ages),
+        "max_logprob_err": max(errors),
+        "s_per_step": (times[-1] - times[0]) / max(len(times) - 1, 1),
+    }
 
 
 @pytest.mark.slow
@@ -162,10 +167,10 @@ def test_openrlhf_trains_on_cpu_with_the_preset(tmp_path, name):
     run = _launch(tmp_path, row)
     out = run.stdout + run.stderr
     assert run.returncode == 0 and "rlhfless-cpu-train: train() returned" in out, out[-4000:]
-    assert "Traceback" not in out, out[-4000:]
+    assert "Exception raised in creation task" not in out and "RayTaskError" not in out, out[-4000:]
     for line in row.expect:
         assert line in out, (line, out[-4000:])
     if row.built:  # every class the launcher swaps in, built through Ray by OpenRLHF's own constructors
         assert BUILT[row.built] in out.splitlines(), out[-4000:]
     figures = check_training(tmp_path / "run" / "probe", row, PROMPTS // 4)
-    print(name, figures)
+    H.note_figures("training", name, figures)
