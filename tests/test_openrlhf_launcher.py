@@ -688,53 +688,6 @@ def _cpu_launch(tmp_path, *extra: str, scheduler: str = "rlhfless") -> tuple[int
 BUILT = H.sibling("openrlhf_built").BUILT
 
 
-def _ran_until_cuda(returncode: int, out: str, mode: str = "sync") -> None:
-    """The launch stopped where OpenRLHF first needs CUDA, every class the launcher swaps in built through Ray
-    before it by OpenRLHF's own constructors (``openrlhf_cpu_launch.py`` waits for each)."""
-    assert returncode != 0  # it cannot finish without CUDA ...
-    assert "PolicyModelActor.init_model_from_pretrained" in out and "cuda" in out.lower(), out[-3000:]
-    assert BUILT[mode] in out.splitlines(), out[-3000:]
-    assert "Exception raised in creation task" not in out, out[-3000:]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("mode", "scheduler"), [("sync", "rlhfless"), ("async", "rlhfless-fast")])
-def test_the_launcher_runs_openrlhfs_cli_with_its_classes_swapped(tmp_path, mode, scheduler):
-    """``python -m rlhfless_openrlhf.train_ppo_ray --scheduler S <OpenRLHF flags>`` as far as a CPU allows:
-    OpenRLHF's parser and ``train()``, the hierarchize hook, the engine builder (RLHFless's engine class, pinned by
-    the placer), the trainer class swap and, inside the actor that generates, the samples generator swap
-    (``PPOTrainer``; ``PPOTrainerAsync``'s ``GenerateSamplesActor`` with ``--train.async_enable``). It stops where
-    OpenRLHF first needs CUDA: DeepSpeed's model init in the policy actor.
-
-    ``rlhfless`` (on-policy) leaves OpenRLHF's correction default (``off``) alone. ``rlhfless-fast`` (partial
-    rollouts: carried tokens train stale), without the correction flag and in the async loop: the launch is not
-    refused; one line says the launcher turns the correction on and one says the age bound; OpenRLHF's printed args
-    (``strategy.args``, which every actor receives) have it, and so does the generating actor's own copy. (The two
-    modes share this path: one launch of each kind stands for both; the hook itself is tested per preset and mode
-    without a launch above.)"""
-    returncode, stdout, stderr = _cpu_launch(
-        tmp_path, *(["--train.async_enable"] if mode == "async" else []), scheduler=scheduler
-    )
-    out = stdout + stderr
-    _ran_until_cuda(returncode, out, mode)
-    # ... but everything before the learner's model init ran, through OpenRLHF's own code
-    assert f"'scheduler': {{'name': '{scheduler}'" in out  # OpenRLHF printed its args, the hook's settings inside
-    assert "engines placed by the scheduler's placer" in out
-    assert "(RlhflessRolloutActorImpl pid=" in out  # the engines are RLHFless's class
-    generating = "RlhflessPPOTrainerImpl" if mode == "sync" else "RlhflessGenerateSamplesActorImpl"
-    swapped = [line for line in out.splitlines() if "is replaced by RlhflessSamplesGenerator" in line]
-    assert swapped and generating in swapped[0] and f"scheduler {scheduler}" in swapped[0], out[-3000:]
-    if scheduler == "rlhfless":
-        assert "is_correction_level='off'" in out and IS_FLAG not in stderr  # OpenRLHF's default, left alone
-        return
-    said = [line for line in stderr.splitlines() if "importance-sampling correction on" in line]
-    assert len(said) == 1 and f"{IS_FLAG} token" in said[0] and "'rlhfless-fast'" in said[0], out[-3000:]
-    assert "is_correction_level='token'" in out and "is_correction_level='off'" not in out
-    bound = [line for line in stderr.splitlines() if "at most 2 weight updates old" in line]
-    assert len(bound) == 1 and "1 batch(es) ahead" in bound[0], out[-3000:]
-    assert "importance correction token" in swapped[0], out[-3000:]
-
-
 # The launches a review rebuilt from OpenRLHF's README, each with RLHFless's presets: (name, OpenRLHF flags beyond
 # the common ones, async only, logical GPUs the launch needs). ``{model}``, ``{data}`` and ``{reward}`` are filled in.
 SHAPES = {
@@ -903,21 +856,6 @@ def test_every_class_the_launcher_swaps_in_can_be_shipped_by_ray(openrlhf_learni
     monkeypatch.delattr(RlhflessTrainingActorImpl, "__init__")  # the class as it was when it crashed every launch
     with pytest.raises(OpenRLHFMismatch, match=r"RlhflessTrainingActorImpl inherits .*TrainingActor\.__init__"):
         check_internals(learning=True)
-
-
-@pytest.mark.slow
-def test_the_stream_launches_in_openrlhfs_async_loop_with_partial_rollout_broadcasts(tmp_path):
-    """``--scheduler rlhfless-stream --train.async_enable`` through OpenRLHF's own CLI and ``train()`` on a CPU: the
-    launcher turns the partial-rollout broadcast and the importance correction on (a line each), OpenRLHF's printed
-    args have both, and the generator swapped in is the one of OpenRLHF's ``GenerateSamplesActor``."""
-    returncode, stdout, stderr = _cpu_launch(tmp_path, "--train.async_enable", scheduler="rlhfless-stream")
-    out = stdout + stderr
-    _ran_until_cuda(returncode, out, "async")
-    assert "partial_rollout_enable=True" in out and "is_correction_level='token'" in out, out[-3000:]
-    assert len([line for line in stderr.splitlines() if "--train.partial_rollout_enable on" in line]) == 1
-    assert len([line for line in stderr.splitlines() if "no token more than 2 weight updates old" in line]) == 1
-    swapped = [line for line in out.splitlines() if "is replaced by RlhflessSamplesGenerator" in line]
-    assert swapped and "RlhflessGenerateSamplesActorImpl" in swapped[0] and "rlhfless-stream" in swapped[0]
 
 
 def test_the_drafter_flag_sets_the_engines_speculative_decoding_in_either_launch():

@@ -48,21 +48,71 @@ class Row:
     gpus: int = 2  # logical GPUs Ray gets
     ranks: int = 1  # learner ranks
     built: str = "sync"  # the trainer classes the launcher builds through Ray (``BUILT``; none: OpenRLHF's own)
-    expect: tuple[str, ...] = field(default=())  # lines the launch prints
+    launched: str = ""  # the scheduler OpenRLHF runs, where the launcher picks another (its async form)
+    correction: bool = True  # pass --algo.advantage.is_correction_level token (else the launcher must turn it on)
+    once: tuple[str, ...] = field(default=())  # text each of exactly one line of the launch's output holds
 
 
 ASYNC = ("--train.async_enable",)
+#: What the launcher says when it turns OpenRLHF's importance correction on for a preset that trains stale tokens.
+CORRECTION_ON = "importance-sampling correction on, --algo.advantage.is_correction_level token"
 ROWS = {
     "openrlhf-sync": Row("openrlhf", built=""),
     "openrlhf-async": Row("openrlhf", ASYNC, max_age=2, built=""),
     "rlhfless-sync": Row("rlhfless"),
     "rlhfless-async": Row(
-        "rlhfless", ASYNC, max_age=2, built="async", expect=("runs 'rlhfless-stream'", "no token more than 2")
+        "rlhfless",
+        ASYNC,
+        max_age=2,
+        built="async",
+        launched="rlhfless-stream",
+        correction=False,
+        once=(
+            "in an async launch (--train.async_enable) runs 'rlhfless-stream'",
+            "--train.partial_rollout_enable on",
+            "no token more than 2 weight updates old",
+            CORRECTION_ON,
+        ),
     ),
-    "rlhfless-fast-sync": Row("rlhfless-fast", max_age=1),
+    "rlhfless-fast-sync": Row("rlhfless-fast", max_age=1, correction=False, once=(CORRECTION_ON,)),
+    "rlhfless-fast-async": Row(
+        "rlhfless-fast",
+        ASYNC,
+        max_age=2,
+        built="async",
+        correction=False,
+        once=(CORRECTION_ON, "a trained token is at most 2 weight updates old"),
+    ),
     "rlhfless-onpolicy-sync": Row("rlhfless-onpolicy"),
+    "rlhfless-zero2-two-ranks": Row("rlhfless", ("--ds.zero_stage", "2"), ranks=2, gpus=3),
+    "rlhfless-zero3-two-ranks": Row("rlhfless", ("--ds.zero_stage", "3"), ranks=2, gpus=3),
+    "rlhfless-onpolicy-ppo-critic": Row(
+        "rlhfless-onpolicy",
+        (
+            "--algo.advantage.estimator",
+            "gae",
+            "--critic.model_name_or_path",
+            "{model}",
+            "--critic.num_gpus_per_node",
+            "1",
+            "--critic.adam.lr",
+            "1e-3",
+        ),
+        samples=1,
+        gpus=3,
+    ),
+    "rlhfless-drafter-ngram": Row("rlhfless", ("--scheduler.drafter", "ngram")),
+    "rlhfless-onpolicy-colocate-all": Row("rlhfless-onpolicy", ("--train.colocate_all",), gpus=1),
 }
-CI_ROWS = list(ROWS)
+CI_ROWS = [
+    "openrlhf-sync",
+    "openrlhf-async",
+    "rlhfless-sync",
+    "rlhfless-async",
+    "rlhfless-fast-sync",
+    "rlhfless-fast-async",
+    "rlhfless-onpolicy-sync",
+]
 
 
 def _rows() -> list[str]:
@@ -121,14 +171,32 @@ def _launch(tmp_path: Path, row: Row):
         "--train.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
         "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "ckpt"),
         "--ds.attn_implementation", "sdpa", "--vllm.sync_backend", "gloo",
-        "--algo.advantage.is_correction_level", "token",  # rollout logprobs on every token, for the age check
         "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0", "--actor.lr_scheduler", "constant",
-        *row.flags,
+        *(flag.format(model=model) for flag in row.flags),
     ]  # fmt: skip
+    if row.correction:  # rollout logprobs on every token, for the age check
+        flags += ["--algo.advantage.is_correction_level", "token"]
     if row.scheduler != "openrlhf":
         flags += ["--scheduler.report", str(tmp_path / "steps.jsonl")]
     env = {**os.environ, "RLHFLESS_CPU_LAUNCH_GPUS": str(row.gpus)}
     return H.run_launch([sys.executable, str(TRAIN), str(tmp_path / "run"), *flags], tmp_path, env, timeout=900)
+
+
+def check_launch_path(out: str, row: Row) -> None:
+    """The launcher's own path through OpenRLHF: every class it swaps in built through Ray by OpenRLHF's own
+    constructors, its engines placed by the scheduler's placer, the samples generator swapped inside the actor that
+    generates, and OpenRLHF's printed args (which every actor receives) holding the scheduler and the correction."""
+    launched = row.launched or row.scheduler
+    assert BUILT[row.built] in out.splitlines(), out[-4000:]
+    assert f"'scheduler': {{'name': '{launched}'" in out and "is_correction_level='token'" in out, out[-4000:]
+    assert "is_correction_level='off'" not in out
+    assert "engines placed by the scheduler's placer" in out and "(RlhflessRolloutActorImpl pid=" in out
+    generating = "RlhflessPPOTrainerImpl" if row.built == "sync" else "RlhflessGenerateSamplesActorImpl"
+    swapped = [line for line in out.splitlines() if "is replaced by RlhflessSamplesGenerator" in line]
+    assert len(swapped) == 1 and generating in swapped[0] and f"scheduler {launched}" in swapped[0], swapped
+    assert "importance correction token" in swapped[0], swapped
+    if launched == "rlhfless-stream":
+        assert "partial_rollout_enable=True" in out
 
 
 def check_training(folder: Path, row: Row, steps: int) -> dict[str, float]:
@@ -168,9 +236,9 @@ def test_openrlhf_trains_on_cpu_with_the_preset(tmp_path, name):
     out = run.stdout + run.stderr
     assert run.returncode == 0 and "rlhfless-cpu-train: train() returned" in out, out[-4000:]
     assert "Exception raised in creation task" not in out and "RayTaskError" not in out, out[-4000:]
-    for line in row.expect:
-        assert line in out, (line, out[-4000:])
-    if row.built:  # every class the launcher swaps in, built through Ray by OpenRLHF's own constructors
-        assert BUILT[row.built] in out.splitlines(), out[-4000:]
+    for text in row.once:
+        assert len([line for line in out.splitlines() if text in line]) == 1, (text, out[-4000:])
+    if row.built:
+        check_launch_path(out, row)
     figures = check_training(tmp_path / "run" / "probe", row, PROMPTS // 4)
     H.note_figures("training", name, figures)

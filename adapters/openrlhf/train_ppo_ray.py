@@ -429,9 +429,11 @@ def install(settings: dict[str, Any], argv: Sequence[str] | None = None) -> None
     command line OpenRLHF's parser reads (default: ``sys.argv[1:]`` when it runs)."""
     import openrlhf.trainer.ppo_trainer as ppo_trainer_module  # needs OpenRLHF's GPU dependencies
     import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async_module
+    from rlhfless_openrlhf import learner_fixes
     from rlhfless_openrlhf.trainer import RlhflessPPOTrainer, RlhflessPPOTrainerAsync
 
     install_rollout_hooks(settings, argv)
+    learner_fixes.install()
     ppo_trainer_module.PPOTrainer = RlhflessPPOTrainer
     ppo_trainer_async_module.PPOTrainerAsync = RlhflessPPOTrainerAsync
 
