@@ -138,22 +138,54 @@ def run_launch(cmd: list[str], cwd: Path, env: dict[str, str] | None = None, tim
     missing CUDA can leave processes behind (vLLM's EngineCore, Ray's workers; seen: an EngineCore orphaned to pid
     1 and deaf to SIGTERM), which a later test counting engine processes would see. Each launch's processes carry
     a marker of their own in their environment; those left get SIGKILL."""
-    import contextlib
+    return end_launch(start_launch(cmd, cwd, env), timeout)
+
+
+def start_launch(cmd: list[str], cwd: Path, env: dict[str, str] | None = None):
+    """``cmd`` started, with the marker ``run_launch`` describes (``proc.marker``); its output goes to two files in
+    ``cwd`` (a pipe nobody reads while the test waits on the launch would fill and stall it)."""
     import os
-    import signal
     import subprocess
     import uuid
 
     name, value = "RLHFLESS_TEST_LAUNCH", uuid.uuid4().hex
-    marker = f"{name}={value}"
+    outs = [Path(cwd) / f"launch-{value}.{stream}" for stream in ("out", "err")]
+    with open(outs[0], "w") as out, open(outs[1], "w") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=cwd, env={**(env or os.environ), name: value})
+    proc.marker, proc.outs = f"{name}={value}", outs
+    return proc
+
+
+def launch_processes(proc, title: str) -> list[int]:
+    """The processes of the launch ``proc`` whose title (``/proc/PID/cmdline``) starts with ``title``."""
+    found = []
+    for pid in _marked(proc.marker):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(title.encode()):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def end_launch(proc, timeout: float = 600):
+    """Wait for the launch ``proc`` (SIGKILL past ``timeout``), then kill what it left; its CompletedProcess."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+
     try:
-        return subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env={**(env or os.environ), name: value}
-        )
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
     finally:
-        for pid in _marked(marker):
+        for pid in _marked(proc.marker):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+    out, err = (path.read_text(errors="replace") for path in proc.outs)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def note_figures(test: str, name: str, figures: dict[str, Any]) -> None:

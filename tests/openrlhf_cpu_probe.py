@@ -137,11 +137,13 @@ def _after_broadcast(broadcast: Any) -> Any:
     @functools.wraps(broadcast)
     def broadcast_to_vllm(self: Any) -> Any:
         out = broadcast(self)
-        previous = STATE.versions[-1][1] if STATE.versions else None
+        # before the first broadcast the engines hold the checkpoint on disk (a resumed run's first broadcast sends
+        # the weights it resumed from, before any training)
+        previous = STATE.versions[-1][1] if STATE.versions else _pretrained(self.args.actor.model_name_or_path)
         version = STATE.version + 1
         state = _snapshot(self)
         _keep(version, state)
-        if _rank() == 0 and previous is not None and self.vllm_engines:
+        if _rank() == 0 and self.vllm_engines:
             _check_engines(self, version, token_logprobs(state, FIXED), token_logprobs(previous, FIXED))
         return out
 
@@ -212,7 +214,7 @@ def _around_training(ppo_train: Any) -> Any:
     def train(self: Any, kl_ctl: float) -> Any:
         import torch
 
-        if not STATE.versions:
+        if not STATE.versions:  # no broadcast yet: the engines sample from the checkpoint on disk
             _snapshot(self)  # the model's config
             _keep(0, _pretrained(self.args.actor.model_name_or_path))
         trained_from = STATE.version

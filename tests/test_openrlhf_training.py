@@ -137,7 +137,7 @@ def test_the_version_fit_finds_where_a_sample_changed_weights():
     assert versions == [1] * 4 + [2] * 8 and max(left) <= 0.003
 
 
-def _inputs(tmp_path: Path) -> tuple[Path, Path]:
+def _inputs(tmp_path: Path, prompts: int = PROMPTS) -> tuple[Path, Path]:
     for module in ("peft", "deepspeed", "datasets", "torchdata", "vllm", "ray"):
         pytest.importorskip(module, reason="OpenRLHF's training loop needs it (the README's test install has it)")
     from rlhfless_openrlhf.tools.tiny_model import tiny_model
@@ -147,33 +147,49 @@ def _inputs(tmp_path: Path) -> tuple[Path, Path]:
     data.write_text(
         "".join(
             json.dumps({"input": f"Tom has {i} apples and buys {i} more. How many?", "label": f"q{i}"}) + "\n"
-            for i in range(PROMPTS)
+            for i in range(prompts)
         )
     )
     return model, data
 
 
-def _launch(tmp_path: Path, row: Row):
-    model, data = _inputs(tmp_path)
+def _command(tmp_path: Path, row: Row, run: str = "run", prompts: int = PROMPTS, engines: int = 1, *extra: str):
+    """The harness's command line for ``row``: its probe records go to ``tmp_path / run / "probe"``, its
+    checkpoints (OpenRLHF's ``--ckpt.path``) to ``tmp_path / "ckpt"``; and the environment it runs in."""
+    model, data = _inputs(tmp_path, prompts)
     flags = [
         "--scheduler", row.scheduler, "--actor.model_name_or_path", str(model), "--actor.num_nodes", "1",
-        "--actor.num_gpus_per_node", str(row.ranks), "--vllm.num_engines", "1",
+        "--actor.num_gpus_per_node", str(row.ranks), "--vllm.num_engines", str(engines),
         "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", str(row.samples),
         "--algo.kl.init_coef", "0", "--data.prompt_dataset", str(data), "--data.input_key", "input",
         "--data.label_key", "label", "--reward.remote_url", str(REWARD), "--rollout.batch_size", "4",
         "--train.batch_size", str(4 * row.samples), "--rollout.micro_batch_size", "2",
         "--train.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
-        "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "ckpt"),
-        "--ds.attn_implementation", "sdpa", "--vllm.sync_backend", "gloo",
+        "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "out"),
+        "--ckpt.path", str(tmp_path / "ckpt"), "--ds.attn_implementation", "sdpa", "--vllm.sync_backend", "gloo",
         "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0", "--actor.lr_scheduler", "constant",
-        *(flag.format(model=model) for flag in row.flags),
+        *(flag.format(model=model) for flag in row.flags), *extra,
     ]  # fmt: skip
     if row.correction:  # rollout logprobs on every token, for the age check
         flags += ["--algo.advantage.is_correction_level", "token"]
     if row.scheduler != "openrlhf":
-        flags += ["--scheduler.report", str(tmp_path / "steps.jsonl")]
-    env = {**os.environ, "RLHFLESS_CPU_LAUNCH_GPUS": str(row.gpus)}
-    return H.run_launch([sys.executable, str(TRAIN), str(tmp_path / "run"), *flags], tmp_path, env, timeout=900)
+        flags += ["--scheduler.report", str(tmp_path / f"{run}-steps.jsonl")]
+    env = {**os.environ, "RLHFLESS_CPU_LAUNCH_GPUS": str(row.gpus + engines - 1)}
+    return [sys.executable, str(TRAIN), str(tmp_path / run), *flags], env
+
+
+def _launch(tmp_path: Path, row: Row, run: str = "run", prompts: int = PROMPTS, *extra: str):
+    cmd, env = _command(tmp_path, row, run, prompts, 1, *extra)
+    return H.run_launch(cmd, tmp_path, env, timeout=900)
+
+
+def _trained(folder: Path) -> list[list[str]]:
+    """The labels each step trained (rank 0's view is each rank's share: all ranks' samples, by step)."""
+    steps: dict[int, list[str]] = {}
+    for r in PROBE.records(folder):
+        if r["kind"] == "train":
+            steps.setdefault(r["trained_from"], []).extend(s["label"] for s in r["samples"])
+    return [sorted(steps[k]) for k in sorted(steps)]
 
 
 def check_launch_path(out: str, row: Row) -> None:
@@ -206,8 +222,8 @@ def check_training(folder: Path, row: Row, steps: int) -> dict[str, float]:
     for sync in syncs:
         assert "error" not in sync, sync
         assert sync["err_now"] <= 0.01 < 0.02 <= sync["err_before"], sync  # holds the new weights, not the old
-        if "engine_version" in sync and "--train.async_enable" in row.flags:
-            assert sync["engine_version"] == sync["version"], sync  # partial-rollout engines count each update
+        if (row.launched or row.scheduler) == "rlhfless-stream":  # partial-rollout broadcasts: each one counted
+            assert sync["engine_version"] == sync["version"], sync
     ages = [a for r in trained for s in r["samples"] for a in s.get("ages", [])]
     assert ages and max(ages) <= row.max_age and min(ages) >= 0, Counter(ages)
     errors = [s["max_err"] for r in trained for s in r["samples"] if "max_err" in s]
@@ -236,3 +252,81 @@ def test_openrlhf_trains_on_cpu_with_the_preset(tmp_path, name):
         check_launch_path(out, row)
     figures = check_training(tmp_path / "run" / "probe", row, PROMPTS // 4)
     H.note_figures("training", name, figures)
+
+
+def _flat(steps: list[list[str]]) -> list[str]:
+    return [label for step in steps for label in step]
+
+
+def _syncs_hold_the_learners_weights(folder: Path) -> list[int]:
+    """Each engine answer after a weight sync: the learner's new weights, not the old (the versions answered)."""
+    syncs = [r for r in PROBE.records(folder) if r["kind"] == "sync"]
+    for sync in syncs:
+        assert "error" not in sync and sync["err_now"] <= 0.01 < 0.02 <= sync["err_before"], sync
+    return sorted(r["version"] for r in syncs)
+
+
+@pytest.mark.slow
+def test_a_run_resumed_from_its_step_2_checkpoint_trains_what_the_unbroken_run_trained(tmp_path):
+    """``rlhfless-fast`` (partial rollouts: cut samples carried into the next step, and into each checkpoint) for 4
+    steps, a checkpoint every 2; then from the step-2 checkpoint (``latest`` set back to it) with
+    ``--ckpt.load_enable``: steps 3 and 4 train the same samples as the unbroken run's, carried ones included,
+    the engines first get the weights the run resumed from, and no token is older than one update."""
+    row = Row("rlhfless-fast", correction=False)
+    every_2 = ("--ckpt.save_steps", "2")
+    run = _launch(tmp_path, row, "unbroken", 16, *every_2)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    unbroken = _trained(tmp_path / "unbroken" / "probe")
+    assert len(unbroken) == 4 and sorted(_flat(unbroken)) == sorted(f"q{i}" for i in range(16) for _ in "ab")
+    latest = tmp_path / "ckpt" / "_actor" / "latest"
+    assert latest.read_text().strip() == "global_step4"
+    latest.write_text("global_step2")
+    run = _launch(tmp_path, row, "resumed", 16, *every_2, "--ckpt.load_enable")
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    resumed = _trained(tmp_path / "resumed" / "probe")
+    assert sorted(_flat(resumed)) == sorted(_flat(unbroken[2:])), (resumed, unbroken)
+    assert _syncs_hold_the_learners_weights(tmp_path / "resumed" / "probe") == [0, 1, 2]  # 0: the resume's own
+    trained = [r for r in PROBE.records(tmp_path / "resumed" / "probe") if r["kind"] == "train"]
+    assert max(a for r in trained for s in r["samples"] for a in s["ages"]) <= 1
+    assert max(s["max_err"] for r in trained for s in r["samples"]) <= 0.01
+    carried = [json.loads(line) for line in (tmp_path / "unbroken-steps.jsonl").read_text().splitlines()]
+    H.note_figures("training", "resume", {"steps": len(resumed), "report_keys": sorted(carried[1])[:40]})
+
+
+@pytest.mark.slow
+def test_an_engine_killed_mid_run_stops_the_run_naming_it_and_the_resume_loses_no_prompt(tmp_path):
+    """``rlhfless`` on two engines, a checkpoint every step, 24 prompts (6 steps). Once step 1 trained, one
+    engine's Ray actor is killed (SIGKILL): the run stops with the documented error naming the engine, before
+    training on a step it could not finish. Resumed from its last checkpoint with ``--ckpt.load_enable`` (two
+    fresh engines), the run ends, and the steps up to that checkpoint plus the resumed ones train every prompt of
+    the epoch exactly once, each of its samples once."""
+    import signal
+    import time
+
+    row = Row("rlhfless")
+    cmd, env = _command(tmp_path, row, "killed", 24, 2, "--ckpt.save_steps", "1")
+    proc = H.start_launch(cmd, tmp_path, env)
+    probe = tmp_path / "killed" / "probe"
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        if probe.exists() and any(r["kind"] == "train" for r in PROBE.records(probe)):
+            break
+        time.sleep(0.2)
+    engines = H.launch_processes(proc, "ray::RlhflessRolloutActorImpl")
+    assert len(engines) == 2, engines
+    os.kill(engines[0], signal.SIGKILL)
+    run = H.end_launch(proc, timeout=600)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, out[-4000:]
+    assert "rlhfless: rollout engine(s) " in out and "--ckpt.load_enable" in out, out[-4000:]
+    latest = (tmp_path / "ckpt" / "_actor" / "latest").read_text().strip()
+    saved = int(latest.removeprefix("global_step"))
+    before = _trained(probe)[:saved]  # a step trained after the last checkpoint is trained again on resume
+    cmd, env = _command(tmp_path, row, "resumed", 24, 2, "--ckpt.save_steps", "1", "--ckpt.load_enable")
+    run = H.run_launch(cmd, tmp_path, env, timeout=900)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    after = _trained(tmp_path / "resumed" / "probe")
+    assert len(before) + len(after) == 6, (before, after)
+    assert sorted(_flat(before + after)) == sorted(f"q{i}" for i in range(24) for _ in range(row.samples))
+    assert _syncs_hold_the_learners_weights(tmp_path / "resumed" / "probe")[0] == 0
+    H.note_figures("training", "engine-killed", {"checkpoint_step": saved, "resumed_steps": len(after)})

@@ -54,6 +54,9 @@ def test_each_command_of_the_page_runs_in_its_short_variant(table, tmp_path):
             search = report["runs"][name]["search"]
             assert len(search) == 1 and next(iter(search.values())) > 0
             assert acc is None or {k: acc[k] for k in search} == pytest.approx(search, rel=0.01)
+    if table.kind == "learning":  # OpenRLHF's loop trained each step it was asked for, with a finite reward
+        (run,) = report["runs"]
+        assert [s["step"] for s in run["steps"]] == [1, 2] and all(0 <= s["reward"] <= 1 for s in run["steps"])
     if table.kind == "simulate":  # every scheduler of the command has its row, and the async form of rlhfless
         asked = re.findall(r"--scheduler (\S+)", table.command)
         assert [r[0].strip("`") for r in rows[1:]] == [
