@@ -93,3 +93,21 @@ def test_prompts_drawn_in_any_amounts_come_out_once_each_in_order(prompts, batch
         if ended:
             break
     assert got == names and ended
+
+
+def test_a_checkpointed_response_gets_its_reward_back_in_the_shape_openrlhf_built_it_from(openrlhf_learning):
+    """A sample that ended in a group still open at a checkpoint is saved as JSON. OpenRLHF builds an experience's
+    rewards with ``torch.tensor([reward])``: a one-element reward (what a ``--reward.remote_url`` function gives a
+    sample) makes a 1-d tensor, the same value as a list a 2-d one, which OpenRLHF's ``torch.cat`` of a step's
+    rewards then refuses (found by the CPU training harness, on the first step after a resume)."""
+    import json
+
+    import torch
+    from rlhfless_openrlhf.generator import tensor_to_json, tensors_from_json
+
+    response = {"reward": torch.tensor([0.25]), "scores": torch.tensor(0.5), "extra_logs": {"n": torch.tensor([3])}}
+    back = tensors_from_json(json.loads(json.dumps(response, default=tensor_to_json)))
+    for key in ("reward", "scores"):
+        assert back[key].shape == response[key].shape and back[key].dtype == response[key].dtype
+    assert back["extra_logs"]["n"].dtype == torch.int64
+    assert torch.tensor([back["reward"]]).shape == torch.tensor([response["reward"]]).shape == (1,)

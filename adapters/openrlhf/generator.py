@@ -50,6 +50,33 @@ from rlhfless_openrlhf.step_io import EnginesIO
 log = logging.getLogger("rlhfless.openrlhf")
 
 
+def tensor_to_json(value: Any) -> Any:
+    """A checkpoint's JSON for ``value``: a tensor as its values, shape and dtype (``tensors_from_json`` rebuilds
+    it); another array as its values; anything else as its text."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return {TENSOR: value.tolist(), "dtype": str(value.dtype).removeprefix("torch.")}
+    return value.tolist() if hasattr(value, "tolist") else str(value)
+
+
+def tensors_from_json(value: Any) -> Any:
+    """``value`` with every tensor ``tensor_to_json`` wrote rebuilt (a 0-d reward stays 0-d, a [1] one [1])."""
+    import torch
+
+    if isinstance(value, dict):
+        if TENSOR in value:
+            return torch.tensor(value[TENSOR], dtype=getattr(torch, value["dtype"]))
+        return {k: tensors_from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [tensors_from_json(v) for v in value]
+    return value
+
+
+#: The key marking a tensor in a checkpoint's JSON.
+TENSOR = "__rlhfless_tensor__"
+
+
 def log_lines() -> None:
     """Show the adapter's INFO lines (placement, refill rounds, engines woken) in this process's stderr, once."""
     if not log.handlers:
@@ -354,8 +381,9 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
             )
         if waiting:
             snapshot["deferred"] = [[self.tail_prompts[k][0], self.tail_prompts[k][1]] for k in waiting]
-        # plain JSON data (a reward's tensors become numbers), whatever the checkpoint format pickles or not
-        return json.loads(json.dumps(snapshot, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+        # plain JSON data, whatever the checkpoint format pickles or not; a tensor (a response's reward) keeps its
+        # shape and dtype, for OpenRLHF builds the experience from it as it is
+        return json.loads(json.dumps(snapshot, default=tensor_to_json))
 
     def restore_carry(self, snapshot: dict[str, Any] | None) -> int:
         """Take back what ``carry_snapshot`` saved; returns the number of carried samples and deferred prompts
@@ -399,7 +427,7 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         book = self.book = CarryBook.from_state(snapshot)
         self.group_meta = {int(g): (m[0], m[1], None, m[3], list(m[4])) for g, m in snapshot["group_meta"].items()}
         self.carry_state = {(int(g), int(j)): (list(t), lp) for g, j, t, lp in snapshot["carry_state"]}
-        self.ended_responses = {(int(g), int(j)): r for g, j, r in snapshot["ended"]}
+        self.ended_responses = {(int(g), int(j)): tensors_from_json(r) for g, j, r in snapshot["ended"]}
         self.step = int(snapshot["step"])
         log.info(
             "rlhfless: restored %d carried sample(s) in %d open group(s) from the checkpoint", carried, len(book.groups)
