@@ -81,6 +81,29 @@ def _pretrained(path: str) -> dict[str, Any]:
 def _keep(version: int, state: dict[str, Any]) -> None:
     STATE.versions.append((version, state))
     del STATE.versions[:-KEEP]
+    if (folder := os.environ.get("RLHFLESS_CPU_PROBE_KEEP")) and _rank() == 0:  # for a run resumed from this one
+        import torch
+
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        torch.save(state, Path(folder) / f"v{version}.pt")
+
+
+def _resumed_at(trainer: Any) -> int | None:
+    """The step a resumed run's checkpoint holds (OpenRLHF resumes from ``--ckpt.path``'s ``_actor/latest``), or
+    None. Its weights are that step's version; the versions before it, where the run that wrote the checkpoint
+    kept them (``RLHFLESS_CPU_PROBE_KEEP``), are loaded too: a carried sample's tokens from before the checkpoint
+    were sampled under them."""
+    latest = Path(trainer.args.ckpt.path) / "_actor" / "latest"
+    if not (trainer.args.ckpt.load_enable and latest.exists()):
+        return None
+    step = int(latest.read_text().strip().removeprefix("global_step"))
+    if folder := os.environ.get("RLHFLESS_CPU_PROBE_KEEP"):
+        import torch
+
+        for version in range(max(step - KEEP + 1, 0), step):
+            if (path := Path(folder) / f"v{version}.pt").exists():
+                STATE.versions.append((version, torch.load(path)))
+    return step
 
 
 def _reference(state: dict[str, Any]) -> Any:
@@ -140,7 +163,8 @@ def _after_broadcast(broadcast: Any) -> Any:
         # before the first broadcast the engines hold the checkpoint on disk (a resumed run's first broadcast sends
         # the weights it resumed from, before any training)
         previous = STATE.versions[-1][1] if STATE.versions else _pretrained(self.args.actor.model_name_or_path)
-        version = STATE.version + 1
+        resumed = _resumed_at(self) if not STATE.versions else None
+        version = resumed if resumed is not None else STATE.version + 1
         state = _snapshot(self)
         _keep(version, state)
         if _rank() == 0 and self.vllm_engines:
