@@ -264,6 +264,22 @@ def _around_training(ppo_train: Any) -> Any:
     return train
 
 
+def _held(broadcast: Any) -> Any:
+    """The learner's first weight broadcast, held for ``RLHFLESS_CPU_PROBE_HOLD`` seconds once the engines wait in
+    it (a ``broadcasting`` record says when): a test kills an engine then, to see a death during a broadcast."""
+
+    @functools.wraps(broadcast)
+    def hold_once(self: Any, tensor: Any, src: int, stream: Any = None) -> None:
+        if self.rank == 0 and not hold_once.held:
+            hold_once.held = True
+            _write({"kind": "broadcasting"})
+            time.sleep(float(os.environ["RLHFLESS_CPU_PROBE_HOLD"]))
+        return broadcast(self, tensor, src, stream)
+
+    hold_once.held = False
+    return hold_once
+
+
 def install() -> None:
     """The shims, then the probes (Ray's ``worker_process_setup_hook`` in ``openrlhf_cpu_train.py``)."""
     import openrlhf_cpu_shims
@@ -271,6 +287,8 @@ def install() -> None:
     openrlhf_cpu_shims.install()
     from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
 
+    if os.environ.get("RLHFLESS_CPU_PROBE_HOLD") and not hasattr(openrlhf_cpu_shims.GlooBroadcast.broadcast, "held"):
+        openrlhf_cpu_shims.GlooBroadcast.broadcast = _held(openrlhf_cpu_shims.GlooBroadcast.broadcast)
     if not hasattr(ActorPPOTrainer.ppo_train, "__wrapped__"):
         ActorPPOTrainer.ppo_train = _around_training(ActorPPOTrainer.ppo_train)
         ActorPPOTrainer.broadcast_to_vllm = _after_broadcast(ActorPPOTrainer.broadcast_to_vllm)

@@ -15,11 +15,14 @@ every batch it queues (``CarryingQueue``), inside the dataloader state that Open
 A rollout engine that dies is survived for the step it dies in (its samples are regenerated elsewhere), but not
 after: OpenRLHF broadcasts weights to every engine over one NCCL group sized for all of them, which would hang. So
 the generator refuses to hand that step to training, and every weight broadcast first checks that each engine is
-alive; either way the run stops with a message naming the engine, at OpenRLHF's last checkpoint.
+alive, and again while the broadcast runs (one that dies during it would leave it waiting); either way the run
+stops with a message naming the engine, at OpenRLHF's last checkpoint.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 from typing import Any
 
 import ray
@@ -70,6 +73,35 @@ def add_carry(generator: Any, client_states: dict | None) -> dict:
     return states
 
 
+#: How often a weight broadcast in progress checks that each rollout engine is still alive.
+BROADCAST_WATCH_S = 5.0
+
+
+def broadcast_checked(engines: list | None, broadcast: Any) -> None:
+    """OpenRLHF's weight ``broadcast``, after checking that each rollout engine is alive, and watched while it runs:
+    an engine that dies during it leaves the collective waiting for it for good (NCCL's timeout, or gloo's), so
+    every ``BROADCAST_WATCH_S`` each engine is checked again, and a dead one is named as before a broadcast. The
+    broadcast runs in a thread of its own that the error leaves behind (the run stops)."""
+    check_engines_alive(engines)
+    done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(broadcast())
+        except BaseException as exc:  # handed to the waiting thread as it is
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name="rlhfless-broadcast", daemon=True).start()
+    while True:
+        try:
+            return done.result(timeout=BROADCAST_WATCH_S)
+        except concurrent.futures.TimeoutError:
+            check_engines_alive(engines)
+        except ray.exceptions.RayError:
+            check_engines_alive(engines)
+            raise
+
+
 def check_engines_alive(engines: list | None) -> None:
     """Raise, naming them, if any rollout engine is dead (its actor, or vLLM's EngineCore under a live actor) or
     does not answer: a weight broadcast to it would hang in NCCL."""
@@ -98,8 +130,7 @@ class RlhflessPPOTrainerImpl(PPOTrainer.__ray_actor_class__):  # type: ignore[na
         self.samples_generator = swap_generator(strategy, self.samples_generator)
 
     def broadcast_to_vllm(self) -> None:
-        check_engines_alive(self.vllm_engines)
-        return super().broadcast_to_vllm()
+        return broadcast_checked(self.vllm_engines, super().broadcast_to_vllm)
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
         merge_metrics(logs_dict, self.samples_generator)
@@ -179,8 +210,7 @@ class RlhflessTrainingActorImpl(ppo_trainer_async.TrainingActor.__ray_actor_clas
         super().__init__(*args, **kwargs)
 
     def broadcast_to_vllm(self) -> None:
-        check_engines_alive(self.vllm_engines)
-        return super().broadcast_to_vllm()
+        return broadcast_checked(self.vllm_engines, super().broadcast_to_vllm)
 
 
 RlhflessPPOTrainer = ray.remote(RlhflessPPOTrainerImpl)
