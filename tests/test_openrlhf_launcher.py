@@ -728,12 +728,11 @@ LAUNCHED = [
     ("rlhfless-onpolicy", "async"),
     ("rlhfless-stream", "async"),
 ]
-#: What CI launches: every shape once and, with the launches above, every preset and mode (``rlhfless`` runs the
-#: stream in an async launch; ``--scheduler rlhfless-stream`` launches in the stream's own test).
+#: What CI launches until CUDA: the shapes the CPU training harness cannot train (tensor-parallel engines: vLLM's
+#: CPU build has no Ray executor) or does not train in CI (REINFORCE++-baseline async); the other two train to the
+#: end in ``test_openrlhf_training.py``.
 #: ``RLHFLESS_LAUNCH_MATRIX=full`` launches every preset and mode in every shape it runs in: 22 launches.
 CI_LAUNCHES = [
-    ("ppo-critic-reward-colocate-all", "rlhfless-onpolicy", "sync"),
-    ("grpo-async-eval-colocate-actor-ref", "rlhfless", "async"),  # the stream, with a fill engine
     ("grpo-tensor-parallel-2", "rlhfless-fast", "sync"),
     ("reinforce-baseline-async", "rlhfless-onpolicy", "async"),
 ]

@@ -51,6 +51,7 @@ class Row:
     launched: str = ""  # the scheduler OpenRLHF runs, where the launcher picks another (its async form)
     correction: bool = True  # pass --algo.advantage.is_correction_level token (else the launcher must turn it on)
     once: tuple[str, ...] = field(default=())  # text each of exactly one line of the launch's output holds
+    reward_model: bool = False  # a reward model (the tiny model with a value head) instead of the toy reward
 
 
 ASYNC = ("--train.async_enable",)
@@ -102,11 +103,60 @@ ROWS = {
         gpus=3,
     ),
     "rlhfless-drafter-ngram": Row("rlhfless", ("--scheduler.drafter", "ngram")),
+    # OpenRLHF's README launches (tests/test_openrlhf_launcher.py: SHAPES), trained: PPO with a critic, a reward
+    # model and a reference under --train.colocate_all; GRPO async with evaluation and --train.colocate_actor_ref,
+    # where the stream builds a fill engine beside the learner
+    "ppo-critic-reward-colocate-all": Row(
+        "rlhfless-onpolicy",
+        (
+            "--algo.advantage.estimator",
+            "gae",
+            "--critic.model_name_or_path",
+            "{model}",
+            "--train.colocate_all",
+            "--critic.num_gpus_per_node",
+            "1",
+            "--reward.num_gpus_per_node",
+            "1",
+            "--ref.num_gpus_per_node",
+            "1",
+            "--algo.kl.init_coef",
+            "0.01",
+            "--critic.adam.lr",
+            "1e-3",
+        ),
+        samples=1,
+        gpus=2,
+        reward_model=True,
+    ),
+    "grpo-async-eval-colocate-actor-ref": Row(
+        "rlhfless",
+        (
+            *ASYNC,
+            "--eval.dataset",
+            "{data}",
+            "--eval.steps",
+            "2",
+            "--train.colocate_actor_ref",
+            "--algo.kl.init_coef",
+            "0.01",
+            "--ref.num_gpus_per_node",
+            "1",
+            "--scheduler.profile",
+            "qwen2.5-3b-h100",
+        ),
+        max_age=2,
+        built="async",
+        launched="rlhfless-stream",
+        correction=False,
+        once=("1 fill engines on the learner's GPUs", CORRECTION_ON),
+    ),
     "rlhfless-onpolicy-colocate-all": Row("rlhfless-onpolicy", ("--train.colocate_all",), gpus=1),
 }
-#: Every preset once, and OpenRLHF's own loop as the harness's control (``rlhfless`` in an async launch is the
-#: stream, ``rlhfless-stream``).
-CI_ROWS = ["openrlhf-sync", "rlhfless-sync", "rlhfless-async", "rlhfless-fast-async", "rlhfless-onpolicy-sync"]
+#: What CI trains: OpenRLHF's own loop (the harness's control) and OpenRLHF's README launches with ``rlhfless``'s
+#: async form (the stream, with a fill engine) and ``rlhfless-onpolicy``; ``rlhfless-fast`` trains in the resume
+#: test, ``rlhfless`` sync in the engine-kill test (each with the launch-path checks).
+CI_ROWS = ["openrlhf-sync", "grpo-async-eval-colocate-actor-ref", "ppo-critic-reward-colocate-all"]
 
 
 def _rows() -> list[str]:
@@ -164,14 +214,16 @@ def _command(
         "--actor.num_gpus_per_node", str(row.ranks), "--vllm.num_engines", str(engines),
         "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", str(row.samples),
         "--algo.kl.init_coef", "0", "--data.prompt_dataset", str(data), "--data.input_key", "input",
-        "--data.label_key", "label", "--reward.remote_url", str(REWARD), "--rollout.batch_size", "4",
+        "--data.label_key", "label", "--rollout.batch_size", "4",
         "--train.batch_size", str(4 * row.samples), "--rollout.micro_batch_size", "2",
         "--train.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
         "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "out"),
         "--ckpt.path", str(tmp_path / "ckpt"), "--ds.attn_implementation", "sdpa", "--vllm.sync_backend", "gloo",
         "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0", "--actor.lr_scheduler", "constant",
-        *(flag.format(model=model) for flag in row.flags), *extra,
+        *(flag.format(model=model, data=data) for flag in row.flags), *extra,
     ]  # fmt: skip
+    reward = ("--reward.model_name_or_path", str(model)) if row.reward_model else ("--reward.remote_url", str(REWARD))
+    flags += reward
     if row.correction:  # rollout logprobs on every token, for the age check
         flags += ["--algo.advantage.is_correction_level", "token"]
     if row.scheduler != "openrlhf":
@@ -211,7 +263,7 @@ def check_launch_path(out: str, row: Row) -> None:
         assert "partial_rollout_enable=True" in out
 
 
-def check_training(folder: Path, row: Row, steps: int) -> dict[str, float]:
+def check_training(folder: Path, row: Row, steps: int, prompts: int = PROMPTS) -> dict[str, float]:
     """The checks of the module docstring on a run's probe records; returns figures for the closing note."""
     found = PROBE.records(folder)
     trained = [r for r in found if r["kind"] == "train"]
@@ -231,7 +283,7 @@ def check_training(folder: Path, row: Row, steps: int) -> dict[str, float]:
     errors = [s["max_err"] for r in trained for s in r["samples"] if "max_err" in s]
     assert max(errors) <= 0.01, max(errors)
     labels = Counter(s["label"] for r in trained for s in r["samples"])
-    assert labels == {f"q{i}": row.samples for i in range(PROMPTS)}, labels
+    assert labels == {f"q{i}": row.samples for i in range(prompts)}, labels
     times = sorted(r["time"] for r in trained if r["rank"] == 0)
     return {
         "max_age": max(ages),
@@ -280,8 +332,9 @@ def test_a_run_resumed_from_its_step_2_checkpoint_trains_what_the_unbroken_run_t
     keep = {"RLHFLESS_CPU_PROBE_KEEP": str(tmp_path / "versions")}  # the weights each version had, for the resume
     run = _launch(tmp_path, row, "unbroken", 16, *every_2, **keep)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    check_launch_path(run.stdout + run.stderr, row)
+    check_training(tmp_path / "unbroken" / "probe", Row("rlhfless-fast", max_age=1), 4, 16)
     unbroken = _trained(tmp_path / "unbroken" / "probe")
-    assert len(unbroken) == 4 and sorted(_flat(unbroken)) == sorted(f"q{i}" for i in range(16) for _ in "ab")
     latest = tmp_path / "ckpt" / "_actor" / "latest"
     assert latest.read_text().strip() == "global_step4"
     latest.write_text("global_step2")
@@ -332,6 +385,7 @@ def test_an_engine_killed_mid_run_stops_the_run_naming_it_and_the_resume_loses_n
     cmd, env = _command(tmp_path, row, "resumed", 24, 2, "--ckpt.save_steps", "1", "--ckpt.load_enable")
     run = H.run_launch(cmd, tmp_path, env, timeout=900)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    check_launch_path(run.stdout + run.stderr, row)
     after = _trained(tmp_path / "resumed" / "probe")
     assert len(before) + len(after) == 6, (before, after)
     assert sorted(_flat(before + after)) == sorted(f"q{i}" for i in range(24) for _ in range(row.samples))
