@@ -254,7 +254,8 @@ def check_launch_path(out: str, row: Row) -> None:
     assert BUILT[row.built] in out.splitlines(), out[-4000:]
     assert f"'scheduler': {{'name': '{launched}'" in out and "is_correction_level='token'" in out, out[-4000:]
     assert "is_correction_level='off'" not in out
-    assert "engines placed by the scheduler's placer" in out and "(RlhflessRolloutActorImpl pid=" in out
+    placed = "OpenRLHF places the engines itself" if "--train.colocate_all" in row.flags else "placed by the scheduler"
+    assert placed in out and "(RlhflessRolloutActorImpl pid=" in out, out[-4000:]
     generating = "RlhflessPPOTrainerImpl" if row.built == "sync" else "RlhflessGenerateSamplesActorImpl"
     swapped = [line for line in out.splitlines() if "is replaced by RlhflessSamplesGenerator" in line]
     assert len(swapped) == 1 and generating in swapped[0] and f"scheduler {launched}" in swapped[0], swapped

@@ -80,14 +80,18 @@ def build(
 ) -> list[Any]:
     """The fill engines: OpenRLHF's ``create_vllm_engines`` (``create``, hooked to build RLHFless's engine class)
     with the engines' own arguments, but one engine per bundle of the learner's placement group ``shared_pg`` (a
-    share of each GPU, as OpenRLHF's colocated engines take), ``fill["memory"]`` of its memory, sleep mode on
-    (``sleep_mode``: off for vLLM's CPU build, which has none; its sleep only pauses the scheduler)."""
+    share of each GPU, as OpenRLHF's colocated engines take), ``fill["memory"]`` of its memory, seeds of their own,
+    sleep mode on (``sleep_mode``: off for vLLM's CPU build, which has none; its sleep only pauses the scheduler).
+    ``args``: the rollout engines' positional arguments (their count, TP size, model, seed)."""
     import inspect
 
     from openrlhf.trainer.ray import vllm_engine
 
     bound = inspect.signature(vllm_engine.create_vllm_engines).bind_partial(*args, **kwargs)
     bound.arguments.update(
+        # engine i gets seed + i: after the rollout engines' seeds (a fill engine seeded as rollout engine 0 samples
+        # what it samples, so the two halves of a group split across them came out the same)
+        seed=int(bound.arguments["seed"]) + int(bound.arguments["num_engines"]),
         num_engines=int(fill["engines"]),
         tensor_parallel_size=1,
         shared_pg=shared_pg,
