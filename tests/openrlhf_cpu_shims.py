@@ -64,6 +64,12 @@ SHIMS: tuple[Shim, ...] = (
         "pynccl = PyNcclCommunicator(pg, device=device)",
         "the weight-sync group is a stateless gloo group (vLLM's), not NCCL: the same broadcast, rank 0 to engines",
     ),
+    Shim(
+        "openrlhf/utils/deepspeed/deepspeed_utils.py",
+        189,
+        "torch.cuda.synchronize()",
+        "offloading DeepSpeed's states (--ds.enable_sleep): nothing to wait on (and 211: reloading them)",
+    ),
     Shim("openrlhf/trainer/ray/launcher.py", 65, "torch.cuda.synchronize()", "empty_cache: nothing to wait on"),
     Shim(
         "openrlhf/trainer/ray/launcher.py",
