@@ -40,6 +40,26 @@ class BuiltThroughRay:
         return getattr(self.actor_class, name)
 
 
+def launch(argv: list[str], env: dict[str, str], setup_hook: str) -> None:
+    """The drop-in launcher on a local Ray (``RLHFLESS_CPU_LAUNCH_GPUS`` logical GPUs, default 2: one per learner
+    rank or engine) whose workers get ``env`` and run ``setup_hook`` first, with the trainer classes wrapped."""
+    import os
+
+    import ray
+
+    os.environ.update(env)
+    ray.init(
+        num_cpus=8,
+        num_gpus=int(os.environ.get("RLHFLESS_CPU_LAUNCH_GPUS", "2")),
+        include_dashboard=False,
+        runtime_env={"env_vars": env, "worker_process_setup_hook": setup_hook},
+    )
+    from rlhfless_openrlhf.train_ppo_ray import main
+
+    wrap_trainers()
+    main(argv)
+
+
 def wrap_trainers() -> None:
     """The launcher's two trainer classes, wrapped (before the launcher installs them into OpenRLHF)."""
     import rlhfless_openrlhf.trainer as trainer_module

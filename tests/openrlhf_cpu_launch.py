@@ -22,25 +22,15 @@ import flash_attn_placeholder  # noqa: E402
 
 flash_attn_placeholder.install()
 
-import ray  # noqa: E402
-
-env = {
-    "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "RLHFLESS_CPU_ENGINES": "1",
-}
-os.environ.update(env)
-ray.init(
-    num_cpus=8,
-    num_gpus=int(os.environ.get("RLHFLESS_CPU_LAUNCH_GPUS", "2")),  # logical: one per learner or engine rank
-    include_dashboard=False,
-    runtime_env={"env_vars": env, "worker_process_setup_hook": "flash_attn_placeholder.install"},
-)
-
-
 import openrlhf_built  # noqa: E402
-from rlhfless_openrlhf.train_ppo_ray import main  # noqa: E402
 
-openrlhf_built.wrap_trainers()
-main(sys.argv[1:])
+openrlhf_built.launch(
+    sys.argv[1:],
+    {
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "RLHFLESS_CPU_ENGINES": "1",
+    },
+    "flash_attn_placeholder.install",
+)

@@ -34,24 +34,13 @@ env = {
     "RLHFLESS_CPU_ENGINES": "1",
     "RLHFLESS_CPU_PROBE": str(OUT / "probe"),
 }
-os.environ.update(env)
+os.environ.update(env)  # the probe in this process reads it
 sys.path.insert(0, str(plugins))
 openrlhf_cpu_probe.install()
 
-import ray  # noqa: E402
-
-ray.init(
-    num_cpus=8,
-    num_gpus=int(os.environ.get("RLHFLESS_CPU_LAUNCH_GPUS", "2")),  # logical: one per learner rank or engine
-    include_dashboard=False,
-    runtime_env={"env_vars": env, "worker_process_setup_hook": "openrlhf_cpu_probe.install"},
-)
-
 import openrlhf_built  # noqa: E402
-from rlhfless_openrlhf.train_ppo_ray import main  # noqa: E402
 
-openrlhf_built.wrap_trainers()
-main(sys.argv[2:])
+openrlhf_built.launch(sys.argv[2:], env, "openrlhf_cpu_probe.install")
 print("rlhfless-cpu-train: train() returned", flush=True)
 deadline = time.monotonic() + 120  # the engines' answers to the last weight sync, written by a thread
 while openrlhf_cpu_probe.unanswered(OUT / "probe") > 0 and time.monotonic() < deadline:
