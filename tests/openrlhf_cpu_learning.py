@@ -48,7 +48,7 @@ def _flags(model: Path, data: Path, out: Path, scheduler: str, extra: tuple[str,
         "--rollout.micro_batch_size", "8", "--train.micro_batch_size", "8", "--rollout.max_new_tokens", "16",
         "--data.max_len", "256", "--train.num_episodes", "1", "--train.seed", str(seed),
         "--ckpt.output_dir", str(out / "ckpt"), "--ckpt.path", str(out / "ckpt"),
-        "--ds.attn_implementation", "sdpa", "--vllm.sync_backend", "gloo",
+        "--ds.attn_implementation", "sdpa", "--vllm.sync_backend", "gloo", "--vllm.enforce_eager",
         "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0", "--actor.lr_scheduler", "constant", *extra,
     ]  # fmt: skip
     if scheduler != "openrlhf":

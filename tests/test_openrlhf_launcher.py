@@ -673,7 +673,8 @@ def _cpu_launch(tmp_path, *extra: str, scheduler: str = "rlhfless") -> tuple[int
     flags = [
         "--scheduler", scheduler, "--scheduler.report", str(tmp_path / "steps.jsonl"),
         "--actor.model_name_or_path", str(model), "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1",
-        "--vllm.num_engines", "1", "--vllm.enable_prefix_caching", "--algo.advantage.estimator", "group_norm",
+        "--vllm.num_engines", "1", "--vllm.enable_prefix_caching", "--vllm.enforce_eager",
+        "--algo.advantage.estimator", "group_norm",
         "--rollout.n_samples_per_prompt", "2", "--algo.kl.init_coef", "0",
         "--data.prompt_dataset", str(data), "--data.input_key", "input", "--data.label_key", "label",
         "--reward.remote_url", str(EXAMPLES / "reward_gsm8k.py"),
@@ -772,7 +773,8 @@ def test_the_launches_openrlhfs_readme_shows_run_with_each_preset_until_cuda(tmp
     common = [
         "--scheduler", scheduler, "--scheduler.report", str(tmp_path / "steps.jsonl"),
         "--actor.model_name_or_path", str(model), "--actor.num_nodes", "1", "--vllm.enable_prefix_caching",
-        "--data.prompt_dataset", str(data), "--data.input_key", "input", "--data.label_key", "label",
+        "--vllm.enforce_eager", "--data.prompt_dataset", str(data), "--data.input_key", "input",
+        "--data.label_key", "label",
         "--rollout.batch_size", "4", "--train.batch_size", "8", "--rollout.micro_batch_size", "2",
         "--train.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
         "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "out"),

@@ -222,7 +222,8 @@ def _command(
         "--train.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
         "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "out"),
         "--ckpt.path", str(tmp_path / "ckpt"), "--ds.attn_implementation", "sdpa", "--vllm.sync_backend", "gloo",
-        "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0", "--actor.lr_scheduler", "constant",
+        "--vllm.enforce_eager", "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0",
+        "--actor.lr_scheduler", "constant",
         *(flag.format(model=model, data=data) for flag in row.flags), *extra,
     ]  # fmt: skip
     reward = ("--reward.model_name_or_path", str(model)) if row.reward_model else ("--reward.remote_url", str(REWARD))
