@@ -87,6 +87,18 @@ ROWS = {
     "rlhfless-onpolicy-sync": Row("rlhfless-onpolicy"),
     "rlhfless-zero2-two-ranks": Row("rlhfless", ("--ds.zero_stage", "2"), ranks=2, gpus=3),
     "rlhfless-zero3-two-ranks": Row("rlhfless", ("--ds.zero_stage", "3"), ranks=2, gpus=3),
+    # the stream's split resizes the learner given 2 engines + 1 GPU to 1 engine + 2 ranks (DeepSpeed's batch check)
+    "rlhfless-async-split-two-ranks": Row(
+        "rlhfless",
+        (*ASYNC, "--vllm.num_engines", "2", "--actor.num_gpus_per_node", "1", "--scheduler.split", "1"),
+        max_age=2,
+        ranks=2,
+        gpus=3,
+        built="async",
+        launched="rlhfless-stream",
+        correction=False,
+        once=("pinned by --scheduler.split 1; applied: --vllm.num_engines 1 and --actor.num_gpus_per_node 2",),
+    ),
     "rlhfless-onpolicy-ppo-critic": Row(
         "rlhfless-onpolicy",
         (

@@ -7,6 +7,8 @@ import json
 import logging
 from types import SimpleNamespace
 
+import pytest
+import rlhfless_test_helpers as H  # registered by conftest.py
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -106,12 +108,12 @@ def test_plan_prints_the_split_a_launch_picks():
 
 def _launch_args(engines: int = 2, learner: int = 6) -> SimpleNamespace:
     return SimpleNamespace(
-        train=SimpleNamespace(async_enable=True, colocate_actor_ref=False),
         vllm=SimpleNamespace(num_engines=engines, tensor_parallel_size=1),
         actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=learner),
         ref=SimpleNamespace(num_nodes=1, num_gpus_per_node=learner),
         rollout=SimpleNamespace(batch_size=32, n_samples_per_prompt=4, max_new_tokens=2048, micro_batch_size=1),
-        data=SimpleNamespace(prompt_data="", input_key="input", prompt_max_len=256),
+        train=SimpleNamespace(async_enable=True, colocate_actor_ref=False, batch_size=128, micro_batch_size=1),
+        data=SimpleNamespace(prompt_dataset="", input_key="input", max_len=2304),
         ds=SimpleNamespace(ring_attn_size=1, tensor_parallel_size=1),
     )
 
@@ -140,3 +142,143 @@ def test_an_async_launch_of_rlhfless_streams_at_the_split_the_launcher_picks(cap
     sync = _launch_args()
     sync.train.async_enable = False
     assert launched_settings(sync, settings, scheduler_settings) is settings  # a sync launch runs rlhfless itself
+
+
+# -- the split a launch applies is one DeepSpeed and OpenRLHF accept ----------------------------------------------
+#: Common 16-GPU async launches of a 7B model: engines and learner GPUs given 8 + 8 or 4 + 12, GRPO with 8 samples a
+#: prompt, power-of-two rollout and train batches, micro batch 1 (the learner's DeepSpeed batch check is where an
+#: unchecked split broke: 128 is not 1 x 11 x 11).
+LAUNCH_SHAPES = [
+    (engines, learner, prompts, train_batch)
+    for engines, learner in ((8, 8), (4, 12))
+    for prompts in (32, 64, 128)
+    for train_batch in (64, 128, 256)
+]
+
+
+def _launched_args(monkeypatch, tmp_path, argv: list[str]):
+    """OpenRLHF's own args for ``argv`` after its parser and the launcher's hook (which plans the split), taken just
+    before ``train()`` starts Ray."""
+    import sys
+
+    import openrlhf.trainer.ppo_trainer as ppo_trainer_module
+    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async_module
+    import openrlhf.trainer.ray as ray_pkg
+    import openrlhf.utils.config as config_module
+    import ray
+    import rlhfless_openrlhf.engine_factory as engines_module
+    from rlhfless_openrlhf.train_ppo_ray import main as launch
+
+    class BeforeRay(Exception):
+        pass
+
+    def no_ray(*_args, **_kwargs):
+        raise BeforeRay
+
+    for module, name in (
+        (config_module, "hierarchize"),
+        (ray_pkg, "create_vllm_engines"),
+        (ppo_trainer_module, "PPOTrainer"),
+        (ppo_trainer_async_module, "PPOTrainerAsync"),
+        (engines_module, "launch_args"),
+    ):
+        monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
+    monkeypatch.setattr(ray, "init", no_ray)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"input": f"Tom has {i} apples and buys {i} more. How many?"}) + "\n"
+                            for i in range(64)))  # fmt: skip
+    with pytest.raises(BeforeRay):
+        launch([*argv, "--actor.model_name_or_path", "m", "--data.prompt_dataset", str(data)])
+    return engines_module.launch_args
+
+
+def deepspeed_accepts(train_batch: int, micro: int, ranks: int) -> bool:
+    """DeepSpeed's own batch check (``DeepSpeedConfig._configure_train_batch_size``) on the batch OpenRLHF sets."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    config = SimpleNamespace(
+        train_batch_size=train_batch, train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=None,
+        world_size=ranks,
+    )  # fmt: skip
+    for method in ("_set_batch_related_parameters", "_batch_assertion"):
+        setattr(config, method, getattr(DeepSpeedConfig, method).__get__(config))
+    try:
+        DeepSpeedConfig._configure_train_batch_size(config)
+    except AssertionError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("profile", ["qwen2.5-7b-l40s", "qwen2.5-7b-h100"])
+@pytest.mark.parametrize(("engines", "learner", "prompts", "train_batch"), LAUNCH_SHAPES)
+def test_the_split_a_launch_applies_is_one_deepspeed_and_openrlhf_accept(
+    monkeypatch, tmp_path, caplog, openrlhf_learning, profile, engines, learner, prompts, train_batch
+):
+    """Through OpenRLHF's own parser and the launcher's hook: whatever split the stream's planner applies, the
+    learner passes DeepSpeed's own batch check, fits a node (8 GPUs, or the learner's own count given), keeps the
+    GPUs given, and the reference colocated with it keeps its size; where it keeps the user's flags it says why."""
+    argv = [
+        "--scheduler", "rlhfless", "--scheduler.profile", profile, "--train.async_enable",
+        "--vllm.num_engines", str(engines), "--actor.num_nodes", "1", "--actor.num_gpus_per_node", str(learner),
+        "--ref.num_gpus_per_node", str(learner), "--train.colocate_actor_ref", "--algo.kl.init_coef", "0.01",
+        "--rollout.batch_size", str(prompts), "--rollout.n_samples_per_prompt", "8",
+        "--train.batch_size", str(train_batch), "--train.micro_batch_size", "1", "--rollout.micro_batch_size", "8",
+        "--rollout.max_new_tokens", "2048", "--data.max_len", "2560", "--algo.advantage.estimator", "group_norm",
+        "--reward.remote_url", "reward.py",
+    ]  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+        args = _launched_args(monkeypatch, tmp_path, argv)
+    ranks = args.actor.num_nodes * args.actor.num_gpus_per_node
+    (line,) = [r.getMessage() for r in caplog.records if "split for rlhfless-stream" in r.getMessage()]
+    name = f"{profile} {engines}+{learner} {prompts}x8 train batch {train_batch}"
+    H.note_figures("split", name, {"launched": [args.vllm.num_engines, ranks], "line": line})
+    assert args.vllm.num_engines + ranks == engines + learner
+    assert deepspeed_accepts(args.train.batch_size, args.train.micro_batch_size, ranks), (args.vllm.num_engines, ranks)
+    assert args.actor.num_gpus_per_node <= max(8, learner)
+    assert (args.ref.num_nodes, args.ref.num_gpus_per_node) == (args.actor.num_nodes, args.actor.num_gpus_per_node)
+    assert "applied:" in line or "kept:" in line or "not applied: no split" in line, line
+
+
+def _pinned(split: int, *flags: str) -> list[str]:
+    return [
+        "--scheduler", "rlhfless", "--train.async_enable", "--scheduler.split", str(split), "--actor.num_nodes", "1",
+        "--rollout.batch_size", "32", "--rollout.n_samples_per_prompt", "8", "--rollout.micro_batch_size", "8",
+        "--train.micro_batch_size", "1", "--rollout.max_new_tokens", "512", "--data.max_len", "1024", *flags,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("node_gpus", "why"),
+    [
+        ("8", "11 learner GPUs on a node, more than the 8 a node has (--scheduler.node_gpus)"),
+        ("16", "DeepSpeed needs the train batch (128) to be a whole multiple of --train.micro_batch_size x "
+         "learner GPUs (1 x 11)"),
+    ],
+)  # fmt: skip
+def test_a_pinned_split_openrlhf_or_deepspeed_would_refuse_is_refused_before_ray(
+    monkeypatch, tmp_path, openrlhf_learning, node_gpus, why
+):
+    """``--scheduler.split N`` is checked as a picked split is: 5 rollout GPUs of 16 leave 11 learner GPUs, more than
+    an 8-GPU node holds; on 16-GPU nodes, a train batch of 128 is not 1 x 11 x anything. Either way the launch stops
+    in one line before Ray starts."""
+    argv = _pinned(5, "--vllm.num_engines", "8", "--actor.num_gpus_per_node", "8", "--train.batch_size", "128",
+                   "--algo.advantage.estimator", "group_norm", "--reward.remote_url", "reward.py",
+                   "--scheduler.node_gpus", node_gpus)  # fmt: skip
+    with pytest.raises(SystemExit) as refused:
+        _launched_args(monkeypatch, tmp_path, argv)
+    assert str(refused.value.code) == f"error: --scheduler.split 5: {why}"
+
+
+def test_the_models_openrlhf_places_with_the_actor_follow_its_size(monkeypatch, tmp_path, openrlhf_learning):
+    """Under ``--train.colocate_all`` in an async launch, with KL on, a critic and a reward model: OpenRLHF puts the
+    reference, the critic and the reward model in the actor's placement group (and asserts the reference's size),
+    so a split that resizes the actor resizes them with it."""
+    argv = _pinned(2, "--vllm.num_engines", "4", "--actor.num_gpus_per_node", "4", "--ref.num_gpus_per_node", "4",
+                   "--critic.num_gpus_per_node", "4", "--reward.num_gpus_per_node", "4", "--train.colocate_all",
+                   "--algo.kl.init_coef", "0.01", "--algo.advantage.estimator", "gae", "--critic.model_name_or_path",
+                   "m", "--reward.model_name_or_path", "m", "--train.batch_size", "192")  # fmt: skip
+    args = _launched_args(monkeypatch, tmp_path, argv)
+    sizes = {g: getattr(args, g).num_gpus_per_node for g in ("actor", "ref", "critic", "reward")}
+    assert args.vllm.num_engines == 2 and sizes == {"actor": 6, "ref": 6, "critic": 6, "reward": 6}
+    assert deepspeed_accepts(192, 1, 6)

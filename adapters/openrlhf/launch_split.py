@@ -55,12 +55,12 @@ def launched_settings(args: Any, settings: dict[str, Any], scheduler_settings: A
 
 
 def prompt_tokens(args: Any) -> tuple[tuple[int, int], str]:
-    """The dataset's prompt lengths (10th and 90th percentile, in tokens) when ``--data.prompt_data`` is a local
-    JSON or JSON-lines file with ``--data.input_key``, measured at ``CHARS_PER_TOKEN``; else up to
-    ``--data.prompt_max_len``. Returns the range and where it came from."""
-    path = Path(str(flag(args, "data", "prompt_data", "")))
+    """The dataset's prompt lengths (10th and 90th percentile, in tokens) when ``--data.prompt_dataset`` is a local
+    JSON or JSON-lines file with ``--data.input_key``, measured at ``CHARS_PER_TOKEN``; else up to what
+    ``--data.max_len`` leaves after ``--rollout.max_new_tokens``. Returns the range and where it came from."""
+    path = Path(str(flag(args, "data", "prompt_dataset", "")))
     key = str(flag(args, "data", "input_key", "input"))
-    cap = int(flag(args, "data", "prompt_max_len", 1024))
+    cap = max(int(flag(args, "data", "max_len", 2048)) - int(flag(args, "rollout", "max_new_tokens", 1024)), 2)
     lengths: list[float] = []
     if path.is_file() and path.suffix in (".json", ".jsonl"):
         try:
@@ -68,11 +68,9 @@ def prompt_tokens(args: Any) -> tuple[tuple[int, int], str]:
             rows = json.loads(text) if path.suffix == ".json" else [json.loads(x) for x in text.splitlines() if x]
             lengths = [len(str(r[key])) / CHARS_PER_TOKEN for r in rows if isinstance(r, dict) and key in r]
         except (OSError, ValueError) as exc:
-            log.info(
-                "rlhfless: the split's prompt lengths: %s is unreadable (%s); using --data.prompt_max_len", path, exc
-            )
+            log.info("rlhfless: the split's prompt lengths: %s is unreadable (%s); using --data.max_len", path, exc)
     if not lengths:
-        return (max(cap // 8, 1), max(cap // 2, 2)), f"up to --data.prompt_max_len {cap}"
+        return (max(cap // 8, 1), max(cap // 2, 2)), f"up to {cap} tokens (--data.max_len less the responses)"
     lengths.sort()
     lo, hi = lengths[len(lengths) // 10], lengths[(9 * len(lengths)) // 10]
     return (max(int(lo), 1), max(int(hi), int(lo) + 1)), f"{len(lengths)} prompts of {path.name}"
@@ -111,7 +109,9 @@ def plan_workload(args: Any, settings: dict[str, Any], max_tokens: int) -> tuple
 
 def plan_split(args: Any, settings: dict[str, Any], keep: bool = False) -> Any:
     """Pick the split of a stream with none of its own and size OpenRLHF's engines and learner to it (``keep``:
-    only say what it would pick). Returns the ``SplitChoice`` (None when the scheduler fixes its split)."""
+    only say what it would pick). Only splits OpenRLHF and DeepSpeed accept are tried (``split_problem``), and the
+    user's own flags stand unless a tried split is faster than theirs. Returns the ``SplitChoice`` (None when the
+    scheduler fixes its split)."""
     from rlhfless_sdk.api.config import SchedulerConfig
     from rlhfless_sdk.api.errors import RlhflessError
     from rlhfless_sdk.api.history import isolated_history
@@ -126,56 +126,121 @@ def plan_split(args: Any, settings: dict[str, Any], keep: bool = False) -> Any:
     if config.pipeline.rollout_gpus is not None or settings["mode"].get("elastic") or engines < 1:
         return None  # the scheduler fixes its split, re-plans it as it runs, or OpenRLHF runs no engine
     nodes, per_node = int(flag(args, "actor", "num_nodes", 1)), int(flag(args, "actor", "num_gpus_per_node", 1))
-    gpus = engines * tp + nodes * per_node
+    gpus, node_gpus = engines * tp + nodes * per_node, max(int(settings.get("node_gpus", NODE_GPUS)), per_node)
+    if str(settings.get("split", "auto")).isdigit():
+        pin_split(args, config.name, int(settings["split"]), gpus, node_gpus)
+        return None
+    yours = f"launching yours, {engines * tp} rollout GPUs and {nodes * per_node} learner GPUs"
     profile = TimePerTokenProfile.model_validate(settings["profile"])
     workload, source = plan_workload(args, settings, profile.kv_capacity_tokens)
     sim = Simulator(profile, Cluster.of_gpus(gpus, max(per_node, tp)), registry=get_plugin_manager().registry)
     try:
         with isolated_history():
-            choice = choose_split(sim, config, workload, source)
+            choice = choose_split(
+                sim,
+                config,
+                workload,
+                source,
+                allowed=lambda r: split_problem(args, gpus - r, r, tp, node_gpus) is None,
+                current=engines * tp,
+            )
     except RlhflessError as exc:  # e.g. a profile whose learner needs more GPUs than this launch has
-        log.info(
-            "rlhfless: no split picked for %s (%s); launching yours: %d rollout GPUs and %d learner GPUs",
-            config.name,
-            exc,
-            engines * tp,
-            nodes * per_node,
-        )
+        log.info("rlhfless: no split picked for %s (%s); %s", config.name, exc, yours)
         return None
-    learner = gpus - choice.rollout_gpus
-    why = fits(args, learner, choice.rollout_gpus, tp)
-    if keep or why is not None or choice.rollout_gpus == engines * tp:
-        action = (
-            "kept: the engines and learner are already sized so"
-            if choice.rollout_gpus == engines * tp
-            else f"not applied ({'--scheduler.split keep' if keep else why}): launching yours, {engines * tp} rollout "
-            f"GPUs and {nodes * per_node} learner GPUs"
-        )
+    learner, given_s = gpus - choice.rollout_gpus, choice.tried.get(engines * tp)
+    if choice.rollout_gpus == engines * tp:
+        action = "kept: the engines and learner are already sized so"
+    elif keep:
+        action = f"not applied (--scheduler.split keep): {yours}"
+    elif given_s is not None and given_s <= choice.time_s:
+        action = f"not applied: no split OpenRLHF and DeepSpeed accept beats yours ({given_s:,.0f} s expected); {yours}"
     else:
-        args.vllm.num_engines = choice.rollout_gpus // tp
-        args.actor.num_gpus_per_node = learner // nodes
-        if flag(args, "train", "colocate_actor_ref", False):
-            args.ref.num_gpus_per_node = args.actor.num_gpus_per_node
-        action = (
-            f"applied: --vllm.num_engines {args.vllm.num_engines} and --actor.num_gpus_per_node "
-            f"{args.actor.num_gpus_per_node} (given: {engines} and {per_node}; --scheduler.split keep keeps yours)"
-        )
+        resized = resize(args, choice.rollout_gpus // tp, learner // nodes)
+        action = f"applied: {resized} (given: {engines} and {per_node}; --scheduler.split keep keeps yours)"
     log.info("rlhfless: %s; %s", choice.line(), action)
     return choice
 
 
-def fits(args: Any, learner: int, rollout: int, tp: int) -> str | None:
-    """Why OpenRLHF could not run a learner of ``learner`` GPUs beside ``rollout`` engine GPUs, or None."""
+def pin_split(args: Any, name: str, rollout: int, gpus: int, node_gpus: int) -> None:
+    """``--scheduler.split N``: ``rollout`` GPUs generate and the rest of the ``gpus`` learn, checked as any split
+    is (a split OpenRLHF or DeepSpeed would refuse is refused here, before Ray starts)."""
+    tp = max(int(flag(args, "vllm", "tensor_parallel_size", 1)), 1)
+    why = split_problem(args, gpus - rollout, rollout, tp, node_gpus) if rollout < gpus else "no GPU is left to learn"
+    if why is not None:
+        raise SystemExit(f"error: --scheduler.split {rollout}: {why}")
     nodes = int(flag(args, "actor", "num_nodes", 1))
-    if learner % nodes:
+    resized = resize(args, rollout // tp, (gpus - rollout) // nodes)
+    log.info("rlhfless: split for %s: %d rollout GPUs, %d learner GPUs (of %d), pinned by --scheduler.split %d; "
+             "applied: %s", name, rollout, gpus - rollout, gpus, rollout, resized)  # fmt: skip
+
+
+#: The GPUs a node is taken to have where ``--scheduler.node_gpus`` does not say (or the user's own learner has more
+#: on a node): a split never puts more learner GPUs on a node than this.
+NODE_GPUS = 8
+
+
+def followers(args: Any) -> list[str]:
+    """The model groups OpenRLHF places in the actor's placement group, which must keep the actor's size: the
+    reference under ``--train.colocate_actor_ref`` or ``--train.colocate_all`` with KL on (``cli/train_ppo_ray.py``
+    asserts it), and the critic and the reward model under ``--train.colocate_all``."""
+    colocate_all = bool(flag(args, "train", "colocate_all", False))
+    out = []
+    kl = float(getattr(flag(args, "algo", "kl", None), "init_coef", 0) or 0)
+    if kl > 0 and (colocate_all or flag(args, "train", "colocate_actor_ref", False)):
+        out.append("ref")
+    if colocate_all and flag(args, "critic", "model_name_or_path", None):
+        out.append("critic")
+    if colocate_all and not flag(args, "reward", "remote_url", None):
+        out.append("reward")
+    return out
+
+
+def resize(args: Any, engines: int, per_node: int) -> str:
+    """Size OpenRLHF's engines and learner (and the groups that follow the actor) on ``args``; the flags set."""
+    args.vllm.num_engines = engines
+    args.actor.num_gpus_per_node = per_node
+    flags = [f"--vllm.num_engines {engines}", f"--actor.num_gpus_per_node {per_node}"]
+    for group in followers(args):
+        getattr(args, group).num_gpus_per_node = per_node
+        flags.append(f"--{group}.num_gpus_per_node {per_node}")
+    return " and ".join(flags)
+
+
+def deepspeed_batch_problem(args: Any, ranks: int) -> str | None:
+    """Why DeepSpeed would refuse a learner of ``ranks`` processes, or None. OpenRLHF sets ``train_batch_size`` to
+    ``--train.batch_size`` x ring x tensor parallel and the micro batch to ``--train.micro_batch_size``
+    (``utils/deepspeed/deepspeed.py``); DeepSpeed asserts the batch is micro batch x accumulation x world
+    (``runtime/config.py``), with accumulation the whole quotient. Dynamic batching sets neither."""
+    if flag(args, "train", "dynamic_batch_enable", False):
+        return None
+    ring = max(int(flag(args, "ds", "ring_attn_size", 1)), 1) * max(int(flag(args, "ds", "tensor_parallel_size", 1)), 1)
+    batch = int(flag(args, "train", "batch_size", 128)) * ring
+    micro = max(int(flag(args, "train", "micro_batch_size", 1)), 1)
+    if batch % (micro * ranks) or batch < micro * ranks:
+        return (
+            f"DeepSpeed needs the train batch ({batch}) to be a whole multiple of --train.micro_batch_size x learner "
+            f"GPUs ({micro} x {ranks})"
+        )
+    return None
+
+
+def split_problem(args: Any, learner: int, rollout: int, tp: int, node_gpus: int = NODE_GPUS) -> str | None:
+    """Why OpenRLHF (or its DeepSpeed learner) could not run a learner of ``learner`` GPUs beside ``rollout``
+    engine GPUs, or None."""
+    nodes = int(flag(args, "actor", "num_nodes", 1))
+    if learner < 1 or learner % nodes:
         return f"{learner} learner GPUs do not split over --actor.num_nodes {nodes}"
+    if learner // nodes > node_gpus:
+        return (
+            f"{learner // nodes} learner GPUs on a node, more than the {node_gpus} a node has (--scheduler.node_gpus)"
+        )
     if rollout % tp:
         return f"{rollout} rollout GPUs are not whole engines of --vllm.tensor_parallel_size {tp}"
-    if flag(args, "train", "colocate_actor_ref", False) and int(flag(args, "ref", "num_nodes", 1)) != nodes:
+    if "ref" in followers(args) and int(flag(args, "ref", "num_nodes", 1)) != nodes:
         return "the reference model is colocated with the learner on another node count"
     micro = max(int(flag(args, "rollout", "micro_batch_size", 1)), 1)
     batches = int(flag(args, "rollout", "n_samples_per_prompt", 1)) * int(flag(args, "rollout", "batch_size", 1))
     ring = max(int(flag(args, "ds", "ring_attn_size", 1)), 1) * max(int(flag(args, "ds", "tensor_parallel_size", 1)), 1)
     if batches // micro < learner // ring:
         return f"OpenRLHF needs at least as many sample micro-batches ({batches // micro}) as learner processes"
-    return None
+    return deepspeed_batch_problem(args, learner)

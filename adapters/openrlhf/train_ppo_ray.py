@@ -13,7 +13,9 @@ Every flag of ``openrlhf.cli.train_ppo_ray`` passes through unchanged; these are
                              batching) waits for the engines to hand back what those samples have (default 120)
   --scheduler.split auto|keep  a stream with no split of its own: size --vllm.num_engines and the learner to the
                              split the launcher picks (auto, the default; from the trace an earlier run wrote at
-                             --scheduler.trace, else from this launch's flags), or keep yours and only log it
+                             --scheduler.trace, else from this launch's flags), or keep yours and only log it;
+                             a number N: N rollout GPUs, the rest of the engines' and learner's GPUs learn
+  --scheduler.node_gpus N    the GPUs a node has (default 8): the split never puts more learner GPUs on a node
   --scheduler.drafter NAME   speculative decoding on the engines with this drafter (none, ngram, history, or a
                              plugin's), instead of the preset's; lossless: vLLM verifies every drafted token
 
@@ -57,10 +59,12 @@ OUR_FLAGS = (
     "--scheduler.trace",
     "--scheduler.carry_timeout",
     "--scheduler.split",
+    "--scheduler.node_gpus",
     "--scheduler.drafter",
 )
 
-#: ``--scheduler.split``: size OpenRLHF's engines and learner to the split the launcher picks, or keep the flags.
+#: ``--scheduler.split``: size OpenRLHF's engines and learner to the split the launcher picks, or keep the flags (or
+#: a number: that many rollout GPUs, the rest learn).
 SPLIT_CHOICES = ("auto", "keep")
 
 #: Seconds the end of a carrying step waits for the carried samples to come back (``--scheduler.carry_timeout``).
@@ -129,8 +133,13 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
     if config.async_launch is not None:  # its async form is refused here, not after OpenRLHF has loaded
         scheduler_settings(config.launched(registry, True))
     split = ours.get("--scheduler.split", "auto")
-    if split not in SPLIT_CHOICES:
-        raise SystemExit(f"error: --scheduler.split {split!r}: choose one of {', '.join(SPLIT_CHOICES)}")
+    if split not in SPLIT_CHOICES and not (split.isdigit() and int(split) > 0):
+        raise SystemExit(
+            f"error: --scheduler.split {split!r}: choose one of {', '.join(SPLIT_CHOICES)}, or a number of rollout GPUs"
+        )
+    node_gpus = ours.get("--scheduler.node_gpus", "8")
+    if not node_gpus.isdigit() or int(node_gpus) < 1:
+        raise SystemExit(f"error: --scheduler.node_gpus {node_gpus!r}: a whole number of GPUs, at least 1")
     report = str(Path(ours.get("--scheduler.report", "rlhfless_steps.jsonl")).resolve())
     trace = str(Path(ours["--scheduler.trace"]).resolve()) if "--scheduler.trace" in ours else None
     return {
@@ -140,6 +149,7 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
         "trace": trace,
         "carry_timeout_s": carry_timeout,
         "split": split,
+        "node_gpus": int(node_gpus),
     }
 
 

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.rollout.modes import mode_for
 from rlhfless_sdk.workloads.traces import Workload
 
@@ -108,12 +109,22 @@ def choose_split(
     *,
     baseline: SchedulerConfig | None = None,
     drift: bool = True,
+    allowed: Callable[[int], bool] | None = None,
+    current: int | None = None,
 ) -> SplitChoice:
     """The split ``config``'s pipeline runs fastest at on ``workload`` (see the module docstring), on ``sim`` (a
     ``Simulator``, which imports this module: typed loosely to keep the import one-way); ``baseline``:
-    the scheduler the gain is measured against (default OpenRLHF's async mode, when the registry has it)."""
+    the scheduler the gain is measured against (default OpenRLHF's async mode, when the registry has it).
+    ``allowed``: only the rollout GPU counts it accepts are tried (a launch's learner must be one its trainer
+    runs); ``current``: a split whose time is measured too (the one a launch was given), in ``tried``."""
     sim.begin(workload)
-    splits = sim.splits()
+    every = sim.splits()
+    splits = [r for r in every if allowed is None or allowed(r)]
+    if not splits:
+        raise RlhflessError(
+            f"none of the {len(every)} rollout/learner splits of {sim.cluster.total_gpus} GPUs is one "
+            "the launch can run"
+        )
 
     def timer(cfg: SchedulerConfig, wl: Workload, cache: dict[int, float]) -> Callable[[int], float]:
         run = sim.pipeline_run(mode_for(cfg, sim.registry))
@@ -127,7 +138,10 @@ def choose_split(
         return time_at
 
     tried: dict[int, float] = {}
-    chosen = descend(splits, timer(config, workload, tried))
+    time_at = timer(config, workload, tried)
+    chosen = descend(splits, time_at)
+    if current is not None and current in every:
+        time_at(current)
     choice = SplitChoice(
         config.name, sim.cluster.total_gpus, chosen, tried[chosen], len(workload.steps), source, tried=tried
     )
