@@ -206,6 +206,11 @@ def resize(args: Any, engines: int, per_node: int) -> str:
     return " and ".join(flags)
 
 
+def learner_replicas(args: Any) -> int:
+    """Learner processes that hold one data-parallel rank's batch: ring attention x DeepSpeed tensor parallel."""
+    return max(int(flag(args, "ds", "ring_attn_size", 1)), 1) * max(int(flag(args, "ds", "tensor_parallel_size", 1)), 1)
+
+
 def deepspeed_batch_problem(args: Any, ranks: int) -> str | None:
     """Why DeepSpeed would refuse a learner of ``ranks`` processes, or None. OpenRLHF sets ``train_batch_size`` to
     ``--train.batch_size`` x ring x tensor parallel and the micro batch to ``--train.micro_batch_size``
@@ -213,7 +218,7 @@ def deepspeed_batch_problem(args: Any, ranks: int) -> str | None:
     (``runtime/config.py``), with accumulation the whole quotient. Dynamic batching sets neither."""
     if flag(args, "train", "dynamic_batch_enable", False):
         return None
-    ring = max(int(flag(args, "ds", "ring_attn_size", 1)), 1) * max(int(flag(args, "ds", "tensor_parallel_size", 1)), 1)
+    ring = learner_replicas(args)
     batch = int(flag(args, "train", "batch_size", 128)) * ring
     micro = max(int(flag(args, "train", "micro_batch_size", 1)), 1)
     if batch % (micro * ranks) or batch < micro * ranks:
@@ -240,7 +245,7 @@ def split_problem(args: Any, learner: int, rollout: int, tp: int, node_gpus: int
         return "the reference model is colocated with the learner on another node count"
     micro = max(int(flag(args, "rollout", "micro_batch_size", 1)), 1)
     batches = int(flag(args, "rollout", "n_samples_per_prompt", 1)) * int(flag(args, "rollout", "batch_size", 1))
-    ring = max(int(flag(args, "ds", "ring_attn_size", 1)), 1) * max(int(flag(args, "ds", "tensor_parallel_size", 1)), 1)
+    ring = learner_replicas(args)
     if batches // micro < learner // ring:
         return f"OpenRLHF needs at least as many sample micro-batches ({batches // micro}) as learner processes"
     return deepspeed_batch_problem(args, learner)
