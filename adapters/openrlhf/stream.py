@@ -174,8 +174,7 @@ class EngineStream:
         live = self.pool.live()
         if not live:
             raise RuntimeError("every rollout engine has died; cannot generate")
-        limit = self.limit()
-        fill = self.loop.fill({e: limit - self.load[e] for e in live}, version, self._more)
+        fill = self.loop.fill(self.loop.free({e: self.load[e] for e in live}), version, self._more)
         for sid, engine in fill.sent:
             gid = self.book.group_of[sid]
             ref = submit(engine, self.prompts[gid], sid - self.book.groups[gid].samples[0], self.carried.pop(sid, None))

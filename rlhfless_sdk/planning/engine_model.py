@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -108,6 +108,7 @@ class EngineModel:
     blocked: bool = False  # after a preemption, admit nothing until a running sequence finishes
     cached_prompts: set[int] = field(default_factory=set)  # prompts prefilled here this step (prefix caching)
     slots: int = 0  # at most this many running (a client holding samples back, ``KvSlots``); 0: max_num_seqs
+    on_finish: Callable[[EngineModel], None] | None = None  # called when samples finish (a client topping it up)
 
     def __post_init__(self) -> None:
         self.t = self.start
@@ -313,10 +314,12 @@ class EngineModel:
         self.S += k
         self.ctx += self.B * k
         self.generated += self.B * k
+        finished = False
         while self.heap and self.heap[0][0] <= self.S:
             finish, sid = heapq.heappop(self.heap)
             if not self._valid(s, finish, sid):
                 continue
+            finished = True
             s.state[sid] = DONE
             s.generated[sid] = s.target[sid]
             s.finish_time[sid] = self.t
@@ -326,6 +329,8 @@ class EngineModel:
             self.stack.remove(sid)
             self.last_token = self.t
             self.blocked = False
+        if finished and self.on_finish is not None:
+            self.on_finish(self)
 
 
 def steady_context(prompt: np.ndarray, response: np.ndarray) -> float:

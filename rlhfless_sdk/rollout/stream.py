@@ -29,7 +29,7 @@ OpenRLHF's async loop trains and broadcasts. The split between generation and le
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,16 +42,22 @@ from rlhfless_sdk.rollout.stream_book import GroupBook, StreamStats
 from rlhfless_sdk.rollout.stream_loop import KvSlots, StreamLoop
 
 
+#: The stream's feeder as a backend's engines call it when samples of engine ``e`` finish: (e, samples in flight on
+#: it) -> the samples to start there now (``StreamLoop.free``'s rule)
+Feeder = Callable[[int, int], list[int]]
+
+
 class StreamEngines(Protocol):
     """A backend's engines as the streaming loop drives them."""
 
     max_num_seqs: int  # samples an engine runs at once
+    feeder: Feeder | None  # set by ``run_stream``: called at each finish, so that a freed slot is filled at once
 
     def now(self) -> float: ...
 
-    def wants(self, slots: int | None = None) -> dict[int, int]:
-        """How many more samples each engine would take now (free slots, a short queue), with at most ``slots``
-        samples running or queued on one engine (None: as many as the engine runs at once, ``max_num_seqs``)."""
+    def in_flight(self, slots: int | None = None) -> dict[int, int]:
+        """Samples in flight (running or queued) on each engine, with at most ``slots`` running on one engine from
+        now on (None: as many as the engine runs at once, ``max_num_seqs``)."""
         ...
 
     def start(self, samples: Sequence[int], engines: Sequence[int]) -> None: ...
@@ -357,6 +363,11 @@ def run_stream(
             "its state needs) and run an engine"
         )
     loop = StreamLoop(book, engines.max_num_seqs, slots)
+
+    def feed(engine: int, in_flight: int) -> list[int]:  # at a finish, on the engines' clock: the same rule
+        return [sid for sid, _ in loop.fill(loop.free({engine: in_flight}), version).sent]
+
+    engines.feeder = feed
     stats = StreamStats()
     stats.marks.append((engines.now(), engines.generated_tokens(), 0.0))
     version, k = 0, 0
@@ -367,7 +378,7 @@ def run_stream(
     changed = True  # a group completed (or the learner freed) since the last try at forming a batch
     while book.untrained or training is not None:
         now = engines.now()
-        fill = loop.fill(engines.wants(loop.held_back()), version)
+        fill = loop.fill(loop.free(engines.in_flight(loop.held_back())), version)
         if fill.sent:
             engines.start([sid for sid, _ in fill.sent], [e for _, e in fill.sent])
         stats.gated_s += check_s * fill.gated

@@ -4,6 +4,9 @@ trains. The simulator's ``run_stream`` (``rlhfless_sdk.rollout.stream``) runs it
 adapter's ``EngineStream`` on vLLM engines through Ray, between and inside OpenRLHF's async loop's calls. A backend
 only says which engines have free slots, starts the samples it is handed and reports those that finish.
 
+Feeding (one rule for every backend, ``free``): an engine takes samples up to the slots (``limit``) less the samples
+it has in flight (running or in its queue), and is topped up as soon as a sample of its finishes; the adapter's
+feeder thread does so on each completion Ray reports, the simulator's engines at each finish on their clock.
 Dispatch: one sample at a time to the engine with the most free slots (ties: the lowest id), a sample to
 regenerate (its engine died) before the stream's next; so samples spread over the engines when the admission rule
 lets few start, as a least-loaded router does.
@@ -103,6 +106,12 @@ class StreamLoop:
     def limit(self) -> int:
         """Samples an engine runs at once now: ``slots``, fewer where ``kv`` holds it back."""
         return self.slots if self.kv is None else max(1, min(self.slots, self.kv.slots()))
+
+    def free(self, in_flight: dict[int, int]) -> dict[int, int]:
+        """The feeding rule: how many more samples each engine takes now, from its samples in flight (running or
+        queued on it): the slots left of ``limit``."""
+        limit = self.limit()
+        return {e: max(0, limit - n) for e, n in in_flight.items()}
 
     def held_back(self) -> int | None:
         """The per-engine cap ``kv`` sets now, or None when nothing but the engine's own ``max_num_seqs`` holds it."""

@@ -30,6 +30,7 @@ from rlhfless_sdk.planning.engine_model import DONE, QUEUED, EngineModel, Engine
 from rlhfless_sdk.rollout.billing import covered, window_gpu_seconds
 from rlhfless_sdk.rollout.stream import (
     BalancedSplit,
+    Feeder,
     GroupBook,
     KvSlots,
     PinnedSplit,
@@ -44,8 +45,6 @@ from rlhfless_sdk.workloads.traces import Workload
 #: samples cut (vLLM's abort) and handed to a rollout engine, then the fill engines' sleep, which frees their weights
 #: and KV cache (a round figure, not measured: the cuts are milliseconds each, a sleep a few seconds)
 FILL_SWITCH_S = 10.0
-#: queued samples an engine keeps beyond its running batch (a short queue, so the stream balances engines)
-QUEUE = 8
 
 
 class SimulatedStream:
@@ -65,6 +64,7 @@ class SimulatedStream:
         self.stopped_tokens = 0  # tokens generated on engines an elastic split stopped
         self.busy = 0.0  # busy seconds of stopped engines
         self.preemptions = 0  # preemptions on stopped engines
+        self.feeder: Feeder | None = None
         self.resize(engines, 0.0)
 
     # -- StreamEngines -----------------------------------------------------------------------------------------
@@ -75,16 +75,22 @@ class SimulatedStream:
     def now(self) -> float:
         return self.t
 
-    def wants(self, slots: int | None = None) -> dict[int, int]:
+    def in_flight(self, slots: int | None = None) -> dict[int, int]:
         cap = self.profile.max_num_seqs if slots is None else max(1, min(slots, self.profile.max_num_seqs))
-        out = {}
         for a in self.actors:
             a.slots = 0 if slots is None else cap  # samples moved here by a split wait their turn too
-            if a.B == 0 and not a.waiting:
-                out[a.aid] = cap
-            else:
-                out[a.aid] = max(0, min(cap - a.B - len(a.waiting), QUEUE - len(a.waiting)))
-        return out
+        return {a.aid: a.B + len(a.waiting) for a in self.actors}
+
+    def _refill(self, actor: EngineModel) -> None:
+        """Samples of ``actor`` finished on its clock: the stream tops it up there and then (``feeder``)."""
+        if self.feeder is not None:
+            sids = self.feeder(actor.aid, actor.B + len(actor.waiting))
+            self.start(sids, [actor.aid] * len(sids))
+
+    def _engine(self, aid: int, profile: TimePerTokenProfile, start: float) -> EngineModel:
+        actor = EngineModel(aid, profile, "", start)
+        actor.on_finish = self._refill
+        return actor
 
     def _actor(self, aid: int) -> EngineModel:
         for a in self.actors:
@@ -131,7 +137,7 @@ class SimulatedStream:
         for _ in range(engines):
             start = self.t + profile.cold_start_s
             self.spans[self.next_id] = [self.t, start]
-            self.actors.append(EngineModel(self.next_id, profile, "", start))
+            self.actors.append(self._engine(self.next_id, profile, start))
             self.next_id += 1
 
     def resize(self, engines: int, at: float) -> None:
@@ -142,7 +148,7 @@ class SimulatedStream:
         self._run_to(at)
         while len(self.actors) < engines:  # a new engine boots, then takes work
             start = at + self.profile.cold_start_s
-            actor = EngineModel(self.next_id, self.profile, "", start)
+            actor = self._engine(self.next_id, self.profile, start)
             self.spans[self.next_id] = [at, start]
             self.next_id += 1
             self.actors.append(actor)
