@@ -787,6 +787,9 @@ def test_keyed_requests_survive_openrlhfs_pause_around_a_weight_broadcast(stack)
     def pause():
         ray.get([e.pause_generation.remote() for e in engines])
         before = ray.get(engines[0].rl_stats.remote()).progress
+        # a paused engine is not an asleep one: a step that begins now (the stream's, say) must not wake it
+        paused["awake"] = ray.get([e.rl_begin_step.remote() for e in engines])
+        gen.pool.begin_step([0, 1])
         time.sleep(1.0)
         paused["frozen"] = ray.get(engines[0].rl_stats.remote()).progress == before
         ray.get([e.resume_generation.remote() for e in engines])
@@ -796,7 +799,8 @@ def test_keyed_requests_survive_openrlhfs_pause_around_a_weight_broadcast(stack)
     kwargs = {"max_new_tokens": max_new, "min_new_tokens": max_new, "n_samples_per_prompt": N_SAMPLES, "max_len": 512}
     experiences = gen.generate_step(PROMPTS[:4], ["0"] * 4, **kwargs)
     thread.join(timeout=30)
-    assert paused.get("frozen") is True  # the engines really stopped generating while paused
+    assert paused.get("awake") == [True, True]  # vLLM's is_sleeping says True while paused; the executor is awake
+    assert paused.get("frozen") is True  # the engines really stopped generating while paused, a step's begin too
     assert_groups(experiences, PROMPTS[:4], N_SAMPLES, max_new)
     assert all(int(e.response_length[0]) == max_new for e in experiences)
     assert gen.last_report.fallbacks == [] and gen.dead == set()

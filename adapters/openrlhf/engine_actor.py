@@ -392,11 +392,14 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         return sum(len(p) for p in prefixes)
 
     async def sleep(self, level: int = 1) -> None:  # type: ignore[override]
+        """OpenRLHF's sleep (vLLM's: its scheduler paused, its executor's weights and KV cache released). From here
+        until a ``wake_up`` that wakes the executor whole, ``_rl_asleep`` holds: no new work reaches it."""
         self._rl_asleep = True  # from the moment it is asked: no new work from here on
         try:
             await super().sleep(level)
-        finally:
+        except BaseException:
             self._rl_asleep = await self.llm.is_sleeping()
+            raise
 
     async def rl_close(self) -> None:
         """Take no new work from now on (a fill engine once the stream's first batch formed): a piece that reaches
@@ -405,6 +408,9 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         self._rl_closed = True
 
     async def wake_up(self, tags: list[str] | None = None) -> None:  # type: ignore[override]
+        """OpenRLHF's wake-up (all of it, or some of vLLM's tags). vLLM resumes the scheduler exactly when its
+        executor is awake whole (``EngineCore.wake_up``), so right after a wake-up its ``is_sleeping`` (scheduler
+        paused or executor asleep) says whether the executor still sleeps."""
         await super().wake_up(tags)
         self._rl_asleep = await self.llm.is_sleeping()
 
@@ -454,10 +460,14 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         return got[0] if got else None
 
     async def rl_begin_step(self, draft: bool = True) -> bool:
-        """Fresh stats for a step; True when the engine is awake (OpenRLHF wakes every engine before a step). An
-        engine whose vLLM EngineCore died raises the engine-lost error: asking a dead core whether it sleeps would
-        wait forever (seen when the core died between steps, before anything noticed). ``draft``: an engine
-        built with a drafter drafts this step (off: plain decoding steps, for a scheduler without one)."""
+        """Fresh stats for a step; True when the engine's executor is awake (OpenRLHF wakes every engine before a
+        step). Not vLLM's ``is_sleeping``, which also says True while OpenRLHF's keep-pause around a partial-rollout
+        broadcast holds the scheduler (``EngineCore.is_sleeping``: paused or asleep): waking such an engine would
+        resume decoding while the broadcast loads weights. The executor's state is this actor's record of its
+        ``sleep`` and ``wake_up``, the only ways OpenRLHF puts it to sleep. An engine whose vLLM EngineCore died
+        raises the engine-lost error: the core is asked something, and asking a dead one would wait forever (seen
+        when the core died between steps, before anything noticed). ``draft``: an engine built with a drafter
+        drafts this step (off: plain decoding steps, for a scheduler without one)."""
         self.rl_reset_stats()
         if self._rl_drafter and self.rl_alive():
             await self.llm.collective_rpc(drafting.drafter_call, args=("activate", draft))
@@ -476,7 +486,7 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
                 raise RuntimeError(
                     f"EngineDeadError: vLLM's EngineCore did not answer in {BEGIN_STEP_TIMEOUT_S:g} s (is_sleeping)"
                 )
-        self._rl_asleep = ask.result()
+        ask.result()
         return not self._rl_asleep
 
     def rl_stats(self) -> EngineStats:

@@ -129,7 +129,8 @@ class EnginePool:
         step (``--vllm.enable_sleep``) and sleeps them after; RLHFless never sleeps one in between, since under
         ``--train.colocate_all`` (which OpenRLHF's sleep mode is for) the memory it would free has no other user
         during rollout. An engine found asleep (e.g. a step run outside OpenRLHF's loop) is woken before any work
-        reaches it. Engines outside the scaler's active subset simply get no work this step."""
+        reaches it; an engine only paused (OpenRLHF's keep-pause around a partial-rollout broadcast) is left as it
+        is. Engines outside the scaler's active subset simply get no work this step."""
         self.share_history()
         for e, awake in self.gather("rl_begin_step", live, self.drafting).items():
             if not awake:
