@@ -807,6 +807,39 @@ def test_keyed_requests_survive_openrlhfs_pause_around_a_weight_broadcast(stack)
     assert ray.get([e.__ray_call__.remote(preempted) for e in engines]) == before  # no request lost its KV
 
 
+def test_a_request_after_a_partial_rollout_update_reads_no_prompt_kv_of_older_weights(stack):
+    """vLLM's prefix caching (on in these engines) across OpenRLHF's keep-pause: a prompt prefilled before a
+    partial-rollout update is no cache hit after it (vLLM refuses OpenRLHF's prefix-cache reset while paused
+    requests hold blocks, so the engine salts each request's KV with the weights version it starts under), while
+    two requests under one version share the prompt's KV as before."""
+    from vllm import SamplingParams
+
+    ray, engine = stack.ray, stack.engines[0]
+    prompt = " ".join(PROMPTS)  # several KV blocks long
+
+    def cached(key: str) -> int:
+        ray.get(engine.rl_reset_stats.remote())
+        ray.get(
+            engine.generate_group.remote(
+                prompt=prompt,
+                label="0",
+                sampling_params=SamplingParams(max_tokens=2),
+                max_length=1024,
+                hf_tokenizer=stack.tokenizer,
+                keys=[key],
+            ),
+            timeout=120,
+        )
+        return ray.get(engine.rl_stats.remote()).cached_tokens
+
+    cached("salt/0@1")
+    assert cached("salt/1@1") > 0  # the same weights: the prompt's KV is read from the cache
+    ray.get(engine.pause_generation.remote())
+    ray.get(engine.resume_generation.remote())  # a weight update between them (OpenRLHF's partial-rollout pause)
+    assert cached("salt/2@1") == 0  # computed again under the new weights
+    assert cached("salt/3@1") > 0
+
+
 # -- partial rollouts on real engines (partial-batch: cut when B groups are complete, carry the rest) --
 def _carry_generator(stack, over_provision: float, **kw):
     from rlhfless_sdk import get_plugin_manager

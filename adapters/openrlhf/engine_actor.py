@@ -167,7 +167,11 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         if self._rl_asleep:  # vLLM pauses a slept engine's scheduler: the request would never run
             raise RuntimeError("rlhfless: work was sent to a sleeping rollout engine (wake it first)")
         request_id = f"rlhfless-{key or 'x'}-{uuid.uuid4().hex[:12]}"
-        prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
+        # vLLM's prefix cache keyed by the weights a request starts under: a partial-rollout update keeps the KV of
+        # the requests running through it (``pause_generation``), and vLLM refuses OpenRLHF's prefix-cache reset
+        # while they hold blocks, so without the salt a request started after the update would read prompt KV an
+        # older version computed. Requests started under one version (a group's samples) still share it.
+        prompt = TokensPrompt(prompt_token_ids=prompt_token_ids, cache_salt=f"rlhfless-weights-{self._rl_version}")
         if mm:
             prompt["multi_modal_data"] = mm
         if key is not None:
