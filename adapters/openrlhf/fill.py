@@ -11,9 +11,14 @@ none, since they stop before the first update.
 The stream feeds them as it feeds every engine until batch 0 forms. Then, before the batch goes to the learner,
 ``stop`` closes them to new work (``rl_close``), cuts every sample running there (vLLM's abort: the sample keeps
 its tokens, their logprobs and the weights versions they came from), hands each to the rollout engines to go on
-from those tokens (``StreamLoop.move``), and puts the fill engines to sleep at level 2, which frees their weights
-and KV cache for the learner. Nothing is lost or run twice: a sample that finished before its cut landed trains
+from those tokens (``StreamLoop.move``), and ends the fill engines, which frees all they held for the learner.
+Nothing is lost or run twice: a sample that finished before its cut landed trains
 as it is; one that reached a fill engine after its close never ran there and starts on a rollout engine.
+
+A fill engine the stream is done with is ended (``end``: vLLM shut down in it, then its actor killed), not left
+asleep: a sleeping engine keeps its CUDA context and graph pool on the learner's GPU, and host memory. So are fill
+engines that cannot run: built at other weights than the rollout engines (a resumed run) or failing to wake (a
+fill engine's failure is never the run's).
 """
 
 from __future__ import annotations
@@ -23,15 +28,12 @@ import time
 from typing import Any
 
 import ray
+from rlhfless_openrlhf.launch_split import critic_built
 from rlhfless_openrlhf.launch_split import flag as _flag
 from rlhfless_openrlhf.messages import CARRIED, CLOSED, Continuation
 from rlhfless_openrlhf.ray_backend import ENGINE_ERRORS, engine_lost
 
 log = logging.getLogger("rlhfless.openrlhf")
-
-#: vLLM's sleep level for a stopped fill engine: 2 frees its weights and its KV cache (nothing kept in host memory).
-SLEEP_LEVEL = 2
-
 
 def plan(args: Any, settings: dict[str, Any]) -> dict[str, Any] | None:
     """Whether this async launch builds fill engines, and how: ``{"engines": n, "memory": share}`` (one per learner
@@ -47,7 +49,7 @@ def plan(args: Any, settings: dict[str, Any]) -> dict[str, Any] | None:
     tp = max(int(_flag(args, "vllm", "tensor_parallel_size") or 1), 1)
     profile = TimePerTokenProfile.model_validate(settings["profile"])
     actor = int(_flag(args, "actor", "num_nodes") or 1) * int(_flag(args, "actor", "num_gpus_per_node") or 1)
-    algo = "ppo" if _flag(args, "critic", "model_name_or_path") else "grpo"
+    algo = "ppo" if critic_built(args) else "grpo"
     why = None
     if not (_flag(args, "train", "colocate_actor_ref") or _flag(args, "train", "colocate_all")):
         why = (
@@ -143,9 +145,45 @@ def stop(st: Any, engines: list[int], key_of: Any, timeout_s: float) -> tuple[in
             )
         st._collect(ready)
     moved, tokens = st.loop.moved, sum(len(c[0]) for c in st.carried.values())
-    # a fill engine lost now holds nothing: the learner gets its memory either way
-    pool.gather("sleep", [e for e in engines if e not in pool.dead], SLEEP_LEVEL)
+    end(pool, engines)  # the learner gets all their memory
     return moved, tokens
+
+
+def end(pool: Any, engines: list[int], timeout_s: float = 60.0) -> None:
+    """End the fill ``engines`` of ``pool`` for good: vLLM shut down in each still alive (``rl_end``), then its Ray
+    actor killed; they are retired from the pool (no work reaches them). An engine whose shutdown fails is killed
+    all the same, one line saying so."""
+    pool.retired.update(engines)
+    refs = {e: pool.handles[e].rl_end.remote() for e in engines if e not in pool.dead}
+    for e, ref in refs.items():
+        try:
+            ray.get(ref, timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - ended below either way; a fill engine's failure is not the run's
+            log.warning("rlhfless: fill engine %d did not shut vLLM down (%s); its actor is killed", e, exc)
+    for e in engines:
+        ray.kill(pool.handles[e], no_restart=True)
+
+
+def wake(pool: Any, engines: list[int]) -> list[int]:
+    """Wake the fill ``engines`` that sleep (OpenRLHF builds sleep-mode engines asleep); returns those awake. One
+    that fails to (its asleep state unknown, a wake-up error such as a GPU short of memory beside the learner) is
+    ended, one line saying why: a fill engine's failure is never the run's."""
+    awake, failed = [], []
+    for e in engines:
+        try:
+            if not pool.call(e, "rl_begin_step", pool.drafting):
+                pool.call(e, "wake_up")
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log.warning("rlhfless: fill engine %d failed to wake (%s); the stream runs without it", e, exc)
+            failed.append(e)
+            continue
+        if e in pool.dead:
+            failed.append(e)
+        else:
+            awake.append(e)
+    if failed:
+        end(pool, failed)
+    return awake
 
 
 def closed(exc: BaseException) -> bool:

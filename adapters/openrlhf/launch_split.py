@@ -179,6 +179,14 @@ def pin_split(args: Any, name: str, rollout: int, gpus: int, node_gpus: int) -> 
 NODE_GPUS = 8
 
 
+def critic_built(args: Any) -> bool:
+    """Whether OpenRLHF builds a critic (PPO): exactly under the ``gae`` advantage estimator, its default; it fills
+    ``--critic.model_name_or_path`` from the reward model (or the actor) only after parsing (``cli/train_ppo_ray.py``
+    644-650), and clears it under every other estimator, so the flag itself cannot tell at launch."""
+    advantage = flag(args, "algo", "advantage", None)
+    return str(getattr(advantage, "estimator", None) or "gae") == "gae"
+
+
 def followers(args: Any) -> list[str]:
     """The model groups OpenRLHF places in the actor's placement group, which must keep the actor's size: the
     reference under ``--train.colocate_actor_ref`` or ``--train.colocate_all`` with KL on (``cli/train_ppo_ray.py``
@@ -188,7 +196,7 @@ def followers(args: Any) -> list[str]:
     kl = float(getattr(flag(args, "algo", "kl", None), "init_coef", 0) or 0)
     if kl > 0 and (colocate_all or flag(args, "train", "colocate_actor_ref", False)):
         out.append("ref")
-    if colocate_all and flag(args, "critic", "model_name_or_path", None):
+    if colocate_all and critic_built(args):
         out.append("critic")
     if colocate_all and not flag(args, "reward", "remote_url", None):
         out.append("reward")

@@ -387,18 +387,15 @@ class StreamGeneration:
         fills = list(range(first, first + len(handles)))
         versions = {s.weights_version for s in self.pool.stats(fills).values()}
         if versions != rollout or len(rollout) != 1:  # e.g. a resumed run whose engines got the checkpoint's weights
-            self.pool.retired.update(fills)
             log.info(
-                "rlhfless: the fill engines stay asleep: the rollout engines hold weights version(s) %s, the fill "
-                "engines %s (they get no broadcast)",
+                "rlhfless: the fill engines are ended unused: the rollout engines hold weights version(s) %s, the "
+                "fill engines %s (they get no broadcast)",
                 sorted(rollout),
                 sorted(versions),
             )
+            fill.end(self.pool, fills)
             return
-        self.fill_engines = fills
-        for e, awake in self.pool.gather("rl_begin_step", self.fill_engines, self.pool.drafting).items():
-            if not awake:
-                self.pool.call(e, "wake_up")
+        self.fill_engines = fill.wake(self.pool, fills)
 
     def _stop_fill(self, st: EngineStream) -> None:
         """Batch 0 formed: the fill engines stop before the learner takes it (``fill.stop``), one line says what

@@ -15,6 +15,12 @@ from rlhfless_sdk.api.base import Record
 LEARNER_BYTES_PER_PARAM = {"grpo": 16 + 2, "ppo": 16 + 16 + 2 + 2}
 
 
+#: GB a second process's CUDA context (the driver's state and the framework's loaded kernels) takes on a GPU: the
+#: learner's, beside a fill engine's. A round figure, not measured here (no GPU): NVIDIA documents no size, and
+#: PyTorch's own reports of an empty process under ``nvidia-smi`` run 0.3-0.6 GB on recent GPUs.
+CUDA_CONTEXT_GB = 0.5
+
+
 class LearnerState(Record):
     """What a DeepSpeed ZeRO-3 learner of this model holds and what resizing it costs. A DeepSpeed learner's
     data-parallel size is fixed at ``deepspeed.initialize`` (and a framework's actor groups at launch), so moving
@@ -47,9 +53,15 @@ class LearnerState(Record):
         return self.state_gb(algo) / max(gpus, 1)
 
     def beside_fraction(self, algo: str, gpus: int) -> float:
-        """The share of one learner GPU's memory an engine may take beside its shard and activations (vLLM's
-        ``gpu_memory_utilization`` for an engine started there before the learner loads); 0 when none is left."""
-        left = self.gpu_memory_gb * self.usable_fraction - self.activations_gb - self.shard_gb(algo, gpus)
+        """The share of one learner GPU's memory an engine may take beside its shard, its activations and the
+        learner process's CUDA context (``CUDA_CONTEXT_GB``): vLLM's ``gpu_memory_utilization`` for an engine started
+        there before the learner loads (what the launcher sets); 0 when none is left."""
+        left = (
+            self.gpu_memory_gb * self.usable_fraction
+            - self.activations_gb
+            - CUDA_CONTEXT_GB
+            - self.shard_gb(algo, gpus)
+        )
         return max(left / self.gpu_memory_gb, 0.0)
 
     def restart_s(self, algo: str) -> float:
@@ -60,13 +72,17 @@ class LearnerState(Record):
 
 def beside_learner(profile: Any, algo: str, gpus: int) -> Any | None:
     """``profile`` (a ``TimePerTokenProfile`` of a dedicated engine) for an engine on the GPUs of a learner of
-    ``gpus`` GPUs, beside its state: each of its GPUs loses the learner's shard (``LearnerState.shard_gb``) from its
-    KV cache. None when the profile has no ``learner`` block or the shard leaves no KV cache worth a sample of
-    ``max_num_seqs``' share (a tenth of the dedicated cache)."""
+    ``gpus`` GPUs, beside its state, with the memory the launcher gives it (vLLM's ``gpu_memory_utilization`` at
+    ``LearnerState.beside_fraction``): a dedicated engine's KV cache is what vLLM's default share
+    (``usable_fraction``) leaves of a GPU after the weights, so this one's is that less the difference, the
+    learner's shard, activations and CUDA context. None when the profile has no ``learner`` block or what is left
+    is not worth a sample of ``max_num_seqs``' share (a tenth of the dedicated cache)."""
     learner = profile.learner
     if learner is None:
         return None
-    lost = learner.shard_gb(algo, gpus) * 1e9 * profile.gpus_per_actor / profile.kv_bytes_per_token
+    given_gb = learner.beside_fraction(algo, gpus) * learner.gpu_memory_gb
+    lost = (learner.gpu_memory_gb * learner.usable_fraction - given_gb) * 1e9 * profile.gpus_per_actor
+    lost /= profile.kv_bytes_per_token
     kv = int(profile.kv_capacity_tokens - lost)
     if kv < profile.kv_capacity_tokens // 10:
         return None
