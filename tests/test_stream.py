@@ -141,9 +141,8 @@ def check_stream(
                 assert sum(t for _, t in by_version) == lengths[sid]  # no token lost or duplicated, moves included
                 assert all(0 <= k - v <= max_age for v, t in by_version if t)
     sizes_but_last = [len(b) for b in stats.batches[:-1]]
-    # a batch takes more than B only to keep the age bound, and says so
-    assert all(s == batch_groups for s in sizes_but_last) or stats.oversized
-    assert all(s >= batch_groups for s in sizes_but_last)
+    # every batch but the last takes exactly B (OpenRLHF's optimizer step): the admission rule keeps those due within B
+    assert all(s == batch_groups for s in sizes_but_last) and stats.overdue == 0
     assert all(1 <= r <= gpus - 1 for r in stats.split)  # every split leaves an engine and a learner
     assert all(lo <= hi for lo, hi in stats.train)
     for (_, end), (start, _) in zip(stats.updates, stats.train[1:], strict=False):
@@ -687,17 +686,23 @@ def test_an_elastic_learner_never_runs_below_its_floor_and_every_resize_pays_a_r
         assert end - start == pytest.approx((restart if k in resized else 0.0) + work, rel=1e-9, abs=1e-9)
 
 
-def test_an_engine_beside_the_learner_loses_its_shard_of_the_state_from_its_kv_cache():
-    """``beside_learner``: the KV cache less one GPU's shard of a ZeRO-3 learner (7B GRPO: 137 GB over the learner's
-    GPUs, 57,344 B a token), and none where the shard leaves under a tenth of the dedicated cache."""
-    from rlhfless_sdk.api.learner import beside_learner
+def test_an_engine_beside_the_learner_gets_the_memory_the_launcher_gives_it():
+    """``beside_learner``: the KV cache of an engine with the memory share the launcher sets for it
+    (``beside_fraction``: vLLM's 0.9 less one GPU's shard of a ZeRO-3 learner, its activations and its CUDA context;
+    7B GRPO: 137 GB over the learner's GPUs, 57,344 B a token), and none where that leaves under a tenth of the
+    dedicated cache (6 GPUs: 11k tokens, where pricing the shard alone gave 55k)."""
+    from rlhfless_sdk.api.learner import CUDA_CONTEXT_GB, beside_learner
 
-    state = FULL.learner.state_gb("grpo")
-    for gpus in (6, 9, 12):
+    learner = FULL.learner
+    state = learner.state_gb("grpo")
+    for gpus in (8, 9, 12):
         beside = beside_learner(FULL, "grpo", gpus)
-        lost = state / gpus * 1e9 / FULL.kv_bytes_per_token
-        assert beside.kv_capacity_tokens == int(FULL.kv_capacity_tokens - lost)
+        given = learner.beside_fraction("grpo", gpus) * learner.gpu_memory_gb
+        assert given == pytest.approx(43.2 - 2.0 - CUDA_CONTEXT_GB - state / gpus)  # 0.9 x 48 GB less the learner's
+        lost = (state / gpus + 2.0 + CUDA_CONTEXT_GB) * 1e9 / FULL.kv_bytes_per_token
+        assert beside.kv_capacity_tokens == pytest.approx(FULL.kv_capacity_tokens - lost, abs=1)
         assert beside.decode_base_s == FULL.decode_base_s  # the same engine, less memory
+    assert beside_learner(FULL, "grpo", 6) is None
     assert beside_learner(FULL, "grpo", 4) is None and beside_learner(FULL, "ppo", 8) is None
     assert beside_learner(PROFILE, "grpo", 9) is None  # no learner block: nothing known of its state
     assert 0.5 < FULL.learner.beside_fraction("grpo", 9) < 0.55  # vLLM's memory share for such an engine
@@ -769,3 +774,21 @@ def test_the_simulated_stream_tops_an_engine_up_at_each_finish_as_the_adapter_do
     # the engine ran the whole time but for the weight updates: its busy share of the run is high
     busy = engines.actors[0].busy
     assert busy >= 0.8 * engines.now(), (busy, engines.now())
+
+
+def test_a_batch_never_takes_more_than_b_groups_the_rest_train_in_the_next_batches():
+    """More groups due than B (here: twelve groups started under weights version 5, due by batch 5, and no batch
+    formed before it, as when a resumed run's engines are ahead of its batch count): batch 5 takes the two started
+    first, and the others follow two a batch, in order, each batch counting those it left overdue (OpenRLHF would
+    train a larger batch as one optimizer step of B groups and a partial one after the next weight update). Due by
+    a later batch, the same twelve spread over the batches before it with none overdue."""
+    book = GroupBook([1] * 12, 2, 0)
+    for sid in book.take(12, 5):
+        book.finish(sid, 1.0)
+    batches = [book.form(k) for k in range(5, 11)]
+    assert batches == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
+    assert book.form(11) is None and book.overdue == 10 + 8 + 6 + 4 + 2
+    early = GroupBook([1] * 12, 2, 0)
+    for sid in early.take(12, 5):
+        early.finish(sid, 1.0)
+    assert [early.form(k) for k in range(6)] == batches and early.overdue == 0

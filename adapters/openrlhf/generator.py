@@ -253,9 +253,8 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
     # -- the step ------------------------------------------------------------------------------------------
     def generate_samples(self, **generate_kwargs):  # type: ignore[override]
         """OpenRLHF's entry point, unchanged, except that a step in which a rollout engine died is not handed to
-        training (see ``dead_engine_error``), and that a stream's batch is handed to training whole: OpenRLHF's
-        sample buffer would split a batch that took more than B groups (to keep its age bound) across two training
-        steps, the second one a weight update later than the ages were measured for."""
+        training (see ``dead_engine_error``), and that a stream's batch (B groups, never more: ``GroupBook.form``)
+        is the stream's own."""
         if self.mode == STREAM:
             out = self._stream_batch(**generate_kwargs)
         else:
@@ -267,7 +266,7 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
 
     def _stream_batch(self, **kw: Any) -> tuple[list, float | None, int, bool]:
         """OpenRLHF's ``generate_samples`` for the stream: (experiences, filter pass rate, prompts consumed,
-        exhausted), one stream batch as it is, B groups (more only when the age bound needs it)."""
+        exhausted), one stream batch as it is: B groups (the last one: what is left)."""
         if getattr(self, "_dataloader_iter", None) is None:
             self._dataloader_iter = iter(self.prompts_dataloader)
         experiences, consumed, exhausted = self._generate_vllm(

@@ -15,8 +15,9 @@ its first sample was dispatched (every later token is younger). Two rules keep i
 - *no group left behind*: batch k trains every group with ``v <= k - max_age`` (it would be too old for batch
   k + 1), waiting for it to complete if it must; the rest of the batch is the complete groups started first.
 
-So batch k holds B groups, more only when the groups it must take outnumber B (``StreamStats.oversized``), and no
-token is older than ``max_age``. Every group trains exactly once; the last batch takes what is left.
+So groups due in batch k number at most B, batch k holds exactly B groups (OpenRLHF's optimizer step; never more:
+``GroupBook.form``), and no token is older than ``max_age``. Every group trains exactly once; the last batch takes
+what is left.
 
 The stream's decisions (which engine gets which sample, the slots, what a finish tells the book, which groups a
 batch trains) are ``StreamLoop``'s (``rlhfless_sdk.rollout.stream_loop``), the same object on every backend.
@@ -416,7 +417,7 @@ def run_stream(
                 learners = gpus - r
                 end = now + restart + learner.train_s(tokens, learners)
                 training = (k, now, end)
-                stats.oversized += len(chosen) > book.B
+                stats.overdue = book.overdue
                 stats.ready.append(max(book.groups[g].completed_at for g in chosen))
                 stats.split.append(r)
                 stats.learners.append(learners)

@@ -46,7 +46,7 @@ class StreamStats:
     running: tuple[np.ndarray, np.ndarray] | None = None  # (prompt, tokens so far) of the unfinished, at the last batch
     marks: list[tuple[float, int, float]] = field(default_factory=list)  # (time, tokens generated, gated_s) at the
     # run's start and when each batch starts training
-    oversized: int = 0  # batches that had to take more than B groups (to keep the age bound)
+    overdue: int = 0  # groups a batch could not take (more were due than B): trained later, older than max_age
     gated_s: float = 0.0  # seconds an engine wanted work the admission rule held back (summed over checks)
     slots: list[int] = field(default_factory=list)  # samples an engine ran at most (``KvSlots``) as each batch formed
     restarts: list[tuple[int, float]] = field(default_factory=list)  # (batch, seconds) of each learner resize
@@ -82,6 +82,7 @@ class GroupBook:
         self.next_sample = 0  # the next sample of the stream to dispatch (groups' samples in a row)
         self.trained = 0  # groups a batch has taken
         self.done_samples = 0
+        self.overdue = 0  # groups due in a batch that had B already (``form``), summed over the batches
 
     def add(self, n: int) -> int:
         """A new group of ``n`` samples at the end of the stream (an open one); returns its id."""
@@ -139,21 +140,44 @@ class GroupBook:
             g.completed_at = at
 
     def form(self, k: int) -> list[int] | None:
-        """Batch k (trained with weights version k), or None while it cannot be formed yet: the groups it must take
-        (started under a version <= k - max_age) and the earliest-started complete ones, B in all (the last batch:
-        what is left)."""
+        """Batch k (trained with weights version k), or None while it cannot be formed yet: B groups (the last
+        batch: what is left), never more, since OpenRLHF trains a larger batch as an optimizer step of B groups and a
+        partial one applied after the next weight update.
+
+        A group started under version v is due by batch ``v + max_age``. The batch takes the groups it must so that
+        no later batch has more due than it can take (``_due_now``: at most B by the admission rule; all of them due
+        now, and for each later batch j, those due by j beyond (j - k) x B), waiting for them to complete if it must;
+        the rest of it is the earliest-started complete groups. Were more due than B (the engines' weights ahead of
+        the batches, as after a resume), the batch takes B and the rest follow (counted in ``overdue``)."""
         untrained = [g for g in self.groups if g.batch < 0]
         if not untrained:
             return None
-        must = [g for g in untrained if 0 <= g.version <= k - self.max_age]
-        if any(not g.complete for g in must):
-            return None
         size = min(self.B, len(untrained)) if self.closed else self.B
-        rest = [g for g in untrained if g.complete and not 0 <= g.version <= k - self.max_age]
-        chosen = must + rest[: max(size - len(must), 0)]
+        due = self._due_now(k, [g for g in untrained if g.version >= 0])
+        late = max(len(due) - size, 0)
+        due = due[:size]
+        if any(not g.complete for g in due):
+            return None
+        taken = {g.gid for g in due}
+        rest = [g for g in untrained if g.complete and g.gid not in taken]
+        chosen = sorted(due + rest[: max(size - len(due), 0)], key=lambda g: g.gid)
         if len(chosen) < size:
             return None
         for g in chosen:
             g.batch = k
         self.trained += len(chosen)
+        self.overdue += late
         return [g.gid for g in chosen]
+
+    def _due_now(self, k: int, started: list[StreamGroup]) -> list[StreamGroup]:
+        """The started groups batch k must take, fewest first by deadline (``version + max_age``), complete ones
+        first among equals: for each batch j >= k, the groups due by j less what batches k+1 .. j can take."""
+        by_deadline = sorted(started, key=lambda g: (g.version, not g.complete, g.gid))
+        need, count = 0, 0
+        for i, g in enumerate(by_deadline):
+            count = i + 1
+            last_of_deadline = i + 1 == len(by_deadline) or by_deadline[i + 1].version != g.version
+            if last_of_deadline:
+                j = max(g.version + self.max_age, k)
+                need = max(need, count - (j - k) * self.B)
+        return by_deadline[:need]

@@ -347,7 +347,7 @@ class StreamRun:
         result = SimulationResult(config.name, steps, rollout_gpus=r)
         result.stream = {
             "batches": len(stats.batches),
-            "oversized_batches": stats.oversized,
+            "overdue_groups": stats.overdue,
             "gated_s": stats.gated_s,
             "splits": stats.split,
             "resizes": engines.resizes,
