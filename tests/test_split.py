@@ -133,9 +133,13 @@ def test_an_async_launch_of_rlhfless_streams_at_the_split_the_launcher_picks(cap
         assert launched["scheduler"]["name"] == "rlhfless-stream" and launched["launched_as"] == "rlhfless"
         assert launched["mode"]["pipeline"] == "stream"
         choice = plan_split(args, launched)
-    assert args.vllm.num_engines == choice.rollout_gpus and args.actor.num_gpus_per_node == 8 - choice.rollout_gpus
+    given_s = choice.tried.get(2)
+    applied = given_s is None or given_s > choice.time_s  # the user's 2 engines stand unless the choice beats them
+    engines = choice.rollout_gpus if applied else 2
+    assert args.vllm.num_engines == engines and args.actor.num_gpus_per_node == 8 - engines
     lines = [r.getMessage() for r in caplog.records if "split for rlhfless-stream" in r.getMessage()]
     assert len(lines) == 1 and "chosen on this launch's flags" in lines[0]
+    assert ("; applied: " in lines[0]) == applied and ("not applied: no split" in lines[0]) == (not applied)
     kept = _launch_args()
     assert plan_split(kept, launched, keep=True).rollout_gpus == choice.rollout_gpus
     assert (kept.vllm.num_engines, kept.actor.num_gpus_per_node) == (2, 6)

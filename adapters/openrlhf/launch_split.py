@@ -110,7 +110,7 @@ def plan_workload(args: Any, settings: dict[str, Any], max_tokens: int) -> tuple
 def plan_split(args: Any, settings: dict[str, Any], keep: bool = False) -> Any:
     """Pick the split of a stream with none of its own and size OpenRLHF's engines and learner to it (``keep``:
     only say what it would pick). Only splits OpenRLHF and DeepSpeed accept are tried (``split_problem``), and the
-    user's own flags stand unless a tried split is faster than theirs. Returns the ``SplitChoice`` (None when the
+    user's own flags stand unless a tried split is faster than theirs or theirs would not start. Returns the ``SplitChoice`` (None when the
     scheduler fixes its split)."""
     from rlhfless_sdk.api.config import SchedulerConfig
     from rlhfless_sdk.api.errors import RlhflessError
@@ -148,15 +148,17 @@ def plan_split(args: Any, settings: dict[str, Any], keep: bool = False) -> Any:
         log.info("rlhfless: no split picked for %s (%s); %s", config.name, exc, yours)
         return None
     learner, given_s = gpus - choice.rollout_gpus, choice.tried.get(engines * tp)
+    broken = split_problem(args, nodes * per_node, engines * tp, tp, node_gpus)  # yours, as OpenRLHF would run it
     if choice.rollout_gpus == engines * tp:
         action = "kept: the engines and learner are already sized so"
     elif keep:
         action = f"not applied (--scheduler.split keep): {yours}"
-    elif given_s is not None and given_s <= choice.time_s:
+    elif broken is None and given_s is not None and given_s <= choice.time_s:
         action = f"not applied: no split OpenRLHF and DeepSpeed accept beats yours ({given_s:,.0f} s expected); {yours}"
     else:
         resized = resize(args, choice.rollout_gpus // tp, learner // nodes)
-        action = f"applied: {resized} (given: {engines} and {per_node}; --scheduler.split keep keeps yours)"
+        given = f"given: {engines} and {per_node}" + (f", which would not start: {broken}" if broken else "")
+        action = f"applied: {resized} ({given}; --scheduler.split keep keeps yours)"
     log.info("rlhfless: %s; %s", choice.line(), action)
     return choice
 
