@@ -122,7 +122,7 @@ def test_an_async_launch_of_rlhfless_streams_at_the_split_the_launcher_picks(cap
     """Through the launcher's own functions (no Ray): ``rlhfless`` under ``--train.async_enable`` runs its async
     form, and the stream's split resizes OpenRLHF's engines and learner within the GPUs they were given, in one
     log line; ``--scheduler.split keep`` leaves the flags and says what it would pick."""
-    from rlhfless_openrlhf.launch_split import launched_settings, plan_split
+    from rlhfless_openrlhf.launch_split import launched_settings, plan_split, split_problem
     from rlhfless_openrlhf.train_ppo_ray import resolve, scheduler_settings
 
     settings = resolve({"--scheduler": "rlhfless"})
@@ -133,8 +133,9 @@ def test_an_async_launch_of_rlhfless_streams_at_the_split_the_launcher_picks(cap
         assert launched["scheduler"]["name"] == "rlhfless-stream" and launched["launched_as"] == "rlhfless"
         assert launched["mode"]["pipeline"] == "stream"
         choice = plan_split(args, launched)
-    given_s = choice.tried.get(2)
-    applied = given_s is None or given_s > choice.time_s  # the user's 2 engines stand unless the choice beats them
+    given_s, broken = choice.tried.get(2), split_problem(_launch_args(), 6, 2, 1)
+    # the user's 2 engines stand unless the choice beats them or they would not start
+    applied = broken is not None or given_s is None or given_s > choice.time_s
     engines = choice.rollout_gpus if applied else 2
     assert args.vllm.num_engines == engines and args.actor.num_gpus_per_node == 8 - engines
     lines = [r.getMessage() for r in caplog.records if "split for rlhfless-stream" in r.getMessage()]
