@@ -96,6 +96,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         bound_profile: TimePerTokenProfile | None = None,
         split_plan: tuple[Workload, str] | None = None,
         acceptance: Acceptance | None = None,
+        force: bool = False,
     ) -> None:
         """``algo``: the learner's rates (``ppo`` or ``grpo``); default: what each workload implies. ``memory``:
         the KV capacity of a synchronous engine, which shares its GPUs with the learner (``colocated``, the
@@ -108,7 +109,9 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         engine shape beats the bound). ``split_plan``: the workload (and its description) a stream with no split set
         picks its split on, as a launch does (``rlhfless_sdk.simulation.split``); default: the workload it runs.
         ``acceptance``: what a scheduler's drafter achieves (``rlhfless_sdk.api.speculation``); default: the
-        acceptance shipped for its name (measured on real rollouts)."""
+        acceptance shipped for its name (measured on real rollouts). ``force``: a stream priced slower than
+        OpenRLHF's async loop runs anyway (a launch's ``--scheduler.force``); by default that loop runs instead."""
+        self.force = force
         self.acceptance = acceptance
         self.memory = memory
         self.bound_profile = bound_profile or profile
@@ -272,12 +275,21 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         self, config: SchedulerConfig, workload: Workload, on_step: OnStep, mode: Mode
     ) -> SimulationResult:
         """A stream at the split a launch picks for it (``choose_split`` on ``split_plan``, default this workload)."""
-        from rlhfless_sdk.simulation.split import choose_split
+        from rlhfless_sdk.simulation.split import BASELINE, choose_split
 
         plan, source = self.split_plan or (workload, "the workload it replays")
         choice = choose_split(self, config, plan, source)
         self.begin(workload)
-        res = self.pipeline_run(mode)(config, workload, on_step, choice.rollout_gpus)
+        if choice.priced_slower() and not self.force:  # never slower: what a launch does (``--scheduler.force``)
+            choice.fallback = True
+            baseline = self.registry.scheduler(BASELINE)
+            with self.drafting(self.speculation(baseline), baseline.kv_watermark):
+                res = self.pipeline_run(mode_for(baseline, self.registry))(
+                    baseline, workload, on_step, choice.baseline_split
+                )
+            res.scheduler = config.name
+        else:
+            res = self.pipeline_run(mode)(config, workload, on_step, choice.rollout_gpus)
         res.split_plan = choice.as_dict()
         return res
 

@@ -51,10 +51,24 @@ class SplitChoice:
     baseline_s: float | None = None
     restart: Restart | None = None
     restart_checked: list[int] = field(default_factory=list)
+    current: int | None = None  # the split a launch was given
+    baseline_current_s: float | None = None  # the baseline at ``current``: what the launch runs without the plan
+    fallback: bool = False  # priced slower than the baseline, so the baseline runs instead (``never_slower``)
 
     @property
     def gain(self) -> float | None:
         return self.baseline_s / self.time_s if self.baseline_s and self.time_s > 0 else None
+
+    @property
+    def replaced_s(self) -> float | None:
+        """The time of what the plan replaces: the baseline at the launch's own split where one was given (what
+        OpenRLHF runs with the same flags), else at its best split."""
+        return self.baseline_current_s if self.baseline_current_s is not None else self.baseline_s
+
+    def priced_slower(self) -> bool:
+        """Whether the plan is not faster than what it replaces, on the same model (then ``never_slower`` runs
+        the baseline instead)."""
+        return self.replaced_s is not None and self.time_s >= self.replaced_s
 
     def line(self) -> str:
         """The one line a launch or ``rlhfless plan`` prints."""
@@ -75,10 +89,17 @@ class SplitChoice:
             drift = "; no restart at another split pays on this workload"
         else:
             drift = ""
-        return (
+        line = (
             f"split for {self.scheduler}: {self.rollout_gpus} rollout GPUs, {learn} learner GPUs (of {self.gpus}), "
             f"chosen on {self.source}: {self.time_s:,.0f} s for {self.steps} steps expected{gain}{drift}"
         )
+        if self.fallback:
+            at = self.current if self.baseline_current_s is not None else self.baseline_split
+            line += (
+                f"; priced slower than OpenRLHF's async loop at {at} rollout GPUs ({self.replaced_s:,.0f} s), so "
+                "that runs instead"
+            )
+        return line
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -149,8 +170,11 @@ def choose_split(
         baseline = sim.registry.scheduler(BASELINE)
     if baseline is not None and baseline.name != config.name:
         base: dict[int, float] = {}
-        choice.baseline_split = descend(splits, timer(baseline, workload, base), start=chosen)
+        base_at = timer(baseline, workload, base)
+        choice.baseline_split = descend(splits, base_at, start=chosen)
         choice.baseline_s = base[choice.baseline_split]
+        if current is not None and current in every:
+            choice.current, choice.baseline_current_s = current, base_at(current)
     n = len(workload.steps)
     if drift and n >= 4:
         restart_s = sim.restart_s()
