@@ -51,8 +51,8 @@ def _flags(model: Path, data: Path, out: Path, scheduler: str, extra: tuple[str,
         "--ds.attn_implementation", "sdpa", "--vllm.sync_backend", "gloo", "--vllm.enforce_eager",
         "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0", "--actor.lr_scheduler", "constant", *extra,
     ]  # fmt: skip
-    if scheduler != "openrlhf":
-        flags += ["--scheduler.report", str(out / "steps.jsonl")]
+    if scheduler != "openrlhf":  # each run learns with its preset's own plan, however the launcher prices it
+        flags += ["--scheduler.report", str(out / "steps.jsonl"), "--scheduler.force"]
     return flags
 
 

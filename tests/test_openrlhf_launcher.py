@@ -682,6 +682,8 @@ def _cpu_launch(tmp_path, *extra: str, scheduler: str = "rlhfless") -> tuple[int
         "--train.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
         "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "out"), *extra,
     ]  # fmt: skip
+    if scheduler != "openrlhf":
+        flags.append("--scheduler.force")  # the preset's own plan on this tiny shape
     run = H.run_launch([sys.executable, str(LAUNCH), *flags], tmp_path)
     return run.returncode, run.stdout, run.stderr
 
@@ -779,6 +781,7 @@ def test_the_launches_openrlhfs_readme_shows_run_with_each_preset_until_cuda(tmp
         "--train.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
         "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "out"),
     ]  # fmt: skip
+    common += ["--scheduler.force"]  # each preset's own plan, priced faster than OpenRLHF's or not (a tiny shape)
     launched = "rlhfless-stream" if (scheduler, mode) == ("rlhfless", "async") else scheduler  # its async form
     fills = launched == "rlhfless-stream" and "--train.colocate_actor_ref" in extra
     if fills:  # a model whose learner state leaves a fill engine room on the learner's one GPU

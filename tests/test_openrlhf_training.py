@@ -242,8 +242,8 @@ def _command(
     flags += reward
     if row.correction:  # rollout logprobs on every token, for the age check
         flags += ["--algo.advantage.is_correction_level", "token"]
-    if row.scheduler != "openrlhf":
-        flags += ["--scheduler.report", str(tmp_path / f"{run}-steps.jsonl")]
+    if row.scheduler != "openrlhf":  # the row trains its preset's own plan, whatever the launcher prices it at
+        flags += ["--scheduler.report", str(tmp_path / f"{run}-steps.jsonl"), "--scheduler.force"]
     env = {**os.environ, "RLHFLESS_CPU_LAUNCH_GPUS": str(row.gpus + engines - 1), **env_extra}
     return [sys.executable, str(TRAIN), str(tmp_path / run), *flags], env
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -287,3 +288,72 @@ def test_the_models_openrlhf_places_with_the_actor_follow_its_size(monkeypatch, 
     sizes = {g: getattr(args, g).num_gpus_per_node for g in ("actor", "ref", "critic", "reward")}
     assert args.vllm.num_engines == 2 and sizes == {"actor": 6, "ref": 6, "critic": 6, "reward": 6}
     assert deepspeed_accepts(192, 1, 6)
+
+
+# -- never slower: the launch runs whichever of its plan and OpenRLHF's own its model prices faster ----------------
+#: The example script's shape (``examples/openrlhf/grpo_gsm8k_qwen2.5-3b.sh``: Qwen2.5-3B GRPO, 128 prompts x 8, on 8
+#: H100) as an async launch, its 8 GPUs given half to the engines and half to the learner.
+EXAMPLE_ASYNC = [
+    "--scheduler", "rlhfless", "--scheduler.profile", "qwen2.5-3b-h100", "--train.async_enable",
+    "--vllm.num_engines", "4", "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "4",
+    "--ref.num_gpus_per_node", "4", "--train.colocate_actor_ref", "--algo.kl.init_coef", "0.01",
+    "--rollout.batch_size", "128", "--rollout.n_samples_per_prompt", "8", "--train.batch_size", "1024",
+    "--train.micro_batch_size", "4", "--rollout.micro_batch_size", "8", "--rollout.max_new_tokens", "1024",
+    "--data.max_len", "2048", "--algo.advantage.estimator", "group_norm", "--reward.remote_url", "reward.py",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_the_example_scripts_shape_launches_whichever_its_model_prices_faster(
+    monkeypatch, tmp_path, caplog, openrlhf_learning, force
+):
+    """Through OpenRLHF's parser and the launcher's hook: the stream's split plan is priced against OpenRLHF's async
+    loop with the same flags (4 engines, 4 learner GPUs); the launch runs the faster, one line saying which and why.
+    ``--scheduler.force`` runs the stream whatever the price."""
+    with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+        args = _launched_args(monkeypatch, tmp_path, [*EXAMPLE_ASYNC, *(["--scheduler.force"] if force else [])])
+    (line,) = [r.getMessage() for r in caplog.records if "split for rlhfless-stream" in r.getMessage()]
+    fell = [r.getMessage() for r in caplog.records if "is priced slower than OpenRLHF's" in r.getMessage()]
+    H.note_figures("never-slower", f"example async force={force}", {"line": line, "fell_back": fell})
+    plan_s = float(line.split(" s for 5 steps expected")[0].rsplit(": ", 1)[1].replace(",", ""))
+    loop_s = float(line.split("OpenRLHF async at its best split (4 rollout GPUs, ")[1].split(" s)")[0].replace(",", ""))
+    if plan_s >= loop_s and not force:  # OpenRLHF's async loop, at the flags given, as OpenRLHF runs it
+        assert args.rlhfless["scheduler"]["name"] == "openrlhf" and args.rlhfless["fell_back"]["scheduler"]
+        assert (args.vllm.num_engines, args.actor.num_gpus_per_node) == (4, 4) and "not applied" in line
+        assert len(fell) == 1 and "with these flags" in fell[0] and "--scheduler.force runs" in fell[0]
+    else:
+        assert args.rlhfless["scheduler"]["name"] == "rlhfless-stream" and args.train.partial_rollout_enable
+        assert not fell and "fell_back" not in args.rlhfless
+
+
+#: A synchronous launch where a plan cannot gain: one engine, a handful of prompts, short responses.
+SYNC_TINY = [
+    "--scheduler", "rlhfless", "--scheduler.profile", "qwen2.5-3b-h100", "--vllm.num_engines", "1",
+    "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1", "--rollout.batch_size", "4",
+    "--rollout.n_samples_per_prompt", "2", "--train.batch_size", "8", "--train.micro_batch_size", "2",
+    "--rollout.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
+    "--algo.advantage.estimator", "group_norm", "--reward.remote_url", "reward.py",
+]  # fmt: skip
+
+
+def test_a_sync_launch_its_model_prices_no_faster_runs_openrlhfs_step(monkeypatch, tmp_path, caplog, openrlhf_learning):
+    """A synchronous launch where the plan cannot gain (one engine, a handful of prompts, short responses: nothing
+    to balance) is priced against OpenRLHF's step on the same flags and runs that step, one line saying so;
+    ``--scheduler.force`` runs the plan."""
+    with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+        args = _launched_args(monkeypatch, tmp_path, SYNC_TINY)
+    said = " | ".join(r.getMessage() for r in caplog.records)
+    priced = [r.getMessage() for r in caplog.records if "priced on" in r.getMessage()]
+    assert len(priced) == 1, said
+    ours, theirs = (float(x) for x in re.search(r": (\d+) s against OpenRLHF's step's (\d+) s", priced[0]).groups())
+    assert ours * 1.01 >= theirs - 1  # here the plan cannot gain 1% (the line rounds), so ...
+    assert args.rlhfless["scheduler"]["name"] == "openrlhf", said  # ... OpenRLHF's step runs
+    assert "is priced slower than OpenRLHF's step with these flags" in said
+
+
+def test_a_forced_sync_launch_runs_its_plan_unpriced(monkeypatch, tmp_path, caplog, openrlhf_learning):
+    argv = [*SYNC_TINY, "--scheduler.force"]
+    with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+        args = _launched_args(monkeypatch, tmp_path, argv)
+    assert args.rlhfless["scheduler"]["name"] == "rlhfless"
+    assert not [r for r in caplog.records if "priced" in r.getMessage()]

@@ -107,10 +107,12 @@ def plan_workload(args: Any, settings: dict[str, Any], max_tokens: int) -> tuple
     return synthetic_workload(synthetic, PLAN_STEPS), source
 
 
-def plan_split(args: Any, settings: dict[str, Any], keep: bool = False) -> Any:
+def plan_split(args: Any, settings: dict[str, Any], keep: bool = False, force: bool = False) -> Any:
     """Pick the split of a stream with none of its own and size OpenRLHF's engines and learner to it (``keep``:
     only say what it would pick). Only splits OpenRLHF and DeepSpeed accept are tried (``split_problem``), and the
-    user's own flags stand unless a tried split is faster than theirs or theirs would not start. Returns the ``SplitChoice`` (None when the
+    user's own flags stand unless a tried split is faster than theirs or theirs would not start. Never slower:
+    where the stream is priced no faster than OpenRLHF's async loop with the user's flags, the choice is marked
+    ``fallback`` and nothing is resized (the caller runs that loop), unless ``force`` (``--scheduler.force``). Returns the ``SplitChoice`` (None when the
     scheduler fixes its split)."""
     from rlhfless_sdk.api.config import SchedulerConfig
     from rlhfless_sdk.api.errors import RlhflessError
@@ -133,6 +135,7 @@ def plan_split(args: Any, settings: dict[str, Any], keep: bool = False) -> Any:
     yours = f"launching yours, {engines * tp} rollout GPUs and {nodes * per_node} learner GPUs"
     profile = TimePerTokenProfile.model_validate(settings["profile"])
     workload, source = plan_workload(args, settings, profile.kv_capacity_tokens)
+    broken = split_problem(args, nodes * per_node, engines * tp, tp, node_gpus)  # yours, as OpenRLHF would run it
     sim = Simulator(profile, Cluster.of_gpus(gpus, max(per_node, tp)), registry=get_plugin_manager().registry)
     try:
         with isolated_history():
@@ -142,14 +145,16 @@ def plan_split(args: Any, settings: dict[str, Any], keep: bool = False) -> Any:
                 workload,
                 source,
                 allowed=lambda r: split_problem(args, gpus - r, r, tp, node_gpus) is None,
-                current=engines * tp,
+                current=engines * tp if broken is None else None,
             )
     except RlhflessError as exc:  # e.g. a profile whose learner needs more GPUs than this launch has
         log.info("rlhfless: no split picked for %s (%s); %s", config.name, exc, yours)
         return None
     learner, given_s = gpus - choice.rollout_gpus, choice.tried.get(engines * tp)
-    broken = split_problem(args, nodes * per_node, engines * tp, tp, node_gpus)  # yours, as OpenRLHF would run it
-    if choice.rollout_gpus == engines * tp:
+    if choice.priced_slower() and not force and broken is None:
+        choice.fallback = True
+        action = "not applied (--scheduler.force applies it and runs the stream)"
+    elif choice.rollout_gpus == engines * tp:
         action = "kept: the engines and learner are already sized so"
     elif keep:
         action = f"not applied (--scheduler.split keep): {yours}"
@@ -259,3 +264,30 @@ def split_problem(args: Any, learner: int, rollout: int, tp: int, node_gpus: int
     if batches // micro < learner // ring:
         return f"OpenRLHF needs at least as many sample micro-batches ({batches // micro}) as learner processes"
     return deepspeed_batch_problem(args, learner)
+
+
+def price_sync(args: Any, settings: dict[str, Any]) -> tuple[float, float, str] | None:
+    """(the scheduler's time, OpenRLHF's own step's, on what) for a synchronous launch, on the same simulator and
+    planning workload as the stream's split (``plan_workload``): the engines OpenRLHF was given, beside the learner
+    under ``--train.colocate_all``. None where nothing can be priced (no engine)."""
+    from rlhfless_sdk.api.config import SchedulerConfig
+    from rlhfless_sdk.api.history import isolated_history
+    from rlhfless_sdk.api.plugins import get_plugin_manager
+    from rlhfless_sdk.api.records import Cluster, TimePerTokenProfile
+    from rlhfless_sdk.simulation.simulator import Simulator
+
+    tp = max(int(flag(args, "vllm", "tensor_parallel_size", 1)), 1)
+    engines = int(flag(args, "vllm", "num_engines", 0))
+    if engines < 1:
+        return None
+    registry = get_plugin_manager().registry
+    config = SchedulerConfig.model_validate(settings["scheduler"])
+    profile = TimePerTokenProfile.model_validate(settings["profile"])
+    workload, source = plan_workload(args, settings, profile.kv_capacity_tokens)
+    memory = "colocated" if flag(args, "train", "colocate_all", False) else "dedicated"
+    gpus = engines * tp
+    sim = Simulator(profile, Cluster.of_gpus(gpus, min(gpus, NODE_GPUS)), registry=registry, memory=memory)
+    with isolated_history():
+        ours = sum(r.time_s for r in sim.run(config, workload).reports)
+        theirs = sum(r.time_s for r in sim.run(registry.scheduler("openrlhf"), workload).reports)
+    return ours, theirs, source

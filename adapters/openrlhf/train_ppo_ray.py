@@ -18,9 +18,17 @@ Every flag of ``openrlhf.cli.train_ppo_ray`` passes through unchanged; these are
   --scheduler.node_gpus N    the GPUs a node has (default 8): the split never puts more learner GPUs on a node
   --scheduler.drafter NAME   speculative decoding on the engines with this drafter (none, ngram, history, or a
                              plugin's), instead of the preset's; lossless: vLLM verifies every drafted token
+  --scheduler.force          run the scheduler's plan even where its own cost model prices it slower than what
+                             OpenRLHF runs with the same flags (by default OpenRLHF's own step or async loop
+                             runs then, one line saying so)
 
 Under --train.async_enable, ``--scheduler rlhfless`` runs its async form, the stream (``rlhfless-stream``), at the
 split the launcher picks; one line says which, another the split and its expected gain.
+
+Never slower: before OpenRLHF starts, the launcher prices the scheduler's plan against what OpenRLHF runs with the
+same flags (its own step; under --train.async_enable its async loop at the split it was given), on the simulator
+the split is picked with, and where the plan is not faster it runs OpenRLHF's own (the ``openrlhf`` scheduler) and
+says so in one line; ``--scheduler.force`` runs the plan anyway.
 
 The scheduler, the config, the profile, the report and trace paths and the timeout are checked first (a bad one
 fails in under a second, before OpenRLHF loads; with ``--scheduler openrlhf``, which runs OpenRLHF unchanged, the
@@ -61,7 +69,10 @@ OUR_FLAGS = (
     "--scheduler.split",
     "--scheduler.node_gpus",
     "--scheduler.drafter",
+    "--scheduler.force",
 )
+#: Our flags that take no value.
+SWITCHES = ("--scheduler.force",)
 
 #: ``--scheduler.split``: size OpenRLHF's engines and learner to the split the launcher picks, or keep the flags (or
 #: a number: that many rollout GPUs, the rest learn).
@@ -86,7 +97,9 @@ def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     while i < len(argv):
         arg = argv[i]
         name, eq, value = arg.partition("=")
-        if name in OUR_FLAGS:
+        if name in SWITCHES and not eq:
+            ours[name] = "true"
+        elif name in OUR_FLAGS:
             if not eq:
                 if i + 1 >= len(argv):
                     raise SystemExit(f"error: {name} needs a value")
@@ -150,7 +163,15 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
         "carry_timeout_s": carry_timeout,
         "split": split,
         "node_gpus": int(node_gpus),
+        "force": _switch(ours, "--scheduler.force"),
     }
+
+
+def _switch(ours: dict[str, str], name: str) -> bool:
+    value = ours.get(name, "false").lower()
+    if value not in ("true", "false", "1", "0"):
+        raise SystemExit(f"error: {name}={value!r}: pass {name} alone (or ={'true'}/{'false'})")
+    return value in ("true", "1")
 
 
 def with_drafter(config: Any, name: str, registry: Any) -> Any:
@@ -266,6 +287,8 @@ def check_modes(args: Any, settings: dict[str, Any] | None = None, argv: Sequenc
         check_oversampling(args, settings["scheduler"]["name"], straggler, streams)
     if streams:
         check_stream(args, settings)
+    elif settings and settings.get("profile") and mode.get("pipeline") in (None, "sync"):
+        check_sync_price(args, settings)
     if (settings or {}).get("keeps_tokens"):
         correct_stale_tokens(args, settings, argv)
     if (settings or {}).get("keeps_tokens") and _flag(args, "train", "async_enable") and not streams:
@@ -376,6 +399,14 @@ def check_stream(args: Any, settings: dict[str, Any]) -> None:
     ):
         if _flag(args, group, key):
             raise SystemExit(f"error: {flag} cannot run with scheduler {name!r}, which streams ({why})")
+    from rlhfless_openrlhf.launch_split import plan_split
+
+    choice = plan_split(args, settings, keep=settings.get("split") == "keep", force=bool(settings.get("force")))
+    if choice is not None and choice.fallback:
+        run_openrlhf_instead(
+            settings, "async loop", f"{choice.time_s:,.0f} s against {choice.replaced_s:,.0f} s for {choice.steps} steps"
+        )
+        return
     if not _flag(args, "train", "partial_rollout_enable"):
         args.train.partial_rollout_enable = True
         log.info(
@@ -383,9 +414,6 @@ def check_stream(args: Any, settings: dict[str, Any]) -> None:
             "engines between decode iterations and running samples go on under the new weights)",
             name,
         )
-    from rlhfless_openrlhf.launch_split import plan_split
-
-    plan_split(args, settings, keep=settings.get("split") == "keep")
     from rlhfless_openrlhf import fill
 
     settings["fill"] = fill.plan(args, settings)
@@ -400,6 +428,51 @@ def check_stream(args: Any, settings: dict[str, Any]) -> None:
         min(queue, max_age),
         f" (the age bound holds it there: a queue above {max_age} adds nothing)" if queue > max_age else "",
     )
+
+
+def run_openrlhf_instead(settings: dict[str, Any], what: str, priced: str) -> None:
+    """Never slower: ``settings`` (a launch's) become OpenRLHF's own (the ``openrlhf`` scheduler: its step, or its
+    async loop), one line saying why and how to run the plan anyway."""
+    from rlhfless_sdk.api.plugins import get_plugin_manager
+
+    name = settings["scheduler"]["name"]
+    settings.update(scheduler_settings(get_plugin_manager().registry.scheduler("openrlhf")))
+    settings["fell_back"] = {"scheduler": name, "runs": f"OpenRLHF's {what}", "priced": priced}
+    log.info(
+        "rlhfless: scheduler %r is priced slower than OpenRLHF's %s with these flags (%s); OpenRLHF's %s runs "
+        "instead (--scheduler.force runs %r anyway)",
+        name,
+        what,
+        priced,
+        what,
+        name,
+    )
+
+
+def check_sync_price(args: Any, settings: dict[str, Any]) -> None:
+    """Never slower, for a synchronous launch: the scheduler's plan against OpenRLHF's own step on the same flags
+    (``launch_split.price_sync``); where it is not faster by ``MIN_GAIN``, OpenRLHF's step runs
+    (``--scheduler.force``: the plan)."""
+    from rlhfless_openrlhf.launch_split import price_sync
+
+    from rlhfless_sdk.simulation.split import runs_plan
+
+    if settings.get("force") or _flag(args, "train", "async_enable") or settings["scheduler"]["name"] == "openrlhf":
+        return
+    priced = price_sync(args, settings)
+    if priced is None:
+        return
+    ours, theirs, source = priced
+    log.info(
+        "rlhfless: scheduler %r priced on %s: %.0f s against OpenRLHF's step's %.0f s (%.2fx)",
+        settings["scheduler"]["name"],
+        source,
+        ours,
+        theirs,
+        theirs / ours if ours > 0 else float("inf"),
+    )
+    if not runs_plan(ours, theirs):
+        run_openrlhf_instead(settings, "step", f"{ours:,.0f} s against {theirs:,.0f} s")
 
 
 def correct_stale_tokens(args: Any, settings: dict[str, Any], argv: Sequence[str]) -> None:
@@ -463,8 +536,10 @@ def install_rollout_hooks(settings: dict[str, Any], argv: Sequence[str] | None =
     def hierarchize(args: Any) -> Any:
         out = original(args)
         launched = launched_settings(out, settings, scheduler_settings)
+        if launched is settings:  # never changed in place: the launch's own settings stay what the user asked
+            launched = dict(settings)
+        check_modes(out, launched, sys.argv[1:] if argv is None else argv)  # may run OpenRLHF's own instead
         os.environ["RLHFLESS_PLACER"] = launched["scheduler"]["placer"]["name"]
-        check_modes(out, launched, sys.argv[1:] if argv is None else argv)
         out.rlhfless = launched
         engines_module.launch_args = out  # the engine builder reads the learner's size from it
         return out

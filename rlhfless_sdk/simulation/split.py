@@ -24,6 +24,14 @@ from rlhfless_sdk.workloads.traces import Workload
 
 #: The scheduler the expected gain is measured against: OpenRLHF's async mode at its best split.
 BASELINE = "openrlhf-async"
+#: The least a plan must gain on its own cost model to run instead of what it replaces (never slower: within the
+#: model's own noise, OpenRLHF's mode runs, with fewer moving parts).
+MIN_GAIN = 0.01
+
+
+def runs_plan(plan_s: float, replaced_s: float | None) -> bool:
+    """Whether a plan priced ``plan_s`` runs instead of what it replaces (priced ``replaced_s``; None: unknown)."""
+    return replaced_s is None or plan_s * (1 + MIN_GAIN) < replaced_s
 
 
 @dataclass
@@ -66,9 +74,9 @@ class SplitChoice:
         return self.baseline_current_s if self.baseline_current_s is not None else self.baseline_s
 
     def priced_slower(self) -> bool:
-        """Whether the plan is not faster than what it replaces, on the same model (then ``never_slower`` runs
-        the baseline instead)."""
-        return self.replaced_s is not None and self.time_s >= self.replaced_s
+        """Whether the plan is not faster than what it replaces by ``MIN_GAIN``, on the same model (then the
+        baseline runs instead)."""
+        return not runs_plan(self.time_s, self.replaced_s)
 
     def line(self) -> str:
         """The one line a launch or ``rlhfless plan`` prints."""
