@@ -184,3 +184,43 @@ def test_a_byte_order_mark_is_fine(tmp_path):
     path = tmp_path / "bom.yaml"
     path.write_bytes("\ufeff".encode() + GOOD.encode())
     assert read_scheduler_config(path).name == "mine"
+
+
+def test_a_scheduler_yaml_extends_a_preset_with_base_and_only_what_changes(tmp_path):
+    """``base: rlhfless`` and only what changes: the preset's config, a differently named policy replacing the
+    preset's whole (params too), mappings merged field by field; the same file in ``rlhfless simulate`` and in the
+    launcher's ``--scheduler FILE``."""
+    from click.testing import CliRunner
+
+    from rlhfless_sdk.api.errors import ConfigError
+    from rlhfless_sdk.api.plugins import get_plugin_manager
+    from rlhfless_sdk.cli.main import main
+
+    registry = get_plugin_manager().registry
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("base: rlhfless\nname: mine\nscaler: fixed\nmigrator: {params: {}}\n")
+    config, preset = registry.resolve(str(mine)), registry.scheduler("rlhfless")
+    assert config.name == "mine" and config.scaler.name == "fixed" and config.scaler.params == {}
+    same = {k for k in ("predictor", "assigner", "migrator", "straggler", "placer", "prefill_planner")}
+    assert all(getattr(config, k) == getattr(preset, k) for k in same)
+    assert config.kv_watermark == preset.kv_watermark and config.async_launch == preset.async_launch
+    unnamed = tmp_path / "unnamed.yml"
+    unnamed.write_text("base: rlhfless-fast\nkv_watermark: 0.1\n")
+    assert registry.resolve(str(unnamed)).name == "rlhfless-fast" and registry.resolve(str(unnamed)).kv_watermark == 0.1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nbase: rlhfles\n")
+    with pytest.raises(ConfigError, match=r"(?s)bad\.yaml.*base \(line 2\): no scheduler named 'rlhfles'"):
+        registry.resolve(str(bad))
+    out = CliRunner().invoke(main, ["simulate", "--prompts", "16", "--samples", "2", "--steps", "2", "--gpus", "4",
+                                    "--scheduler", "openrlhf", "--scheduler", str(mine)])  # fmt: skip
+    assert out.exit_code == 0 and "\nmine " in out.output, out.output
+
+
+def test_the_launcher_takes_a_scheduler_yaml_file(tmp_path):
+    pytest.importorskip("openrlhf")
+    from rlhfless_openrlhf.train_ppo_ray import resolve
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("base: rlhfless\nname: mine\nkv_watermark: 0.02\n")
+    settings = resolve({"--scheduler": str(mine)})
+    assert settings["scheduler"]["name"] == "mine" and settings["scheduler"]["kv_watermark"] == 0.02

@@ -2,8 +2,9 @@
 
 Every flag of ``openrlhf.cli.train_ppo_ray`` passes through unchanged; these are added:
 
-  --scheduler NAME           a registered scheduler (``rlhfless plugins`` lists them); ``openrlhf`` (the
-                             default) runs OpenRLHF exactly as it is
+  --scheduler NAME|FILE      a registered scheduler (``rlhfless plugins`` lists them) or a scheduler YAML file
+                             (``base: NAME`` in it extends a registered one); ``openrlhf`` (the default) runs
+                             OpenRLHF exactly as it is
   --scheduler.config FILE    a scheduler YAML, overriding the preset
   --scheduler.profile NAME   the time-per-token profile the cost model plans with (default qwen2.5-7b-l40s)
   --scheduler.report FILE    the JSON-lines step report (default rlhfless_steps.jsonl)
@@ -126,7 +127,7 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
     if "--scheduler.config" in ours:
         config = read_scheduler_config(ours["--scheduler.config"], registry)
     else:
-        config = registry.scheduler(name)  # an unknown name lists the valid ones
+        config = registry.resolve(name)  # a name (an unknown one lists the valid ones) or a YAML file
     profile = load_profile(ours.get("--scheduler.profile", "qwen2.5-7b-l40s"))
     for flag in ("--scheduler.report", "--scheduler.trace"):
         if flag in ours and (why := unwritable(Path(ours[flag]), folder=False)) is not None:

@@ -379,10 +379,14 @@ def read_yaml_text(path: str | Path) -> str:
 
 
 def parse_scheduler_config(text: str, source: str, registry: ConfigChecker | None = None) -> SchedulerConfig:
+    """A scheduler config from YAML ``text`` (``source`` names it in errors). ``base: NAME`` extends a registered
+    scheduler (``registry`` needed): its config, with only what the file sets changed (``extend``)."""
     data, root = parse_yaml(text, source)
     if not isinstance(data, dict):
         got = "an empty file" if data is None else type(data).__name__
         raise ConfigError(source, [ConfigProblem("", f"expected a mapping of fields, got {got}", 1)])
+    if "base" in data:
+        data = _based(data, source, root, registry)
     problems: list[ConfigProblem] = []
     config = None
     try:
@@ -408,3 +412,36 @@ def parse_scheduler_config(text: str, source: str, registry: ConfigChecker | Non
 def config_json_schema() -> dict[str, Any]:
     """JSON Schema of a scheduler config file."""
     return SchedulerConfig.model_json_schema()
+
+
+def _based(data: dict[str, Any], source: str, root: Any, registry: ConfigChecker | None) -> dict[str, Any]:
+    """``data`` (a config file's mapping with ``base: NAME``) as the whole config it stands for: the registered
+    scheduler NAME's, extended by the file (``extend``). Without a ``name`` of its own it is named NAME."""
+    base = data["base"]
+    where = _line_of(root, ("base",))
+    if not isinstance(base, str) or not base:
+        raise ConfigError(source, [ConfigProblem("base", "names a registered scheduler to extend", where)])
+    scheduler = getattr(registry, "scheduler", None)
+    if scheduler is None:
+        raise ConfigError(source, [ConfigProblem("base", "needs the plugin registry to read the scheduler", where)])
+    try:
+        parent = scheduler(base).model_dump(mode="json", exclude_defaults=True)
+    except Exception as exc:  # noqa: BLE001 - an unknown name lists the registered ones
+        raise ConfigError(source, [ConfigProblem("base", str(exc), where)]) from None
+    rest = {k: v for k, v in data.items() if k != "base"}
+    return extend(parent, rest)
+
+
+def extend(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    """``parent`` (a config's fields) with ``child``'s changes: mappings merge field by field, anything else is
+    replaced; a policy the child names differently (``scaler: fixed`` over ``{name: deadline, params: ...}``)
+    replaces the parent's whole, params included."""
+    out = dict(parent)
+    for key, value in child.items():
+        old = out.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            renamed = "name" in value and "name" in old and value["name"] != old["name"]
+            out[key] = dict(value) if renamed else extend(old, value)
+        else:
+            out[key] = value
+    return out
