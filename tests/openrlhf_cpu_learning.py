@@ -53,6 +53,8 @@ def _flags(model: Path, data: Path, out: Path, scheduler: str, extra: tuple[str,
     ]  # fmt: skip
     if scheduler != "openrlhf":  # each run learns with its preset's own plan, however the launcher prices it
         flags += ["--scheduler.report", str(out / "steps.jsonl"), "--scheduler.force"]
+        if "--scheduler.profile" not in extra:  # a tiny model is near no shipped profile
+            flags += ["--scheduler.profile", "qwen2.5-7b-l40s"]
     return flags
 
 

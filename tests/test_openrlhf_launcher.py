@@ -682,8 +682,8 @@ def _cpu_launch(tmp_path, *extra: str, scheduler: str = "rlhfless") -> tuple[int
         "--train.micro_batch_size", "2", "--rollout.max_new_tokens", "16", "--data.max_len", "256",
         "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "out"), *extra,
     ]  # fmt: skip
-    if scheduler != "openrlhf":
-        flags.append("--scheduler.force")  # the preset's own plan on this tiny shape
+    if scheduler != "openrlhf":  # the preset's own plan on this tiny shape, priced with a shipped profile (a tiny
+        flags += ["--scheduler.force", "--scheduler.profile", "qwen2.5-7b-l40s"]  # model is near none of them)
     run = H.run_launch([sys.executable, str(LAUNCH), *flags], tmp_path)
     return run.returncode, run.stdout, run.stderr
 
@@ -782,6 +782,7 @@ def test_the_launches_openrlhfs_readme_shows_run_with_each_preset_until_cuda(tmp
         "--train.num_episodes", "1", "--ckpt.output_dir", str(tmp_path / "out"),
     ]  # fmt: skip
     common += ["--scheduler.force"]  # each preset's own plan, priced faster than OpenRLHF's or not (a tiny shape)
+    common += ["--scheduler.profile", "qwen2.5-7b-l40s"]  # a tiny model is near no shipped profile
     launched = "rlhfless-stream" if (scheduler, mode) == ("rlhfless", "async") else scheduler  # its async form
     fills = launched == "rlhfless-stream" and "--train.colocate_actor_ref" in extra
     if fills:  # a model whose learner state leaves a fill engine room on the learner's one GPU
@@ -974,3 +975,52 @@ def test_an_async_stream_builds_fill_engines_only_where_the_learners_group_and_m
         assert args.rlhfless["fill"] == fill and len(said) == 1, said
         assert why in said[0] if fill is None else "8 fill engines on the learner's GPUs" in said[0]
     assert 0.45 < learner.beside_fraction("grpo", 8) < 0.55
+
+
+def _model_dir(tmp_path, name: str, **shape) -> str:
+    import json
+
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(shape))
+    return str(folder)
+
+
+#: Qwen2.5-3B's and Qwen2.5-7B's shapes, as their config.json files give them.
+QWEN_3B = dict(hidden_size=2048, num_hidden_layers=36, intermediate_size=11008, vocab_size=151936,
+               num_attention_heads=16, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+QWEN_7B = dict(hidden_size=3584, num_hidden_layers=28, intermediate_size=18944, vocab_size=152064,
+               num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)  # fmt: skip
+
+
+def test_the_launch_is_priced_with_the_shipped_profile_nearest_its_model_and_gpu(tmp_path):
+    """Without ``--scheduler.profile``: the model's parameters from its config.json (3.09B and 7.62B for Qwen2.5's
+    3B and 7B shapes), the GPU from its device name; the nearest shipped profile on that GPU, named in one line; on a
+    node with no GPU to read, the default's GPU; a model near none (or a GPU no profile has) is refused in one line
+    naming --scheduler.profile; an unreadable config (a hub name not cached here) is priced with the default."""
+    from rlhfless_openrlhf import profile_fit
+    from rlhfless_openrlhf.train_ppo_ray import model_flag, resolve
+
+    from rlhfless_sdk.api.profiles import load_profile, profile_names
+
+    shipped = {n: load_profile(n) for n in profile_names()}
+    small, seven = _model_dir(tmp_path, "3b", **QWEN_3B), _model_dir(tmp_path, "7b", **QWEN_7B)
+    assert profile_fit.model_params_b(small) == pytest.approx(3.09, abs=0.01)
+    assert profile_fit.model_params_b(seven) == pytest.approx(7.61, abs=0.02)
+    assert profile_fit.fit(small, "NVIDIA H100 80GB HBM3", shipped).profile == "qwen2.5-3b-h100"
+    assert profile_fit.fit(seven, "NVIDIA L40S", shipped).profile == "qwen2.5-7b-l40s"
+    assert profile_fit.fit(seven, "NVIDIA H100 PCIe", shipped).profile == "qwen2.5-7b-h100"
+    headless = profile_fit.fit(small, None, shipped)
+    assert headless.profile == "qwen2.5-3b-l40s" and "no GPU to read on this node" in headless.line
+    for model, gpu in ((seven, "NVIDIA A100-SXM4-80GB"), (_model_dir(tmp_path, "tiny", hidden_size=64,
+                       num_hidden_layers=2, vocab_size=100), "NVIDIA L40S")):  # fmt: skip
+        with pytest.raises(SystemExit, match=r"no shipped profile is near .* pass --scheduler\.profile"):
+            profile_fit.fit(model, gpu, shipped)
+    unread = profile_fit.fit("no-such-org/no-such-model", None, shipped)
+    assert unread.profile == "qwen2.5-7b-l40s" and "not readable here" in unread.line
+    rest = ["--actor.model_name_or_path", small, "--vllm.num_engines", "2"]
+    settings = resolve({"--scheduler": "rlhfless"}, model_flag(rest))
+    assert settings["profile"]["name"] in ("qwen2.5-3b-l40s", "qwen2.5-3b-h100") and settings["profile_line"]
+    given = resolve({"--scheduler": "rlhfless", "--scheduler.profile": "qwen2.5-7b-h100"}, model_flag(rest))
+    assert given["profile"]["name"] == "qwen2.5-7b-h100" and given["profile_line"] is None
+    assert model_flag([f"--actor.model_name_or_path={seven}"]) == seven and model_flag([]) is None

@@ -236,6 +236,7 @@ def _command(
         "--ckpt.path", str(tmp_path / "ckpt"), "--ds.attn_implementation", "sdpa", "--vllm.sync_backend", "gloo",
         "--vllm.enforce_eager", "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0",
         "--actor.lr_scheduler", "constant",
+        "--scheduler.profile", "qwen2.5-7b-l40s",  # a tiny model is near no shipped profile; a row may name its own
         *(flag.format(model=model, data=data) for flag in row.flags), *extra,
     ]  # fmt: skip
     reward = ("--reward.model_name_or_path", str(model)) if row.reward_model else ("--reward.remote_url", str(REWARD))

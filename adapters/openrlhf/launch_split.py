@@ -291,3 +291,11 @@ def price_sync(args: Any, settings: dict[str, Any]) -> tuple[float, float, str] 
         ours = sum(r.time_s for r in sim.run(config, workload).reports)
         theirs = sum(r.time_s for r in sim.run(registry.scheduler("openrlhf"), workload).reports)
     return ours, theirs, source
+
+
+def runs_plan(ours: float, theirs: float) -> bool:
+    """Whether a plan priced ``ours`` runs instead of OpenRLHF's own mode priced ``theirs`` (the SDK's rule: it
+    must gain ``MIN_GAIN`` on the model)."""
+    from rlhfless_sdk.simulation.split import runs_plan as rule
+
+    return rule(ours, theirs)

@@ -6,7 +6,8 @@ Every flag of ``openrlhf.cli.train_ppo_ray`` passes through unchanged; these are
                              (``base: NAME`` in it extends a registered one); ``openrlhf`` (the default) runs
                              OpenRLHF exactly as it is
   --scheduler.config FILE    a scheduler YAML, overriding the preset
-  --scheduler.profile NAME   the time-per-token profile the cost model plans with (default qwen2.5-7b-l40s)
+  --scheduler.profile NAME   the time-per-token profile the cost model plans with (default: the shipped one nearest
+                             the model, from its config.json, on this node's GPU; one line says which)
   --scheduler.report FILE    the JSON-lines step report (default rlhfless_steps.jsonl)
   --scheduler.trace FILE     also write every sample (uid, step, sample index, prompt and response length,
                              prompt tokens) as a trace that `rlhfless simulate --trace FILE` replays
@@ -113,9 +114,11 @@ def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     return ours, rest
 
 
-def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
+def resolve(ours: dict[str, str], model: str | None = None) -> dict[str, Any] | None:
     """Validate the scheduler, config, profile, output files and timeout (every one given, whatever the scheduler);
-    None means: run OpenRLHF unchanged (then a flag of ours that only RLHFless's schedulers read is refused)."""
+    None means: run OpenRLHF unchanged (then a flag of ours that only RLHFless's schedulers read is refused).
+    ``model``: OpenRLHF's ``--actor.model_name_or_path``, whose nearest shipped profile prices the launch unless
+    ``--scheduler.profile`` names one (``profile_fit``)."""
 
     from rlhfless_sdk.api.config import read_scheduler_config
     from rlhfless_sdk.api.options import unwritable
@@ -128,7 +131,13 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
         config = read_scheduler_config(ours["--scheduler.config"], registry)
     else:
         config = registry.resolve(name)  # a name (an unknown one lists the valid ones) or a YAML file
-    profile = load_profile(ours.get("--scheduler.profile", "qwen2.5-7b-l40s"))
+    fitted = None
+    if "--scheduler.profile" not in ours and model is not None and name != "openrlhf":
+        from rlhfless_openrlhf import profile_fit
+        from rlhfless_sdk.api.profiles import profile_names
+
+        fitted = profile_fit.fit(model, profile_fit.gpu_name(), {n: load_profile(n) for n in profile_names()})
+    profile = load_profile(ours.get("--scheduler.profile", fitted.profile if fitted else "qwen2.5-7b-l40s"))
     for flag in ("--scheduler.report", "--scheduler.trace"):
         if flag in ours and (why := unwritable(Path(ours[flag]), folder=False)) is not None:
             raise SystemExit(f"error: {flag} {ours[flag]}: {why}")
@@ -165,6 +174,7 @@ def resolve(ours: dict[str, str]) -> dict[str, Any] | None:
         "split": split,
         "node_gpus": int(node_gpus),
         "force": _switch(ours, "--scheduler.force"),
+        "profile_line": fitted.line if fitted else None,
     }
 
 
@@ -173,6 +183,15 @@ def _switch(ours: dict[str, str], name: str) -> bool:
     if value not in ("true", "false", "1", "0"):
         raise SystemExit(f"error: {name}={value!r}: pass {name} alone (or ={'true'}/{'false'})")
     return value in ("true", "1")
+
+
+def model_flag(rest: Sequence[str]) -> str | None:
+    """OpenRLHF's ``--actor.model_name_or_path`` in its command line, or None."""
+    for i, arg in enumerate(rest):
+        name, eq, value = arg.partition("=")
+        if name == "--actor.model_name_or_path":
+            return value if eq else (rest[i + 1] if i + 1 < len(rest) else None)
+    return None
 
 
 def with_drafter(config: Any, name: str, registry: Any) -> Any:
@@ -454,9 +473,7 @@ def check_sync_price(args: Any, settings: dict[str, Any]) -> None:
     """Never slower, for a synchronous launch: the scheduler's plan against OpenRLHF's own step on the same flags
     (``launch_split.price_sync``); where it is not faster by ``MIN_GAIN``, OpenRLHF's step runs
     (``--scheduler.force``: the plan)."""
-    from rlhfless_openrlhf.launch_split import price_sync
-
-    from rlhfless_sdk.simulation.split import runs_plan
+    from rlhfless_openrlhf.launch_split import price_sync, runs_plan
 
     if settings.get("force") or _flag(args, "train", "async_enable") or settings["scheduler"]["name"] == "openrlhf":
         return
@@ -597,7 +614,7 @@ def main(argv: list[str] | None = None) -> None:
         print_help()
         return
     try:
-        settings = resolve(ours)  # our flags first: a bad one is refused in a second, before OpenRLHF loads
+        settings = resolve(ours, model_flag(rest))  # ours first: a bad one is refused before OpenRLHF loads
         if settings is not None:
             from rlhfless_openrlhf.internals import check_internals
 
@@ -609,6 +626,8 @@ def main(argv: list[str] | None = None) -> None:
         from rlhfless_openrlhf.generator import log_lines
 
         log_lines()
+        if settings.get("profile_line"):
+            log.info("rlhfless: %s", settings["profile_line"])
         install(settings, rest)
     sys.argv = ["openrlhf.cli.train_ppo_ray", *rest]
     runpy.run_module("openrlhf.cli.train_ppo_ray", run_name="__main__", alter_sys=True)
