@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from rlhfless_sdk import __version__
@@ -95,3 +96,33 @@ def test_the_adapter_adds_its_commands_through_the_hook(monkeypatch):
     reset_plugin_manager()
     res = run("demo")
     assert res.exit_code == 2 and "Plugin commands may be missing: plugin autoload is off" in res.output
+
+
+def test_report_prints_a_runs_step_report_as_a_table_and_plots_it(tmp_path):
+    """``rlhfless report FILE``: a JSON-lines step report (what a launch writes at --scheduler.report; here the
+    simulator's reports of the same records) as a table, one row a step, with its totals; ``--json``; ``--plot``;
+    a line that is no step report is named by its line number."""
+    from rlhfless_sdk.api.plugins import get_plugin_manager
+    from rlhfless_sdk.api.profiles import load_profile
+    from rlhfless_sdk.api.records import Cluster
+    from rlhfless_sdk.simulation.simulator import Simulator
+    from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+    from rlhfless_sdk.workloads.traces import synthetic_workload
+
+    registry = get_plugin_manager().registry
+    sim = Simulator(load_profile("qwen2.5-3b-h100"), Cluster.of_gpus(8, 8), registry=registry)
+    reports = sim.run(registry.resolve("rlhfless"), synthetic_workload(SyntheticWorkload(32, 4, seed=0), 4)).reports
+    path = tmp_path / "steps.jsonl"
+    path.write_text("".join(json.dumps(r.model_dump(mode="json")) + "\n" for r in reports))
+    out = CliRunner().invoke(main, ["report", str(path), "--plot", str(tmp_path / "steps.png")])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert lines[0].split()[:3] == ["step", "time", "s"] and len(lines) == 1 + len(reports) + 2
+    total = sum(r.time_s for r in reports)
+    assert f"{len(reports)} steps of rlhfless: {total:,.1f} s in all" in out.output
+    assert (tmp_path / "steps.png").stat().st_size > 0
+    as_json = json.loads(CliRunner().invoke(main, ["report", str(path), "--json"]).output)
+    assert len(as_json["steps"]) == len(reports) and as_json["total_time_s"] == pytest.approx(total)
+    path.write_text(path.read_text() + '{"step": 9}\n')
+    bad = CliRunner().invoke(main, ["report", str(path)])
+    assert bad.exit_code != 0 and f"line {len(reports) + 1}: not a step report" in bad.output

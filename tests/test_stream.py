@@ -840,7 +840,18 @@ def test_rlhfless_in_an_async_launch_is_never_slower_than_openrlhfs_async_loop(
     split a launch picks on an earlier run, or OpenRLHF's async loop where that plan is priced slower) takes at most
     1/0.98 the time of OpenRLHF's async loop at its best split on the same workload."""
     median, cap = lengths
-    args = ["simulate", "--json", "--launch", "async", "--rollout-gpus", "best", "--profile", profile, "--gpus", str(gpus)]
+    args = [
+        "simulate",
+        "--json",
+        "--launch",
+        "async",
+        "--rollout-gpus",
+        "best",
+        "--profile",
+        profile,
+        "--gpus",
+        str(gpus),
+    ]
     args += ["--prompts", str(prompts), "--samples", str(samples), "--median-length", str(median), "--max-length"]
     args += [str(cap), "--length-growth", str(growth), "--steps", "4", "--scheduler", "openrlhf-async"]
     args += ["--scheduler", "rlhfless"]

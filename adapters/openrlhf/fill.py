@@ -35,6 +35,7 @@ from rlhfless_openrlhf.ray_backend import ENGINE_ERRORS, engine_lost
 
 log = logging.getLogger("rlhfless.openrlhf")
 
+
 def plan(args: Any, settings: dict[str, Any]) -> dict[str, Any] | None:
     """Whether this async launch builds fill engines, and how: ``{"engines": n, "memory": share}`` (one per learner
     GPU, vLLM's ``gpu_memory_utilization`` from the profile's learner block), or None with one line saying why not.
@@ -158,7 +159,7 @@ def end(pool: Any, engines: list[int], timeout_s: float = 60.0) -> None:
     for e, ref in refs.items():
         try:
             ray.get(ref, timeout=timeout_s)
-        except Exception as exc:  # noqa: BLE001 - ended below either way; a fill engine's failure is not the run's
+        except Exception as exc:
             log.warning("rlhfless: fill engine %d did not shut vLLM down (%s); its actor is killed", e, exc)
     for e in engines:
         ray.kill(pool.handles[e], no_restart=True)
@@ -173,7 +174,7 @@ def wake(pool: Any, engines: list[int]) -> list[int]:
         try:
             if not pool.call(e, "rl_begin_step", pool.drafting):
                 pool.call(e, "wake_up")
-        except Exception as exc:  # noqa: BLE001 - see the docstring
+        except Exception as exc:
             log.warning("rlhfless: fill engine %d failed to wake (%s); the stream runs without it", e, exc)
             failed.append(e)
             continue

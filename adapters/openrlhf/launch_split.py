@@ -112,8 +112,8 @@ def plan_split(args: Any, settings: dict[str, Any], keep: bool = False, force: b
     only say what it would pick). Only splits OpenRLHF and DeepSpeed accept are tried (``split_problem``), and the
     user's own flags stand unless a tried split is faster than theirs or theirs would not start. Never slower:
     where the stream is priced no faster than OpenRLHF's async loop with the user's flags, the choice is marked
-    ``fallback`` and nothing is resized (the caller runs that loop), unless ``force`` (``--scheduler.force``). Returns the ``SplitChoice`` (None when the
-    scheduler fixes its split)."""
+    ``fallback`` and nothing is resized (the caller runs that loop), unless ``force`` (``--scheduler.force``).
+    Returns the ``SplitChoice`` (None when the scheduler fixes its split)."""
     from rlhfless_sdk.api.config import SchedulerConfig
     from rlhfless_sdk.api.errors import RlhflessError
     from rlhfless_sdk.api.history import isolated_history

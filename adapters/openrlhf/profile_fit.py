@@ -62,7 +62,7 @@ def _config(model: str) -> dict[str, Any] | None:
             from huggingface_hub import try_to_load_from_cache
 
             cached = try_to_load_from_cache(model, "config.json")
-        except Exception:  # noqa: BLE001 - not a hub name either: nothing to read
+        except Exception:
             return None
         if not isinstance(cached, str):
             return None
@@ -80,7 +80,7 @@ def gpu_name() -> str | None:
         import torch
 
         return str(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
-    except Exception:  # noqa: BLE001 - no usable CUDA here
+    except Exception:
         return None
 
 

@@ -134,6 +134,7 @@ def resolve(ours: dict[str, str], model: str | None = None) -> dict[str, Any] | 
     fitted = None
     if "--scheduler.profile" not in ours and model is not None and name != "openrlhf":
         from rlhfless_openrlhf import profile_fit
+
         from rlhfless_sdk.api.profiles import profile_names
 
         fitted = profile_fit.fit(model, profile_fit.gpu_name(), {n: load_profile(n) for n in profile_names()})
@@ -424,7 +425,9 @@ def check_stream(args: Any, settings: dict[str, Any]) -> None:
     choice = plan_split(args, settings, keep=settings.get("split") == "keep", force=bool(settings.get("force")))
     if choice is not None and choice.fallback:
         run_openrlhf_instead(
-            settings, "async loop", f"{choice.time_s:,.0f} s against {choice.replaced_s:,.0f} s for {choice.steps} steps"
+            settings,
+            "async loop",
+            f"{choice.time_s:,.0f} s against {choice.replaced_s:,.0f} s for {choice.steps} steps",
         )
         return
     if not _flag(args, "train", "partial_rollout_enable"):

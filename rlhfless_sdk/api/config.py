@@ -426,7 +426,7 @@ def _based(data: dict[str, Any], source: str, root: Any, registry: ConfigChecker
         raise ConfigError(source, [ConfigProblem("base", "needs the plugin registry to read the scheduler", where)])
     try:
         parent = scheduler(base).model_dump(mode="json", exclude_defaults=True)
-    except Exception as exc:  # noqa: BLE001 - an unknown name lists the registered ones
+    except Exception as exc:
         raise ConfigError(source, [ConfigProblem("base", str(exc), where)]) from None
     rest = {k: v for k, v in data.items() if k != "base"}
     return extend(parent, rest)

@@ -32,6 +32,7 @@ from rlhfless_sdk.cli.args import (
 )
 from rlhfless_sdk.cli.bench import bench_group
 from rlhfless_sdk.cli.drafting import drafter_options
+from rlhfless_sdk.cli.report import report_cmd
 from rlhfless_sdk.rollout.modes import STREAM, Mode, consults_predictor, mode_for
 
 
@@ -587,6 +588,7 @@ def compare_predictors_cmd(
 
 
 main.add_command(bench_group)
+main.add_command(report_cmd)
 
 if __name__ == "__main__":
     main()

@@ -42,7 +42,6 @@ from rlhfless_sdk.planning.engine_model import drain_s, remaining_draw, steady_r
 from rlhfless_sdk.rollout.stream_book import GroupBook, StreamStats
 from rlhfless_sdk.rollout.stream_loop import KvSlots, StreamLoop
 
-
 #: The stream's feeder as a backend's engines call it when samples of engine ``e`` finish: (e, samples in flight on
 #: it) -> the samples to start there now (``StreamLoop.free``'s rule)
 Feeder = Callable[[int, int], list[int]]
