@@ -200,3 +200,20 @@ def note_figures(test: str, name: str, figures: dict[str, Any]) -> None:
             out.write(line + "\n")
     else:
         print(line)
+
+
+def small_learner_profile(folder: Path) -> Path:
+    """``qwen2.5-3b-h100`` with the learner state of a 0.5B model, as a profile file in ``folder``: a one-GPU
+    learner of it leaves a stream's fill engine room on that GPU (a 3B learner's state leaves under a tenth of the
+    KV cache, so the launcher builds no fill engine), for the CPU launches that test fill engines."""
+    import json
+
+    from rlhfless_sdk.api.profiles import load_profile
+
+    path = folder / "small-learner.yaml"
+    if not path.exists():
+        profile = load_profile("qwen2.5-3b-h100")
+        small = profile.model_copy(update={"learner": profile.learner.model_copy(update={"params_b": 0.5})})
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(small.model_dump(mode="json")))  # JSON is YAML
+    return path

@@ -280,12 +280,29 @@ def _held(broadcast: Any) -> Any:
     return hold_once
 
 
+def _logged(save: Any) -> Any:
+    """OpenRLHF's ``save_logs_and_checkpoints``, recording the keys of each logs dict it hands its loggers (wandb,
+    TensorBoard): a ``logged`` record with the ``rlhfless/*`` ones."""
+
+    @functools.wraps(save)
+    def save_logs_and_checkpoints(self: Any, global_step: int, logs_dict: Any = None, client_states: Any = None) -> Any:
+        keys = sorted(k for k in (logs_dict or {}) if str(k).startswith("rlhfless/"))
+        _write({"kind": "logged", "step": int(global_step), "keys": keys, "time": time.time()})
+        return save(self, global_step, logs_dict, client_states)
+
+    return save_logs_and_checkpoints
+
+
 def install() -> None:
     """The shims, then the probes (Ray's ``worker_process_setup_hook`` in ``openrlhf_cpu_train.py``)."""
     import openrlhf_cpu_shims
 
     openrlhf_cpu_shims.install()
+    from openrlhf.trainer.ppo_trainer import BasePPOTrainer
     from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
+
+    if not hasattr(BasePPOTrainer.save_logs_and_checkpoints, "__wrapped__"):
+        BasePPOTrainer.save_logs_and_checkpoints = _logged(BasePPOTrainer.save_logs_and_checkpoints)
 
     if os.environ.get("RLHFLESS_CPU_PROBE_HOLD") and not hasattr(openrlhf_cpu_shims.GlooBroadcast.broadcast, "held"):
         openrlhf_cpu_shims.GlooBroadcast.broadcast = _held(openrlhf_cpu_shims.GlooBroadcast.broadcast)

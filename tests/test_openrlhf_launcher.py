@@ -786,7 +786,7 @@ def test_the_launches_openrlhfs_readme_shows_run_with_each_preset_until_cuda(tmp
     launched = "rlhfless-stream" if (scheduler, mode) == ("rlhfless", "async") else scheduler  # its async form
     fills = launched == "rlhfless-stream" and "--train.colocate_actor_ref" in extra
     if fills:  # a model whose learner state leaves a fill engine room on the learner's one GPU
-        common += ["--scheduler.profile", "qwen2.5-3b-h100"]
+        common += ["--scheduler.profile", str(H.small_learner_profile(tmp_path))]
     run = H.run_launch(
         [sys.executable, str(LAUNCH), *common, *extra], tmp_path, {**os.environ, "RLHFLESS_CPU_LAUNCH_GPUS": str(gpus)}
     )

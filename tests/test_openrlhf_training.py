@@ -155,7 +155,7 @@ ROWS = {
             "--ref.num_gpus_per_node",
             "1",
             "--scheduler.profile",
-            "qwen2.5-3b-h100",
+            "{small}",  # a learner whose state leaves a fill engine room beside it (``small_learner_profile``)
         ),
         max_age=2,
         built="async",
@@ -237,7 +237,7 @@ def _command(
         "--vllm.enforce_eager", "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0",
         "--actor.lr_scheduler", "constant",
         "--scheduler.profile", "qwen2.5-7b-l40s",  # a tiny model is near no shipped profile; a row may name its own
-        *(flag.format(model=model, data=data) for flag in row.flags), *extra,
+        *(flag.format(model=model, data=data, small=H.small_learner_profile(tmp_path)) for flag in row.flags), *extra,
     ]  # fmt: skip
     reward = ("--reward.model_name_or_path", str(model)) if row.reward_model else ("--reward.remote_url", str(REWARD))
     flags += reward
@@ -302,6 +302,11 @@ def check_training(folder: Path, row: Row, steps: int, prompts: int = PROMPTS) -
     assert max(errors) <= 0.01, max(errors)
     labels = Counter(s["label"] for r in trained for s in r["samples"])
     assert labels == {f"q{i}": row.samples for i in range(prompts)}, labels
+    logged = [r for r in found if r["kind"] == "logged"]  # what OpenRLHF hands wandb / TensorBoard, each step
+    assert len(logged) == steps, logged
+    if row.scheduler != "openrlhf":  # the scheduler's figures in every mode, sync and async alike
+        for record in logged:
+            assert {"rlhfless/step_s", "rlhfless/rollout_s", "rlhfless/max_token_age"} <= set(record["keys"]), record
     times = sorted(r["time"] for r in trained if r["rank"] == 0)
     return {
         "max_age": max(ages),

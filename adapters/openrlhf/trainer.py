@@ -4,7 +4,8 @@ OpenRLHF builds ``SamplesGenerator`` inside a Ray actor (``PPOTrainer``; with ``
 ``GenerateSamplesActor`` inside ``PPOTrainerAsync``), so the swap must happen inside that actor: the classes here
 (importable by every Ray worker) replace the generator after OpenRLHF's own constructor ran. The synchronous
 trainer also adds the ``rlhfless/*`` metrics to what OpenRLHF logs to wandb / TensorBoard; in async mode the
-generator lives in another actor than the logger, so its metrics go to the JSON-lines step report only.
+generator lives in another actor than the logger, so each batch carries its metrics through OpenRLHF's rollout
+queue (inside its ``client_states``, ``CarryingQueue``) to the training actor, which adds them to what it logs.
 
 What a straggler policy holds between steps (carried samples, deferred prompts) goes into every checkpoint
 OpenRLHF writes, the regular ones (``--ckpt.save_steps``) and the best ones (``--ckpt.best_metric_key``), inside
@@ -35,6 +36,9 @@ from rlhfless_sdk.api.records import TimePerTokenProfile
 
 #: The key of the carried work inside OpenRLHF's checkpoint ``client_states``.
 CARRY_KEY = "rlhfless_carry"
+#: Where a queued batch carries its metrics to the training actor, in its ``client_states`` (taken out before a
+#: checkpoint)
+METRICS_KEY = "rlhfless_metrics"
 
 
 def swap_generator(strategy: Any, old: Any) -> RlhflessSamplesGenerator:
@@ -173,6 +177,7 @@ class CarryingQueue:
     def put(self, payload: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(payload, tuple) and len(payload) == 4 and isinstance(payload[1], dict):
             states = payload[1]
+            states[METRICS_KEY] = dict(getattr(self.generator, "last_metrics", {}))  # this batch's, for the logger
             carry = self.generator.carry_snapshot()
             if carry is not None:
                 states["data_loader_state_dict"] = {**(states.get("data_loader_state_dict") or {}), CARRY_KEY: carry}
@@ -211,6 +216,15 @@ class RlhflessTrainingActorImpl(ppo_trainer_async.TrainingActor.__ray_actor_clas
 
     def broadcast_to_vllm(self) -> None:
         return broadcast_checked(self.vllm_engines, super().broadcast_to_vllm)
+
+    def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
+        """OpenRLHF's, with the batch's ``rlhfless/*`` metrics (come through the queue, ``CarryingQueue``) added to
+        what it logs, and taken out of what it checkpoints."""
+        metrics = (client_states or {}).pop(METRICS_KEY, None) or {}
+        if logs_dict is not None:
+            for key, value in metrics.items():
+                logs_dict.setdefault(key, value)
+        return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
 
 
 RlhflessPPOTrainer = ray.remote(RlhflessPPOTrainerImpl)

@@ -83,13 +83,31 @@ class RunLog:
         return report
 
     def record(self, report: StepReport, metrics: dict[str, Any]) -> None:
-        """A finished step's (or stream batch's) report and metrics kept for the framework's logs, the report
-        appended to the JSON-lines file; the next step begins."""
+        """A finished step's (or stream batch's) report and metrics kept for the framework's logs (``metrics``, and
+        the figures every mode has: ``report_metrics``), the report appended to the JSON-lines file; the next step
+        begins."""
         self.last_report = report
-        self.last_metrics = metrics
+        self.last_metrics = {**report_metrics(report), **metrics}
         if self.report_path is not None:
             self.report_path.parent.mkdir(parents=True, exist_ok=True)
             with self.report_path.open("a", encoding="utf-8") as fh:
                 fh.write(json.dumps(report.model_dump(mode="json")) + "\n")
         self.finished += 1
         self.step += 1
+
+
+def report_metrics(report: StepReport) -> dict[str, float]:
+    """The figures of a step (or stream batch) every mode reports to the framework's logger: its time and its
+    rollout's, the learner's, the engines and their busy share, token age, the samples carried or cut, GPUs."""
+    return {
+        "rlhfless/step_s": report.time_s,
+        "rlhfless/rollout_s": report.generation_s,
+        "rlhfless/learn_s": report.prepare_s + report.learn_s,
+        "rlhfless/engines": float(report.num_actors),
+        "rlhfless/busy_share": 1.0 - report.idle_fraction,
+        "rlhfless/max_token_age": float(report.max_token_age_steps),
+        "rlhfless/stale_token_fraction": report.stale_token_fraction,
+        "rlhfless/carried_samples": float(report.carried_samples),
+        "rlhfless/migrations": float(report.migrations),
+        "rlhfless/peak_gpus": float(report.peak_gpus),
+    }
