@@ -236,7 +236,6 @@ def _command(
         "--ckpt.path", str(tmp_path / "ckpt"), "--ds.attn_implementation", "sdpa", "--vllm.sync_backend", "gloo",
         "--vllm.enforce_eager", "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0",
         "--actor.lr_scheduler", "constant",
-        "--scheduler.profile", "qwen2.5-7b-l40s",  # a tiny model is near no shipped profile; a row may name its own
         *(flag.format(model=model, data=data, small=H.small_learner_profile(tmp_path)) for flag in row.flags), *extra,
     ]  # fmt: skip
     reward = ("--reward.model_name_or_path", str(model)) if row.reward_model else ("--reward.remote_url", str(REWARD))
@@ -245,6 +244,8 @@ def _command(
         flags += ["--algo.advantage.is_correction_level", "token"]
     if row.scheduler != "openrlhf":  # the row trains its preset's own plan, whatever the launcher prices it at
         flags += ["--scheduler.report", str(tmp_path / f"{run}-steps.jsonl"), "--scheduler.force"]
+        if "--scheduler.profile" not in row.flags:  # a tiny model is near no shipped profile
+            flags += ["--scheduler.profile", "qwen2.5-7b-l40s"]
     env = {**os.environ, "RLHFLESS_CPU_LAUNCH_GPUS": str(row.gpus + engines - 1), **env_extra}
     return [sys.executable, str(TRAIN), str(tmp_path / run), *flags], env
 
