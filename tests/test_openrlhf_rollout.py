@@ -834,8 +834,10 @@ def test_a_request_after_a_partial_rollout_update_reads_no_prompt_kv_of_older_we
 
     cached("salt/0@1")
     assert cached("salt/1@1") > 0  # the same weights: the prompt's KV is read from the cache
-    ray.get(engine.pause_generation.remote())
-    ray.get(engine.resume_generation.remote())  # a weight update between them (OpenRLHF's partial-rollout pause)
+    # a weight update between them (OpenRLHF's partial-rollout pause), on both engines as OpenRLHF's broadcast does:
+    # the module's later tests (the fill engines') need the two engines at one weights version
+    ray.get([e.pause_generation.remote() for e in stack.engines])
+    ray.get([e.resume_generation.remote() for e in stack.engines])
     assert cached("salt/2@1") == 0  # computed again under the new weights
     assert cached("salt/3@1") > 0
 
