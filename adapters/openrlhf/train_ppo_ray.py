@@ -131,14 +131,14 @@ def resolve(ours: dict[str, str], model: str | None = None) -> dict[str, Any] | 
         config = read_scheduler_config(ours["--scheduler.config"], registry)
     else:
         config = registry.resolve(name)  # a name (an unknown one lists the valid ones) or a YAML file
+    from rlhfless_openrlhf import profile_fit
+
     fitted = None
     if "--scheduler.profile" not in ours and model is not None and name != "openrlhf":
-        from rlhfless_openrlhf import profile_fit
-
         from rlhfless_sdk.api.profiles import profile_names
 
         fitted = profile_fit.fit(model, profile_fit.gpu_name(), {n: load_profile(n) for n in profile_names()})
-    profile = load_profile(ours.get("--scheduler.profile", fitted.profile if fitted else "qwen2.5-7b-l40s"))
+    profile = load_profile(ours.get("--scheduler.profile", fitted.profile if fitted else profile_fit.DEFAULT))
     for flag in ("--scheduler.report", "--scheduler.trace"):
         if flag in ours and (why := unwritable(Path(ours[flag]), folder=False)) is not None:
             raise SystemExit(f"error: {flag} {ours[flag]}: {why}")
