@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 from pydantic import ConfigDict, Field, PositiveInt
 
-from rlhfless_sdk import CandidateEstimate, Record
+from rlhfless_sdk import CandidateEstimate, CandidateSearch, Record
 
 
 def candidate_grid(lo: int, hi: int, max_candidates: int) -> list[int]:
@@ -117,6 +117,30 @@ class DeadlineScaler:
         if self.params.deadline_s is not None:
             return self.params.deadline_s
         return (1.0 + self.params.slack) * min(e.time_s for e in estimates)
+
+    def search(self, space: CandidateSearch) -> int:
+        """``choose`` over the few counts it needs: with the slack untrusted, only the fleet and the burst counts
+        above it (it picks nothing below them); else the largest count (the fastest, as a step's time falls with
+        engines), then a bisection for the fewest engines within the deadline of it. Time falls and GPU-seconds
+        grow with the count, near enough, so that count is the cheapest that meets the deadline; where the
+        estimates say otherwise (a draw's noise), ``choose`` still decides among every count estimated. About
+        log2(candidates) + 1 estimates instead of every candidate's."""
+        counts = list(space.counts)
+        if self.params.deadline_s is None and space.uncertainty > self.params.max_uncertainty:
+            fleet = max((n for n in counts if n <= space.fleet), default=counts[0])
+            return self.choose([space(n) for n in counts if n >= fleet])
+        limit = self.params.deadline_s
+        if limit is None:
+            limit = (1.0 + self.params.slack) * space(counts[-1]).time_s
+        lo, hi = 0, len(counts) - 1  # counts[hi] meets the limit, or no count does and the largest is the fastest
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if space(counts[mid]).time_s <= limit * (1 + 1e-12):
+                hi = mid
+            else:
+                lo = mid + 1
+        space(counts[hi])
+        return self.choose(space.estimated)
 
     def choose(self, estimates: Sequence[CandidateEstimate]) -> int:
         if self.params.deadline_s is None and max(e.uncertainty for e in estimates) > self.params.max_uncertainty:

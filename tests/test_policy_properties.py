@@ -10,12 +10,19 @@ import rlhfless_test_helpers as H  # registered by conftest.py
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from rlhfless_sdk import PluginManager
+from rlhfless_sdk import CandidateSearch, PluginManager
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.records import Actor, CandidateEstimate, FinishedSample
 from rlhfless_sdk.planning.costmodel import AnalyticCostModel
-from rlhfless_sdk.planning.planner import MigrationController, StepPlanner, check_assignment, check_placement
+from rlhfless_sdk.planning.planner import (
+    MigrationController,
+    StepPlanner,
+    check_assignment,
+    check_placement,
+    planner_for,
+)
+from rlhfless_sdk.workloads.synthetic import SyntheticWorkload, finished_samples
 
 S = H.sibling("strategies")
 
@@ -561,3 +568,76 @@ def test_deadline_with_an_explicit_deadline(est, deadline):
         assert chosen in feasible and chosen.gpu_seconds == min(e.gpu_seconds for e in feasible)
     else:  # none can meet it: the fastest
         assert chosen.time_s == min(e.time_s for e in est)
+
+
+# a step's time falls (or stays) and its GPU-seconds grow with the engine count: what the deadline scaler's search
+# counts on
+monotone = (
+    st.integers(1, 64)
+    .flatmap(
+        lambda n: st.tuples(
+            st.lists(st.floats(0, 100), min_size=n, max_size=n), st.lists(st.floats(0.01, 100), min_size=n, max_size=n)
+        )
+    )
+    .map(
+        lambda tc: [
+            CandidateEstimate(num_actors=i + 1, time_s=1e4 - t, gpu_seconds=c)
+            for i, (t, c) in enumerate(zip(np.cumsum(tc[0]).tolist(), np.cumsum(tc[1]).tolist(), strict=True))
+        ]
+    )
+)
+
+
+def searched(scaler, est, fleet, u=0.0):
+    est = [e.model_copy(update={"uncertainty": u, "burst": e.num_actors > fleet}) for e in est]
+    by_n = {e.num_actors: e for e in est}
+    space = CandidateSearch([e.num_actors for e in est], by_n.__getitem__, fleet, u)
+    return space, scaler.search(space), est
+
+
+@given(est=monotone, slack=st.floats(0, 0.5), deadline=st.none() | st.floats(1, 2e4))
+def test_deadline_search_finds_the_argmin_of_every_count_where_time_falls_and_cost_grows(est, slack, deadline):
+    """Where a step's time falls (ties included) and its cost grows with the count, the search's pick is the one
+    ``choose`` makes over every count, after about log2(counts) + 1 estimates."""
+    scaler = REG.create("scaler", {"name": "deadline", "params": {"slack": slack, "deadline_s": deadline}})
+    space, chosen, est = searched(scaler, est, fleet=len(est))
+    assert chosen == scaler.choose(est)
+    assert len(space.estimated) <= int(np.ceil(np.log2(len(est)))) + 2
+
+
+@given(est=estimates, slack=st.floats(0, 0.5), u=st.floats(0, 2), limit=st.floats(0, 0.5), data=st.data())
+def test_deadline_search_is_choose_over_what_it_estimated(est, slack, u, limit, data):
+    """On any estimates (time and cost in any order): the pick is ``choose``'s over the counts the search estimated,
+    so it meets the deadline of those; with the slack untrusted it estimates only the fleet and the counts above it."""
+    scaler = REG.create("scaler", {"name": "deadline", "params": {"slack": slack, "max_uncertainty": limit}})
+    fleet = data.draw(st.integers(1, len(est)))
+    space, chosen, est = searched(scaler, est, fleet, u)
+    assert chosen in {e.num_actors for e in space.estimated}
+    assert chosen == scaler.choose(space.estimated)
+    if u > limit:
+        assert {e.num_actors for e in space.estimated} == {e.num_actors for e in est if e.num_actors >= fleet}
+        assert chosen == scaler.choose(est)
+
+
+def test_the_planner_searches_a_few_counts_and_picks_what_checking_every_count_picks(registry):
+    """The default scheduler's plan of 1,024 x 8 on 64 engines with trusted estimates: the deadline scaler's search
+    estimates a few counts (not all 64) and picks the count that estimating every one picks."""
+    config = registry.resolve("rlhfless").model_copy(update={"max_actors": 64})
+    planner = planner_for(config, load_profile("qwen2.5-7b-l40s"), S.Cluster.uniform(8, 8), registry)
+    history, lengths = SyntheticWorkload(1024, 8, seed=0, step=0).batch()
+    planner.observe(finished_samples(history, lengths))
+    planner.estimate_errors.extend([0.01, 0.02])  # the estimates were good: the slack is trusted
+    batch, _ = SyntheticWorkload(1024, 8, seed=0, step=1).batch()
+    plan = planner.plan(batch)
+    assert 2 <= len(plan.candidates) <= 8
+    every = [
+        planner.checked_estimate(
+            batch,
+            np.asarray(plan.predicted_lengths),
+            planner.policies["assigner"].assign(batch, np.asarray(plan.predicted_lengths), n),
+            n,
+            plan.prefill,
+        ).model_copy(update={"uncertainty": 0.015})
+        for n in range(1, 65)
+    ]
+    assert plan.num_actors == planner.policies["scaler"].choose(every)

@@ -7,7 +7,7 @@ baseline for that step rather than corrupting a training run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -85,12 +85,48 @@ class ActorScaler(Protocol):
 
     May assume: ``choose`` receives one estimate per candidate returned by ``candidates``.
     Must guarantee: ``candidates`` returns distinct counts within ``[min_actors, max_actors]``; ``choose``
-    returns one of the estimates' ``num_actors`` and documents the criterion it minimises.
+    returns one of the estimates' ``num_actors`` and documents the criterion it minimises. A scaler that asks for
+    checked estimates may also implement ``search(space: CandidateSearch) -> int``, which estimates only the counts
+    it needs and returns one of them (the argmin of its criterion over those it estimated).
     """
 
     def candidates(self, min_actors: int, max_actors: int) -> Sequence[int]: ...
 
     def choose(self, estimates: Sequence[CandidateEstimate]) -> int: ...
+
+
+class CandidateSearch:
+    """A scaler's candidate counts, each estimated only when the scaler asks for it (``space(n)``).
+
+    A per-sample estimate of one count costs milliseconds (an event simulation of every sample), so a scaler
+    that compares checked estimates may implement ``search(space) -> int`` to look at a few counts instead of
+    every one: the planner then calls ``search`` instead of ``choose``, and the plan lists only the counts it
+    estimated (``space.estimated``). ``counts``: the candidates, ascending; ``fleet``: the most decode actors the
+    fleet holds without serverless burst actors; ``uncertainty``: what every estimate's ``uncertainty`` says (the
+    median relative error of the planner's recent checked estimates, 1 before any was measured).
+    """
+
+    def __init__(
+        self, counts: Sequence[int], estimate: Callable[[int], CandidateEstimate], fleet: int, uncertainty: float
+    ) -> None:
+        self.counts = tuple(sorted(int(n) for n in counts))
+        self.fleet = int(fleet)
+        self.uncertainty = float(uncertainty)
+        self._estimate = estimate
+        self._seen: dict[int, CandidateEstimate] = {}
+
+    def __call__(self, n: int) -> CandidateEstimate:
+        """The estimate of ``n`` actors, made once."""
+        if n not in self.counts:
+            raise ValueError(f"{n} actors is not one of the candidates {list(self.counts)}")
+        if n not in self._seen:
+            self._seen[n] = self._estimate(n)
+        return self._seen[n]
+
+    @property
+    def estimated(self) -> tuple[CandidateEstimate, ...]:
+        """Every estimate made so far, by count."""
+        return tuple(self._seen[n] for n in sorted(self._seen))
 
 
 @runtime_checkable

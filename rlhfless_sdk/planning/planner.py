@@ -23,7 +23,7 @@ from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.history import HistoryError
 from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
-from rlhfless_sdk.api.protocols import Candidate, CostModel
+from rlhfless_sdk.api.protocols import Candidate, CandidateSearch, CostModel
 from rlhfless_sdk.api.records import (
     Actor,
     CandidateEstimate,
@@ -230,61 +230,9 @@ class StepPlanner:
         if num_actors is not None and not lo <= num_actors <= hi:
             raise RlhflessError(f"cannot plan with {num_actors} decode actors: this cluster allows {lo} to {hi}")
 
-        def check_candidates(c: Any) -> list[int]:
-            cands = [whole(x, "scaler candidate") for x in c]
-            if not cands or len(set(cands)) != len(cands) or min(cands) < lo or max(cands) > hi:
-                raise InvalidPolicyOutput(f"scaler candidates {cands} are empty, repeated or outside [{lo}, {hi}]")
-            return cands
-
-        if num_actors is None:
-            candidates = self.call("scaler", fallbacks, lambda p: p.candidates(lo, hi), check_candidates)
-        else:
-            candidates = [num_actors]
-        assignments: dict[int, np.ndarray] = {}
-        estimates: list[CandidateEstimate] = []
-        # Estimates that count on cut-and-migrate, for a scaler that asks for them (the paper's cost-aware scaler
-        # plans without: its published behaviour stays as it is).
-        migrates = self.config.migrates() and getattr(self.policies["scaler"], "wants_migration_estimates", False)
-        for n in candidates:
-            sample_actor = self.call(
-                "assigner",
-                fallbacks,
-                lambda p, n=n: p.assign(batch, pred, n),
-                lambda o, n=n: check_assignment(o, batch, n),
-            )
-            assignments[n] = sample_actor
-            flags: dict[str, Any] = {"migrates": True} if migrates else {}  # a cost model without them still works
-            if self.warm_actors:
-                flags["warm_actors"] = self.warm_actors
-            estimates.append(self.cost_model.estimate(Candidate(batch, pred, sample_actor, n, prefill), **flags))
-        checked = self.check_model is not None and getattr(self.policies["scaler"], "wants_checked_estimates", False)
-        if checked:  # the scaler compares candidates within 1%: all of them per sample, not some of each kind
-            # no step measured yet: nothing is known about the estimates' error, so count it as 100%
-            u = float(np.median(self.estimate_errors)) if self.estimate_errors else 1.0
-            estimates = [
-                self.checked_estimate(
-                    batch, pred, assignments[e.num_actors], e.num_actors, prefill, length_caps
-                ).model_copy(update={"uncertainty": u})
-                for e in estimates
-            ]
-
-        fleet = sum(n.num_gpus for n in self.cluster.nodes if not n.name.startswith("burst")) // self.gpus_per_actor
-        if fleet < max((e.num_actors for e in estimates), default=0):  # mark the counts that need burst actors
-            estimates = [e.model_copy(update={"burst": e.num_actors > fleet}) for e in estimates]
-
-        def check_choice(c: Any) -> int:
-            if whole(c, "scaler choice") not in assignments:
-                raise InvalidPolicyOutput(f"scaler chose {c}, not one of its candidates {candidates}")
-            return int(c)
-
-        if num_actors is not None:
-            chosen = num_actors
-        elif self.config.policy_refs()["scaler"].name != KIND["scaler"].baseline and any(
-            f.startswith("scaler:") for f in fallbacks
-        ):
-            chosen = check_choice(self.baseline("scaler").choose(tuple(estimates)))
-        else:
-            chosen = self.call("scaler", fallbacks, lambda p: p.choose(tuple(estimates)), check_choice)
+        chosen, assignments, estimates, checked = self.choose_count(
+            batch, pred, prefill, (lo, hi), num_actors, length_caps, fallbacks
+        )
         sample_actor = assignments[chosen]
         order: list[int] = []
         if hasattr(self.policies["assigner"], "order"):  # a dispatch order, when the assigner has one
@@ -323,6 +271,105 @@ class StepPlanner:
             fallbacks=fallbacks,
             planner_ms=(time.perf_counter() - t0) * 1000.0,
         )
+
+    def choose_count(
+        self,
+        batch: PromptBatch,
+        pred: np.ndarray,
+        prefill: PrefillPlan,
+        bounds: tuple[int, int],
+        num_actors: int | None,
+        length_caps: np.ndarray | None,
+        fallbacks: list[str],
+    ) -> tuple[int, dict[int, np.ndarray], list[CandidateEstimate], bool]:
+        """The step's decode-actor count within ``bounds`` (``num_actors`` when given), the assignment of each
+        count estimated, their estimates, and whether those are the check model's (per sample).
+
+        A scaler that wants checked estimates and has ``search`` looks only at the counts it needs (each is an
+        event simulation of every sample); any other scaler gets every candidate estimated, as ``choose`` expects.
+        """
+        lo, hi = bounds
+        scaler = self.policies["scaler"]
+
+        def check_candidates(c: Any) -> list[int]:
+            cands = [whole(x, "scaler candidate") for x in c]
+            if not cands or len(set(cands)) != len(cands) or min(cands) < lo or max(cands) > hi:
+                raise InvalidPolicyOutput(f"scaler candidates {cands} are empty, repeated or outside [{lo}, {hi}]")
+            return cands
+
+        if num_actors is None:
+            candidates = self.call("scaler", fallbacks, lambda p: p.candidates(lo, hi), check_candidates)
+        else:
+            candidates = [num_actors]
+        assignments: dict[int, np.ndarray] = {}
+
+        def assign(n: int) -> np.ndarray:
+            if n not in assignments:
+                assignments[n] = self.call(
+                    "assigner",
+                    fallbacks,
+                    lambda p: p.assign(batch, pred, n),
+                    lambda o: check_assignment(o, batch, n),
+                )
+            return assignments[n]
+
+        checked = self.check_model is not None and getattr(scaler, "wants_checked_estimates", False)
+        # no step measured yet: nothing is known about the estimates' error, so count it as 100%
+        u = float(np.median(self.estimate_errors)) if self.estimate_errors else 1.0
+        fleet = sum(n.num_gpus for n in self.cluster.nodes if not n.name.startswith("burst")) // self.gpus_per_actor
+
+        own_s = [0.0]  # the planner's own estimating inside a search: not the scaler's time
+
+        def checked_at(n: int) -> CandidateEstimate:
+            t0 = time.perf_counter()
+            e = self.checked_estimate(batch, pred, assign(n), n, prefill, length_caps)
+            own_s[0] += time.perf_counter() - t0
+            return e.model_copy(update={"uncertainty": u, "burst": n > fleet})
+
+        def check_choice(c: Any) -> int:
+            if whole(c, "scaler choice") not in assignments:
+                raise InvalidPolicyOutput(
+                    f"scaler chose {c}, not one of its estimated candidates {sorted(assignments)}"
+                )
+            return int(c)
+
+        baseline_now = self.config.policy_refs()["scaler"].name != KIND["scaler"].baseline and any(
+            f.startswith("scaler:") for f in fallbacks
+        )
+        if checked and num_actors is None and not baseline_now and callable(getattr(scaler, "search", None)):
+            space = CandidateSearch(candidates, checked_at, fleet, u)
+
+            def search(p: Any) -> Any:  # the baseline (after a failed search) chooses among every count
+                return p.search(space) if p is scaler else p.choose(tuple(space(n) for n in space.counts))
+
+            chosen = self.call("scaler", fallbacks, search, check_choice)
+            calls, spent = self.spent.get("scaler", (0, 0.0))
+            self.spent["scaler"] = (calls, max(spent - own_s[0], 0.0))
+            return chosen, assignments, list(space.estimated), True
+        if checked:  # the scaler compares candidates within 1%: all of them per sample
+            estimates = [checked_at(n) for n in candidates]
+        else:
+            estimates = [self.cost_estimate(batch, pred, assign(n), n, prefill) for n in candidates]
+            if fleet < max(candidates):  # mark the counts that need burst actors
+                estimates = [e.model_copy(update={"burst": e.num_actors > fleet}) for e in estimates]
+        if num_actors is not None:
+            chosen = num_actors
+        elif baseline_now:
+            chosen = check_choice(self.baseline("scaler").choose(tuple(estimates)))
+        else:
+            chosen = self.call("scaler", fallbacks, lambda p: p.choose(tuple(estimates)), check_choice)
+        return chosen, assignments, estimates, checked
+
+    def cost_estimate(
+        self, batch: PromptBatch, pred: np.ndarray, sample_actor: np.ndarray, n: int, prefill: PrefillPlan
+    ) -> CandidateEstimate:
+        """The planner's cost model's estimate of one candidate (counting on cut-and-migrate for a scaler that
+        asks for it: the paper's cost-aware scaler plans without, so its published behaviour stays as it is)."""
+        migrates = self.config.migrates() and getattr(self.policies["scaler"], "wants_migration_estimates", False)
+        flags: dict[str, Any] = {"migrates": True} if migrates else {}  # a cost model without them still works
+        if self.warm_actors:
+            flags["warm_actors"] = self.warm_actors
+        return self.cost_model.estimate(Candidate(batch, pred, sample_actor, n, prefill), **flags)
 
     def pull_buffer(self) -> int | None:
         """The assigner's shared-queue buffer (``pull_buffer``), or None when it assigns every sample up front."""

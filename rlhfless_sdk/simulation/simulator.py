@@ -498,12 +498,14 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         return StepController(planner, backend, ws.batch, plan, step=ws.step).run(observe=observe)
 
     def frontier(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, report: StepReport) -> list[dict]:
-        """Every candidate actor count: the cost model's (time, GPU-seconds) and the simulated ones."""
+        """Every candidate actor count (those a searching scaler did not estimate too): the cost model's (time,
+        GPU-seconds) and the simulated ones."""
         out = []
-        for e in sorted(plan.candidates, key=lambda e: e.num_actors):
-            n = e.num_actors
+        lo, hi = planner.actor_range(planner.extra_actors(plan.prefill))
+        known = {e.num_actors: e for e in plan.candidates}
+        for n in sorted(known.keys() | set(planner.policies["scaler"].candidates(lo, hi))):
             if n == plan.num_actors:
-                sim = report
+                sim, e = report, known[n]
             else:
                 variant = planner.plan(
                     ws.batch,
@@ -512,7 +514,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
                     num_actors=n,
                     prefill=plan.prefill,
                 )
-                sim = self.execute(planner, ws, variant).report
+                sim, e = self.execute(planner, ws, variant).report, known.get(n, variant.candidates[0])
             learner = self.cluster.total_gpus * (sim.prepare_s + sim.learn_s + self.profile.weight_sync_s)
             out.append(
                 {
