@@ -103,7 +103,7 @@ class EngineModel:
     used: bool = False
     waiting: deque[int] = field(default_factory=deque)
     heap: list[tuple[int, int]] = field(default_factory=list)  # (finish step, sample)
-    stack: list[int] = field(default_factory=list)  # running samples, newest last (preemption order)
+    stack: dict[int, None] = field(default_factory=dict)  # running samples, newest last (preemption order)
     preemptions: int = 0
     blocked: bool = False  # after a preemption, admit nothing until a running sequence finishes
     cached_prompts: set[int] = field(default_factory=set)  # prompts prefilled here this step (prefix caching)
@@ -117,49 +117,66 @@ class EngineModel:
         return s.generated[sid] + (self.S - s.admit_step[sid])
 
     def admit(self, s: EngineSamples) -> None:
-        p = self.prof
-        new_tok = cached_tok = 0
-        admitted = 0
         if self.blocked and self.B > 0:
             return
         self.blocked = False
+        p = self.prof
         cap = min(self.slots, p.max_num_seqs) if self.slots > 0 else p.max_num_seqs
+        waiting = self.waiting
+        if not waiting or cap <= self.B:
+            return
         room = p.kv_capacity_tokens - int(p.watermark * p.kv_capacity_tokens)  # beside running sequences (vLLM's)
-        while self.waiting and cap > self.B:
-            sid = self.waiting[0]
-            if s.ready_at[sid] > self.t:
-                if self.B == 0 and admitted == 0:
-                    self.t = s.ready_at[sid]  # idle until the migrated sample's KV arrives
+        # the event loop's hottest lines: the samples' columns and this engine's counters as locals
+        ready_at, prompt_len, generated, kv_cached = s.ready_at, s.prompt_len, s.generated, s.kv_cached
+        prefilled, shared, state, admit_step, actor, target = (
+            s.prefilled,
+            s.shared,
+            s.state,
+            s.admit_step,
+            s.actor,
+            s.target,
+        )
+        prefix_cache, heap, stack, aid, S = s.prefix_cache, self.heap, self.stack, self.aid, self.S
+        B, ctx = self.B, self.ctx
+        new_tok = cached_tok = admitted = 0
+        while waiting and cap > B:
+            sid = waiting[0]
+            if ready_at[sid] > self.t:
+                if B == 0 and admitted == 0:
+                    self.t = ready_at[sid]  # idle until the migrated sample's KV arrives
                 else:
                     break
-            need = s.prompt_len[sid] + s.generated[sid]
-            if self.B > 0 and self.ctx + need > room:
+            g = generated[sid]
+            need = prompt_len[sid] + g
+            if B > 0 and ctx + need > room:
                 break
-            self.waiting.popleft()
-            if s.kv_cached[sid]:
+            waiting.popleft()
+            if kv_cached[sid]:
                 cached_tok += need
-                s.kv_cached[sid] = False
-            elif not s.prefilled[sid]:
-                plen = s.prompt_len[sid]
-                if s.prefix_cache and s.prompt[sid] in self.cached_prompts:
+                kv_cached[sid] = False
+            elif not prefilled[sid]:
+                plen = prompt_len[sid]
+                if prefix_cache and s.prompt[sid] in self.cached_prompts:
                     new_tok += need - plen
                     cached_tok += plen
                 else:
-                    new_tok += need - s.shared[sid]
-                    cached_tok += s.shared[sid]
-                if s.prefix_cache:
+                    new_tok += need - shared[sid]
+                    cached_tok += shared[sid]
+                if prefix_cache:
                     self.cached_prompts.add(s.prompt[sid])
             else:  # preempted or migrated by tokens: recompute prompt + generated
                 new_tok += need
-            s.prefilled[sid] = True
-            s.state[sid] = RUNNING
-            s.admit_step[sid] = self.S
-            s.actor[sid] = self.aid
-            heapq.heappush(self.heap, (self.S + max(s.target[sid] - s.generated[sid], 0), sid))
-            self.stack.append(sid)
-            self.B += 1
-            self.ctx += need
+            prefilled[sid] = True
+            state[sid] = RUNNING
+            admit_step[sid] = S
+            actor[sid] = aid
+            left = target[sid] - g
+            heapq.heappush(heap, (S + (left if left > 0 else 0), sid))
+            stack[sid] = None
+            B += 1
+            ctx += need
             admitted += 1
+        self.B, self.ctx = B, ctx
         if admitted:
             if not self.used:
                 self.first = self.t
@@ -182,7 +199,7 @@ class EngineModel:
         s.state[sid] = QUEUED
         self.B -= 1
         self.ctx -= s.prompt_len[sid] + g
-        self.stack.remove(sid)
+        del self.stack[sid]
         return g
 
     def free_kv(self, s: EngineSamples) -> int:
@@ -214,7 +231,7 @@ class EngineModel:
             if k > 0 and self.B > 1 and self.ctx + self.B * k > p.kv_capacity_tokens:
                 k = (p.kv_capacity_tokens - self.ctx) // self.B
                 if k <= 0:  # KV full: preempt the newest sequence; it is recomputed once a sequence finishes
-                    sid = self.stack[-1]
+                    sid = next(reversed(self.stack))
                     self._remove_running(s, sid)
                     self.waiting.appendleft(sid)
                     self.preemptions += 1
@@ -314,23 +331,29 @@ class EngineModel:
         self.S += k
         self.ctx += self.B * k
         self.generated += self.B * k
-        finished = False
-        while self.heap and self.heap[0][0] <= self.S:
-            finish, sid = heapq.heappop(self.heap)
-            if not self._valid(s, finish, sid):
+        heap, stack, S, aid = self.heap, self.stack, self.S, self.aid
+        state, actor, admit_step, generated, target = s.state, s.actor, s.admit_step, s.generated, s.target
+        prompt_len, finish_time, events = s.prompt_len, s.finish_time, s.events
+        finished = 0
+        while heap and heap[0][0] <= S:
+            finish, sid = heapq.heappop(heap)
+            # a stale entry (``_valid``, inlined): the sample left this engine (preempted, cut, moved) since
+            left = target[sid] - generated[sid]
+            if state[sid] != RUNNING or actor[sid] != aid or finish != admit_step[sid] + (left if left > 0 else 0):
                 continue
-            finished = True
-            s.state[sid] = DONE
-            s.generated[sid] = s.target[sid]
-            s.finish_time[sid] = self.t
-            s.events.append(sid)
-            self.B -= 1
-            self.ctx -= s.prompt_len[sid] + s.target[sid]
-            self.stack.remove(sid)
+            finished += 1
+            state[sid] = DONE
+            generated[sid] = target[sid]
+            finish_time[sid] = self.t
+            events.append(sid)
+            self.ctx -= prompt_len[sid] + target[sid]
+            del stack[sid]
+        if finished:
+            self.B -= finished
             self.last_token = self.t
             self.blocked = False
-        if finished and self.on_finish is not None:
-            self.on_finish(self)
+            if self.on_finish is not None:
+                self.on_finish(self)
 
 
 def steady_context(prompt: np.ndarray, response: np.ndarray) -> float:
