@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -17,6 +18,42 @@ def candidate_grid(lo: int, hi: int, max_candidates: int) -> list[int]:
         return list(range(lo, hi + 1))
     grid = np.unique(np.round(np.geomspace(lo, hi, max_candidates)).astype(np.int64))
     return [int(x) for x in grid]
+
+
+def first_meeting(counts: Sequence[int], meets: Callable[[int], bool], hint: int | None = None) -> int:
+    """The first index of ``counts`` whose count ``meets`` (the last index when none does), for a test that holds
+    from some index on: from ``hint`` outward in doubling steps to a bracket, then a bisection inside it (without
+    a hint, a bisection of them all)."""
+    lo, hi = 0, len(counts) - 1  # the answer lies in [lo, hi]
+    if hint is not None:
+        lo, hi = bracket(lambda i: meets(counts[i]), lo, hi, min(max(hint, lo), hi))
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if meets(counts[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def bracket(meets: Callable[[int], bool], lo: int, hi: int, i: int) -> tuple[int, int]:
+    """A narrower [lo, hi] holding the first index that ``meets``, found from index ``i`` outward in doubling steps."""
+    step = 1
+    if meets(i):
+        hi = i
+        while i > lo:  # downward until one fails
+            i = max(hi - step, lo)
+            if not meets(i):
+                return i + 1, hi
+            hi, step = i, step * 2
+        return lo, hi
+    lo = i + 1
+    while lo < hi:  # upward until one meets
+        i = min(lo + step - 1, hi)
+        if meets(i):
+            return lo, i
+        lo, step = i + 1, step * 2
+    return lo, hi
 
 
 def minmax(x: np.ndarray) -> np.ndarray:
@@ -109,6 +146,7 @@ class DeadlineScaler:
 
     def __init__(self, params: DeadlineParams | None = None) -> None:
         self.params = params or DeadlineParams()
+        self._last = 0  # the last trusted search's pick: where the next search starts
 
     def candidates(self, min_actors: int, max_actors: int) -> Sequence[int]:
         return candidate_grid(min_actors, max_actors, self.params.max_candidates)
@@ -121,26 +159,23 @@ class DeadlineScaler:
     def search(self, space: CandidateSearch) -> int:
         """``choose`` over the few counts it needs: with the slack untrusted, only the fleet and the burst counts
         above it (it picks nothing below them); else the largest count (the fastest, as a step's time falls with
-        engines), then a bisection for the fewest engines within the deadline of it. Time falls and GPU-seconds
-        grow with the count, near enough, so that count is the cheapest that meets the deadline; where the
-        estimates say otherwise (a draw's noise), ``choose`` still decides among every count estimated. About
-        log2(candidates) + 1 estimates instead of every candidate's."""
+        engines), then the fewest engines within the deadline of it, searched from the last step's pick outward
+        (doubling steps, then a bisection). Time falls and GPU-seconds grow with the count, near enough, so that
+        count is the cheapest that meets the deadline; where the estimates say otherwise (a draw's noise),
+        ``choose`` still decides among every count estimated. Three estimates when the pick holds from the step
+        before, at most about twice log2(candidates) when it moves, instead of every candidate's."""
         counts = list(space.counts)
         if self.params.deadline_s is None and space.uncertainty > self.params.max_uncertainty:
             fleet = max((n for n in counts if n <= space.fleet), default=counts[0])
             return self.choose([space(n) for n in counts if n >= fleet])
-        limit = self.params.deadline_s
-        if limit is None:
-            limit = (1.0 + self.params.slack) * space(counts[-1]).time_s
-        lo, hi = 0, len(counts) - 1  # counts[hi] meets the limit, or no count does and the largest is the fastest
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if space(counts[mid]).time_s <= limit * (1 + 1e-12):
-                hi = mid
-            else:
-                lo = mid + 1
-        space(counts[hi])
-        return self.choose(space.estimated)
+        fastest = space(counts[-1]).time_s
+        limit = (1.0 + self.params.slack) * fastest if self.params.deadline_s is None else self.params.deadline_s
+        if fastest > limit * (1 + 1e-12):  # no count meets an explicit deadline: the fastest, on the fewest engines
+            limit = fastest
+        hint = max(bisect.bisect_right(counts, self._last) - 1, 0) if self._last else None
+        space(counts[first_meeting(counts, lambda n: space(n).time_s <= limit * (1 + 1e-12), hint)])
+        self._last = self.choose(space.estimated)  # an untrusted pick (the fleet) says nothing of where to start
+        return self._last
 
     def choose(self, estimates: Sequence[CandidateEstimate]) -> int:
         if self.params.deadline_s is None and max(e.uncertainty for e in estimates) > self.params.max_uncertainty:

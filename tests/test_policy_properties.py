@@ -9,6 +9,7 @@ import pytest
 import rlhfless_test_helpers as H  # registered by conftest.py
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from rlhfless_policies.scalers import first_meeting
 
 from rlhfless_sdk import CandidateSearch, PluginManager
 from rlhfless_sdk.api.batch import PromptBatch
@@ -595,14 +596,22 @@ def searched(scaler, est, fleet, u=0.0):
     return space, scaler.search(space), est
 
 
-@given(est=monotone, slack=st.floats(0, 0.5), deadline=st.none() | st.floats(1, 2e4))
-def test_deadline_search_finds_the_argmin_of_every_count_where_time_falls_and_cost_grows(est, slack, deadline):
+@given(
+    steps=st.lists(monotone, min_size=1, max_size=3), slack=st.floats(0, 0.5), deadline=st.none() | st.floats(1, 2e4)
+)
+def test_deadline_search_finds_the_argmin_of_every_count_where_time_falls_and_cost_grows(steps, slack, deadline):
     """Where a step's time falls (ties included) and its cost grows with the count, the search's pick is the one
-    ``choose`` makes over every count, after about log2(counts) + 1 estimates."""
+    ``choose`` makes over every count, step after step (each search starts from the last pick), after at most
+    about twice log2(counts) estimates; three when the pick holds."""
     scaler = REG.create("scaler", {"name": "deadline", "params": {"slack": slack, "deadline_s": deadline}})
-    space, chosen, est = searched(scaler, est, fleet=len(est))
-    assert chosen == scaler.choose(est)
-    assert len(space.estimated) <= int(np.ceil(np.log2(len(est)))) + 2
+    last = None
+    for est in steps:
+        space, chosen, est = searched(scaler, est, fleet=len(est))
+        assert chosen == scaler.choose(est)
+        assert len(space.estimated) <= 2 * int(np.ceil(np.log2(len(est)))) + 3
+        if chosen == last and 1 < chosen < len(est):
+            assert len(space.estimated) == 3  # the top, the last pick, and the count below it
+        last = chosen
 
 
 @given(est=estimates, slack=st.floats(0, 0.5), u=st.floats(0, 2), limit=st.floats(0, 0.5), data=st.data())
@@ -641,3 +650,17 @@ def test_the_planner_searches_a_few_counts_and_picks_what_checking_every_count_p
         for n in range(1, 65)
     ]
     assert plan.num_actors == planner.policies["scaler"].choose(every)
+
+
+@given(n=st.integers(1, 80), data=st.data())
+def test_first_meeting_finds_the_first_count_that_meets_from_any_hint(n, data):
+    first = data.draw(st.integers(0, n))  # counts from ``first`` on meet (n: none does)
+    hint = data.draw(st.none() | st.integers(-3, n + 3))
+    asked: list[int] = []
+
+    def meets(c: int) -> bool:
+        asked.append(c)
+        return c >= first
+
+    assert first_meeting(list(range(n)), meets, hint) == min(first, n - 1)
+    assert len(asked) <= 2 * int(np.ceil(np.log2(n + 1))) + 2
