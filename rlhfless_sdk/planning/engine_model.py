@@ -58,6 +58,13 @@ class EngineSamples:
         # vLLM's prefix caching: a sample admitted where its prompt was prefilled before (a group-mate's) reads the
         # prompt's KV from the cache instead of computing it (off by default, as in OpenRLHF)
         self.prefix_cache = False
+        self._final_kv: np.ndarray | None = None
+
+    def final_kv(self) -> np.ndarray:
+        """The KV tokens each sample holds when it finishes (prompt + response; neither changes once made)."""
+        if self._final_kv is None or len(self._final_kv) != len(self.target):
+            self._final_kv = np.add(self.prompt_len, self.target, dtype=np.int64)
+        return self._final_kv
 
     @classmethod
     def of_batch(
@@ -221,10 +228,15 @@ class EngineModel:
     def run_until(self, s: EngineSamples, limit: float) -> None:
         """Advance this actor's engine until its clock reaches ``limit`` or it runs out of work."""
         p = self.prof
+        drains = limit == math.inf and self.on_finish is None and p.speculation is None
         while self.t < limit:
             self.admit(s)
             if self.B == 0:
                 return
+            if drains and not self.waiting:
+                self._drain(s)
+                if self.B == 0:
+                    return
             while self.heap and not self._valid(s, *self.heap[0]):
                 heapq.heappop(self.heap)
             k = self.heap[0][0] - self.S
@@ -268,6 +280,75 @@ class EngineModel:
                     return
                 dt = k * A + C * k * (k - 1) / 2.0
             self._advance(s, k, dt)
+
+    def _drain(self, s: EngineSamples) -> None:
+        """Run the running samples on, while nothing waits to be admitted and nothing else can change the batch
+        (no clock limit, no client topping the engine up, no drafting): between two finishes the batch is fixed,
+        so every event's steps, batch, context and seconds follow from the sorted finish steps, in numpy, with the
+        event loop's own arithmetic in its own order (the same clock to the last bit). It stops before the first
+        event where the KV would run out (the event loop preempts there), having run every finish before it."""
+        p = self.prof
+        # every running sample has a live entry in the heap; any more are stale (a sample that left), or a copy:
+        # one re-admitted after a preemption finishes at the step it first would have (the loop skips the copy)
+        if len(self.heap) == self.B:
+            entries = sorted(self.heap)
+        else:
+            entries = sorted({sid: (f, sid) for f, sid in self.heap if self._valid(s, f, sid)}.values())
+        table = np.array(entries, dtype=np.int64).reshape(-1, 2)
+        steps, first = np.unique(table[:, 0], return_index=True)
+        leaving = np.diff(np.append(first, len(entries)))  # samples finishing at each event
+        freed = np.add.reduceat(s.final_kv()[table[:, 1]], first)  # the KV they release
+        k = np.diff(steps, prepend=self.S)
+        batch = self.B - np.concatenate(([0], np.cumsum(leaving)[:-1]))
+        # the context at each event's start: it grows by the batch each step and drops by what finished
+        ctx = self.ctx + np.concatenate(([0], np.cumsum(batch[:-1] * k[:-1] - freed[:-1])))
+        full = np.flatnonzero((k > 0) & (batch > 1) & (ctx + batch * k > p.kv_capacity_tokens))
+        n = int(full[0]) if full.size else len(steps)  # events run here
+        if n == 0:
+            return
+        k, batch, ctx = k[:n], batch[:n], ctx[:n]
+        dt = self._event_seconds(k, batch, ctx)
+        clock = np.add.accumulate(np.concatenate(([self.t], dt)))[1:]
+        self.busy = float(np.add.accumulate(np.concatenate(([self.busy], dt)))[-1])
+        work = int((batch * k).sum())
+        self.seq_steps += work
+        self.generated += work
+        self.t = float(clock[-1])
+        self.S = int(steps[n - 1])
+        done = int(first[n]) if n < len(steps) else len(entries)
+        state, generated, target, finish_time, stack = s.state, s.generated, s.target, s.finish_time, self.stack
+        finished = table[:done, 1].tolist()
+        for sid, t in zip(finished, np.repeat(clock, leaving[:n]).tolist(), strict=True):
+            state[sid] = DONE
+            generated[sid] = target[sid]
+            finish_time[sid] = t
+            del stack[sid]
+        s.events.extend(finished)
+        self.heap = entries[done:]  # sorted: a heap
+        self.B -= done
+        self.ctx = int(ctx[-1] + batch[-1] * k[-1] - freed[n - 1])
+        self.last_token = self.t
+        self.blocked = False
+
+    def _event_seconds(self, k: np.ndarray, batch: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+        """Seconds of each event's ``k`` decode steps of ``batch`` sequences from context ``ctx``: ``_overlapped``
+        and the event loop's serial formula, elementwise, their operations in the same order (no drafting)."""
+        p = self.prof
+        if p.decode_overlap:
+            o = p.decode_overhead_s + p.decode_per_seq_comm_s * batch
+            w = p.decode_base_s - p.decode_overhead_s
+            c = p.decode_per_ctx_token_s
+            compute = p.decode_per_seq_s * batch
+            cb = c * batch
+            gap = compute - w - c * ctx
+            with np.errstate(divide="ignore", invalid="ignore"):
+                bound = np.where(gap <= 0, 0, np.where(cb > 0, np.minimum(k, np.ceil(gap / cb)), k)).astype(np.int64)
+            rest = k - bound
+            mem = o + w + c * (ctx + batch * bound)
+            return bound * (o + compute) + rest * mem + cb * rest * (rest - 1) / 2.0 + 0.0
+        c = p.decode_per_ctx_token_s + 0.0
+        a = p.decode_base_s + 0.0 + (p.decode_per_seq_s + p.decode_per_seq_comm_s) * batch + c * ctx
+        return k * a + c * batch * k * (k - 1) / 2.0
 
     def _overlapped(self, k: int) -> float:
         """Seconds for k decode steps when memory reads and compute overlap: each step takes
