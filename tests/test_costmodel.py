@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 from rlhfless_sdk.api.profiles import load_profile
 from rlhfless_sdk.api.protocols import Candidate
 from rlhfless_sdk.api.records import Cluster, PrefillPlan
-from rlhfless_sdk.planning.engine_model import EngineCostModel, LengthSpread
+from rlhfless_sdk.planning.engine_model import EngineCostModel, EngineModel, EngineSamples, LengthSpread
 from rlhfless_sdk.simulation.simulator import Simulator
 from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
 from rlhfless_sdk.workloads.traces import synthetic_workload
@@ -22,7 +24,8 @@ def test_with_true_lengths_the_check_model_is_the_simulator(registry):
     """Given every sample's true length (no spread), the check model runs the simulator's own engine: the same
     generation time as simulating the plan, warm engines, no migration."""
     work = synthetic_workload(SyntheticWorkload(64, 4, seed=2, median_length=500, max_length=4096), 2)
-    sim = Simulator(PROFILE.model_copy(update={"kv_capacity_tokens": 40_000}), Cluster.uniform(1, 4), registry=registry)
+    prof = PROFILE.model_copy(update={"kv_capacity_tokens": 40_000})
+    sim = Simulator(prof, Cluster.uniform(1, 4), registry=registry, plan_s=0.0)  # the engines alone
     res = sim.run(registry.scheduler("openrlhf"), work)
     ws, step = work.steps[1], res.steps[1]
     candidate = Candidate(ws.batch, ws.lengths, np.asarray(step.plan.assignment), step.plan.num_actors, PrefillPlan())
@@ -276,3 +279,48 @@ def test_the_kv_watermark_holds_admissions_beside_running_sequences_and_every_sa
     for before, after, ctx in seen:
         if after > max(before, 1):  # admitted beside running sequences
             assert ctx <= free, (before, after, ctx, free)
+
+
+@given(
+    prompt=st.lists(st.integers(1, 400), min_size=1, max_size=120),
+    data=st.data(),
+    engines=st.integers(1, 4),
+    overlap=st.booleans(),
+    kv=st.sampled_from([2_000, 20_000, 453_000]),
+    seqs=st.sampled_from([4, 64, 256]),
+)
+def test_an_engine_drained_at_once_keeps_the_event_loops_clock_to_the_last_bit(
+    prompt, data, engines, overlap, kv, seqs
+):
+    """Once nothing waits to be admitted, an engine runs its batch to the end in numpy (``_drain``); the event loop
+    (what a finite clock limit runs) gives every sample the same finish time, bit for bit, and the engines the same
+    busy time, steps and preemptions, with KV pressure (preemption, recompute) or without, after a pause that freed
+    the KV or without."""
+    n = len(prompt)
+    target = data.draw(st.lists(st.integers(0, 3000), min_size=n, max_size=n))
+    actor = data.draw(st.lists(st.integers(0, engines - 1), min_size=n, max_size=n))
+    profile = PROFILE.model_copy(
+        update={
+            "decode_overlap": overlap,
+            "kv_capacity_tokens": kv,
+            "max_num_seqs": seqs,
+            "decode_per_seq_comm_s": 1e-6,
+        }
+    )
+
+    pause = data.draw(st.none() | st.floats(0.0, 60.0))  # a pause that frees the KV (a weight broadcast) then
+
+    def run(limit: float) -> tuple:
+        s = EngineSamples(range(n), [0] * n, prompt, [0] * n, target, [], actor)
+        models = [EngineModel(a, profile, "", 0.0) for a in range(engines)]
+        for sid in range(n):
+            models[actor[sid]].waiting.append(sid)
+        for m in models:
+            if pause is not None:
+                m.run_until(s, pause)
+                m.free_kv(s)  # what was running is admitted again, its tokens recomputed
+            m.run_until(s, limit)
+        engines_ = [(m.t, m.busy, m.S, m.seq_steps, m.preemptions, m.last_token, m.generated) for m in models]
+        return s.finish_time, s.events, engines_
+
+    assert run(math.inf) == run(1e300)  # 1e300: never reached, but a limit: the event loop all the way
