@@ -1,9 +1,8 @@
 """A snapshot of the simulator's output for a refactoring to keep: ``python tests/sim_snapshot.py OUT.json`` runs
-`rlhfless simulate --json` for every registered preset on four workloads (the real GPQA trace when it is there, the
-default synthetic workload, a long-reasoning shape and a run with burst engines allowed) and writes the results with
-the wall-clock fields dropped; ``python tests/sim_snapshot.py --compare A.json B.json`` names every difference.
-
-Not a test (it takes minutes): run it before and after a change that must not change any figure."""
+`rlhfless simulate --json --plan-time 0` (no plan's wall time charged: runs repeat to the last digit) for every
+registered preset on four workloads (the real GPQA trace when it is there, the default synthetic workload, a
+long-reasoning shape and a run with burst engines allowed) and writes the results with the wall-clock fields
+dropped; ``python tests/sim_snapshot.py --compare A.json B.json`` names every difference."""
 
 from __future__ import annotations
 
@@ -45,7 +44,8 @@ def snapshot() -> dict:
     names = get_plugin_manager().registry.names("scheduler")
     for workload, args in WORKLOADS.items():
         for name in names:
-            res = CliRunner().invoke(main, ["simulate", *args, "--scheduler", name, "--json", "--no-frontier"])
+            cmd = ["simulate", *args, "--scheduler", name, "--json", "--no-frontier", "--plan-time", "0"]
+            res = CliRunner().invoke(main, cmd)
             key = f"{workload}/{name}"
             out[key] = _drop_wall_clock(json.loads(res.output)) if res.exit_code == 0 else {"error": res.output}
             print(key, "ok" if res.exit_code == 0 else res.output.strip()[-200:], file=sys.stderr)

@@ -124,7 +124,11 @@ def test_a_run_too_short_for_a_cycle_is_openrlhfs_step_on_every_round():
     theirs = sim.run(registry.scheduler("openrlhf"), workload)
     assert [r.deferred_prompts for r in ours.reports] == [0, 0, 0]
     assert [r.groups_trained for r in ours.reports] == [12, 12, 12]
-    assert sum(r.generation_s for r in ours.reports) == pytest.approx(sum(r.generation_s for r in theirs.reports))
+    # its time and OpenRLHF's differ by what each spent planning (charged to the steps: the tail check is ours)
+    plan = sum(r.planner_ms for r in ours.reports) / 1000 - sum(r.planner_ms for r in theirs.reports) / 1000
+    assert sum(r.generation_s for r in ours.reports) == pytest.approx(
+        sum(r.generation_s for r in theirs.reports) + plan, abs=1e-9
+    )
 
 
 def test_with_a_balancing_migrator_a_round_run_to_its_end_lasts_its_mean_engines_work():

@@ -92,7 +92,7 @@ def test_scoring_in_the_tail_shortens_a_step_without_stale_tokens_and_bills_its_
         config = base.derive(
             name=f"tail-{str(tail).lower()}", pipeline={"mode": "sync", "tail_prepare": tail}, burst=1.0
         )
-        sim = Simulator(profile, Cluster.of_gpus(8, 8), registry=registry, memory=memory)
+        sim = Simulator(profile, Cluster.of_gpus(8, 8), registry=registry, memory=memory, plan_s=0.0)
         runs[tail] = sim.run(config, work)
     for a, b in zip(runs[False].steps, runs[True].steps, strict=True):
         ra, rb = a.report, b.report
@@ -148,7 +148,7 @@ def test_learning_in_the_tail_of_a_consolidated_step_is_on_policy_and_bills_its_
     runs = {}
     for k in (0, 1, 2):  # no tail work; one optimizer step a batch; two
         pipeline = {"tail_prepare": k > 0, "tail_learn": k > 0, "updates_per_batch": max(k, 1)}
-        sim = Simulator(profile, Cluster.of_gpus(8, 8), registry=registry, algo="grpo")
+        sim = Simulator(profile, Cluster.of_gpus(8, 8), registry=registry, algo="grpo", plan_s=0.0)
         runs[k] = sim.run(tail.derive(name=f"tail-{k}", pipeline=pipeline), work)
     for a, b in zip(runs[0].steps, runs[2].steps, strict=True):  # the second step's learning waits for the first's
         assert b.report.learn_s >= a.report.learn_s / 2 and b.report.generation_s == a.report.generation_s
@@ -178,7 +178,7 @@ def test_a_tail_too_short_to_consolidate_is_left_alone_and_frees_no_gpu_to_learn
     short = synthetic_workload(SyntheticWorkload(num_prompts=64, n_samples=4), steps=2)
     reports = {}
     for config in (tail, plain):
-        sim = Simulator(profile, Cluster.of_gpus(8, 8), registry=registry, algo="grpo")
+        sim = Simulator(profile, Cluster.of_gpus(8, 8), registry=registry, algo="grpo", plan_s=0.0)
         reports[config.name] = [s.report for s in sim.run(config, short).steps]
     for a, b in zip(reports[tail.name], reports[plain.name], strict=True):
         assert a.migrations == 0

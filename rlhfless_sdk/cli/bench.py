@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -22,6 +23,11 @@ from rlhfless_sdk.workloads.synthetic import SyntheticWorkload, finished_samples
 REPEATS = click.IntRange(min=1, max=1000)
 
 
+#: The two states a planner plans in: before any checked estimate was measured against a step (the first steps:
+#: a deadline scaler does not trust its slack) and after several were measured within 2% (the steady state).
+REGIMES = ("first steps", "steady")
+
+
 def bench_plan(
     prompts: int,
     samples: int,
@@ -32,8 +38,13 @@ def bench_plan(
     repeat: int = 5,
     gpus_per_node: int = 8,
     seed: int = 0,
+    regime: str = "first steps",
 ) -> dict[str, Any]:
-    """Plan ``repeat`` times (after one warm-up) for a cluster with room for ``actors`` decode actors."""
+    """Plan ``repeat`` fresh batches (after one warm-up plan) for a cluster with room for ``actors`` decode actors,
+    in ``regime`` (``REGIMES``): the planner has observed one step, and in ``steady`` its last estimates were within
+    2% of the steps they planned."""
+    if regime not in REGIMES:
+        raise ValueError(f"regime {regime!r} is not one of {REGIMES}")
     registry = get_plugin_manager().registry
     config = registry.resolve(scheduler).model_copy(update={"max_actors": actors})
     prof = load_profile(profile)
@@ -43,27 +54,50 @@ def bench_plan(
     with isolated_history():  # a history file's earlier runs are not this benchmark's history
         planner = planner_for(config, prof, cluster, registry)
     history, history_lengths = SyntheticWorkload(prompts, samples, seed=seed, step=0).batch()
-    planner.observe(finished_samples(history, history_lengths))  # one earlier step: EWMA has a history
-    batch, _ = SyntheticWorkload(prompts, samples, seed=seed, step=1).batch()
-    planner.plan(batch)
-    times, plan = [], None
-    for _ in range(repeat):
+    # one earlier step, planned and observed: the predictor has a history, the planner a learned length spread
+    predicted = planner.plan(history).predicted_lengths
+    done = finished_samples(history, history_lengths)
+    prompt_of = history.sample_prompt_index().tolist()
+    planner.observe(
+        [f.model_copy(update={"predicted_length": predicted[i]}) for f, i in zip(done, prompt_of, strict=True)]
+    )
+    batches = [SyntheticWorkload(prompts, samples, seed=seed, step=k).batch()[0] for k in range(1, repeat + 2)]
+    planner.plan(batches[0])  # the warm-up
+    if regime == "steady":
+        for error in (0.01, 0.02, 0.01):  # the last steps' estimates were good: a deadline scaler trusts its slack
+            planner.note_error(error)
+        planner.plan(batches[0])  # a search starts from the last trusted pick, as from the step before
+    times, plans = [], []
+    for batch in batches[1:]:
         t0 = time.perf_counter()
-        plan = planner.plan(batch)
+        plans.append(planner.plan(batch))
         times.append((time.perf_counter() - t0) * 1000.0)
-    assert plan is not None
     return {
         "scheduler": config.name,
+        "regime": regime,
         "prompts": prompts,
         "samples_per_prompt": samples,
         "max_actors": actors,
-        "candidates": len(plan.candidates),
-        "chosen_actors": plan.num_actors,
-        "prefill_tokens_saved": plan.prefill.tokens_saved,
+        "candidates": statistics.median(len(p.candidates) for p in plans),
+        "chosen_actors": plans[-1].num_actors,
+        "prefill_tokens_saved": plans[-1].prefill.tokens_saved,
         "median_ms": statistics.median(times),
         "min_ms": min(times),
         "repeat": repeat,
     }
+
+
+def bench_plans(
+    prompts: int, samples: int, actors: int, schedulers: Sequence[str], *, baseline: str, **kw: Any
+) -> dict[str, Any]:
+    """``bench_plan`` of each scheduler and ``baseline`` in both regimes, in one run; each row's ``ratio`` is its
+    median over the baseline's in the same regime."""
+    names = list(dict.fromkeys([*schedulers, baseline]))
+    rows = [bench_plan(prompts, samples, actors, scheduler=n, regime=r, **kw) for r in REGIMES for n in names]
+    base = {r["regime"]: r["median_ms"] for r in rows if r["scheduler"] == rows[names.index(baseline)]["scheduler"]}
+    for r in rows:
+        r["ratio"] = r["median_ms"] / base[r["regime"]] if base[r["regime"]] > 0 else float("nan")
+    return {"prompts": prompts, "samples_per_prompt": samples, "max_actors": actors, "baseline": baseline, "rows": rows}
 
 
 def bench_simulate(
@@ -146,24 +180,52 @@ def bench_group() -> None:
 @bench_group.command("plan")
 @click.option("--prompts", default=1024, type=POSITIVE, show_default=True, help="Prompts in the batch.")
 @click.option("--samples", default=8, type=POSITIVE, show_default=True, help="Samples per prompt (n).")
-@click.option("--actors", default=16, type=GPUS, show_default=True, help="Most decode actors the scaler may choose.")
-@click.option("--scheduler", default="rlhfless-paper", show_default=True, help="Scheduler name or YAML file.")
+@click.option("--actors", default=64, type=GPUS, show_default=True, help="Most decode actors the scaler may choose.")
+@click.option(
+    "--scheduler",
+    "schedulers",
+    multiple=True,
+    default=("rlhfless",),
+    show_default=True,
+    help="Scheduler name or YAML file; repeat the flag for several.",
+)
+@click.option(
+    "--baseline",
+    default="rlhfless-paper",
+    show_default=True,
+    help="The scheduler every figure is a ratio of (planned in the same run).",
+)
 @click.option("--profile", default="qwen2.5-7b-l40s", show_default=True)
 @click.option("--repeat", default=5, type=REPEATS, show_default=True, help="Timed plans after one warm-up.")
 @click.option("--json", "as_json", is_flag=True)
 def bench_plan_cmd(
-    prompts: int, samples: int, actors: int, scheduler: str, profile: str, repeat: int, as_json: bool
+    prompts: int,
+    samples: int,
+    actors: int,
+    schedulers: tuple[str, ...],
+    baseline: str,
+    profile: str,
+    repeat: int,
+    as_json: bool,
 ) -> None:
-    """Median milliseconds of a full plan: predict, dedup, assign for every candidate N, scale, place."""
+    """Median milliseconds of a full plan (predict, dedup, assign, scale, place) of fresh batches, each scheduler
+    against the baseline in one run: in the first steps (no estimate measured yet) and in the steady state."""
     check_samples(prompts, samples, 2, bytes_per_sample=BYTES_PER_PLANNED_SAMPLE)  # an observed step, a planned one
-    res = bench_plan(prompts, samples, actors, scheduler=scheduler, profile=profile, repeat=repeat)
+    res = bench_plans(prompts, samples, actors, schedulers, baseline=baseline, profile=profile, repeat=repeat)
     if as_json:
         click.echo(dumps(res))
-    else:
+        return
+    click.echo(
+        f"{prompts} prompts x {samples} samples, up to {actors} engines ({profile}), {repeat} plans each; "
+        f"x: the median over {baseline}'s in the same regime"
+    )
+    click.echo(
+        f"{'scheduler':<22} {'regime':<12} {'counts estimated':>16} {'N':>4} {'median ms':>10} {'min ms':>8} {'x':>7}"
+    )
+    for r in res["rows"]:
         click.echo(
-            f"{res['scheduler']}: {prompts} prompts x {samples} samples, up to {actors} actors, "
-            f"{res['candidates']} candidates -> N={res['chosen_actors']}: median {res['median_ms']:.1f} ms "
-            f"(min {res['min_ms']:.1f} ms, {repeat} runs)"
+            f"{r['scheduler']:<22} {r['regime']:<12} {r['candidates']:>16g} {r['chosen_actors']:>4} "
+            f"{r['median_ms']:>10.1f} {r['min_ms']:>8.1f} {r['ratio']:>6.2f}x"
         )
 
 

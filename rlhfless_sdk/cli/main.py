@@ -456,6 +456,14 @@ def rollout_split(config: Any, mode: Mode, rollout_gpus: int | None, gpus: int, 
     help="Every engine sharded over this many GPUs of a node (OpenRLHF's --vllm.tensor_parallel_size), derived from "
     "a one-GPU profile's tensor_parallel block: weights and KV heads split, all-reduces over the node's links.",
 )
+@click.option(
+    "--plan-time",
+    "plan_s",
+    type=click.FloatRange(min=0.0),
+    default=None,
+    help="Seconds charged to each step for making its plan (its engines start after it). Default: the plan's own "
+    "wall time on this machine, as a launch pays it; a fixed figure makes runs repeat to the last digit.",
+)
 @drafter_options[0]
 @drafter_options[1]
 def simulate_cmd(**kw) -> None:

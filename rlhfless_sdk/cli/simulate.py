@@ -350,6 +350,7 @@ def simulate_main(
     launch: str = "sync",
     drafter: str | None = None,
     acceptance: str | None = None,
+    plan_s: float | None = None,
 ) -> None:
     names = list(schedulers) or (ABLATION if ablation else ["openrlhf", "rlhfless"])
     if ablation and schedulers:
@@ -413,6 +414,7 @@ def simulate_main(
             bound_profile=one_gpu,
             split_plan=plan_on,
             acceptance=accepted,
+            plan_s=plan_s,
         )
 
     sizes: list[int] = []

@@ -67,6 +67,7 @@ class StepUsage:
     learner_gpus: int | None = None  # GPUs that score and learn (default: all ``gpus``; fewer when disaggregated)
     step_s: float | None = None  # the step's wall time when learning overlaps generation (default: their sum)
     tail_scoring_gpu_s: float = 0.0  # GPUs held to score complete groups during generation (``tail_prepare``)
+    plan_s: float = 0.0  # the plan's own time, in ``generation_s`` before any engine starts (not engines' idling)
 
 
 def billing(u: StepUsage) -> dict[str, Any]:
@@ -87,7 +88,8 @@ def billing(u: StepUsage) -> dict[str, Any]:
     burst_held = sum(1 for e in u.engines if e.burst and held(e))
     busy = np.array([e.busy_s for e in used]) if used else np.zeros(1)
     decode_gpus = max(len(used), 1) * gpa
-    idle = 1.0 - float(busy.sum()) * gpa / (decode_gpus * generation) if generation > 0 else 0.0
+    window = generation - u.plan_s  # from the plan to the last token
+    idle = 1.0 - float(busy.sum()) * gpa / (decode_gpus * window) if window > 0 else 0.0
     return {
         "time_s": time_s,
         "generation_s": generation,

@@ -99,8 +99,10 @@ class SimulatedBackend:
         pause_frees_kv: bool = False,
         burst_profile: TimePerTokenProfile | None = None,
         prefix_caching: bool = False,
+        plan_s: float = 0.0,
     ) -> None:
-        """``burst_profile``: the engine model of burst engines (GPUs of their own: dedicated memory); default
+        """``plan_s``: seconds the plan took to make, charged to the step (every engine starts after it).
+        ``burst_profile``: the engine model of burst engines (GPUs of their own: dedicated memory); default
         ``profile``. ``prefix_caching``: vLLM's prefix cache is on (a group's prompt is prefilled once an engine).
         ``pause_frees_kv``: each pause in ``pauses`` frees the KV cache (vLLM's ``pause_generation`` with its default
         ``clear_cache=True``, as OpenRLHF's engines pause): every running sample is preempted and re-prefills its
@@ -122,7 +124,9 @@ class SimulatedBackend:
         self.node_of = {(p.actor.role, p.actor.actor_id): p.node for p in plan.placement}
         start = self._prefill(n)
         cold = np.array([0.0 if a in warm else profile.cold_start_s for a in range(n)])
-        start = np.maximum(start, cold)  # a cold actor boots while the prefill actor works
+        # a cold actor boots while the prefill actor works; both begin once the plan is made
+        self.plan_s = plan_s
+        start = self.plan_s + np.maximum(start, cold)
         self.cold = cold
         nodes = [self.node_of.get(("decode", a), "") for a in range(n)]
         self.actors = [
@@ -281,7 +285,7 @@ class SimulatedBackend:
         used = [a for a in self.actors if a.used]
         tokens = float(sum(s.prompt_len) + sum(s.target))
         return StepUsage(
-            generation_s=max([a.last_token for a in used] + [self.prefill_s, 0.0]),
+            generation_s=max([a.last_token for a in used] + [self.plan_s + self.prefill_s]),
             engines=[
                 EngineUsage(
                     a.busy,
@@ -296,6 +300,7 @@ class SimulatedBackend:
             gpus=g,
             gpus_per_engine=prof.gpus_per_actor,
             prefill_s=self.prefill_s,
+            plan_s=self.plan_s,
             prefill_tokens_saved=self.plan.prefill.tokens_saved,
             prepare_s=tokens * self.rates[0] / g,
             learn_s=tokens * self.rates[1] / g,

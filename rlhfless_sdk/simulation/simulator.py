@@ -97,6 +97,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         split_plan: tuple[Workload, str] | None = None,
         acceptance: Acceptance | None = None,
         force: bool = False,
+        plan_s: float | None = None,
     ) -> None:
         """``algo``: the learner's rates (``ppo`` or ``grpo``); default: what each workload implies. ``memory``:
         the KV capacity of a synchronous engine, which shares its GPUs with the learner (``colocated``, the
@@ -110,8 +111,12 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         picks its split on, as a launch does (``rlhfless_sdk.simulation.split``); default: the workload it runs.
         ``acceptance``: what a scheduler's drafter achieves (``rlhfless_sdk.api.speculation``); default: the
         acceptance shipped for its name (measured on real rollouts). ``force``: a stream priced slower than
-        OpenRLHF's async loop runs anyway (a launch's ``--scheduler.force``); by default that loop runs instead."""
+        OpenRLHF's async loop runs anyway (a launch's ``--scheduler.force``); by default that loop runs instead.
+        ``plan_s``: seconds charged to each step for making its plan (its engines start after it); default: the
+        plan's own wall time where it was made (``planner_ms``), as a launch pays it. A fixed figure makes runs
+        repeat to the last digit (tests of the engine model's arithmetic)."""
         self.force = force
+        self.plan_s = plan_s
         self.acceptance = acceptance
         self.memory = memory
         self.bound_profile = bound_profile or profile
@@ -490,6 +495,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
             pause_frees_kv=pause_frees_kv,
             burst_profile=self.dedicated,
             prefix_caching=self.prefix_caching,
+            plan_s=plan.planner_ms / 1000.0 if self.plan_s is None else self.plan_s,
         )
 
     def execute(self, planner: StepPlanner, ws: WorkloadStep, plan: StepPlan, *, observe: bool = False) -> StepOutcome:
