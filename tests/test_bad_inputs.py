@@ -24,7 +24,8 @@ from rlhfless_sdk.cli.main import main
 
 PLUGIN = "bad-inputs"
 PROFILES = Path(__file__).resolve().parents[1] / "configs" / "profiles"
-SMALL = ["--prompts", "8", "--samples", "2", "--steps", "2", "--gpus", "2", "--no-frontier"]
+# no plan's wall time charged: the checks compare two runs' figures to the last digit
+SMALL = ["--prompts", "8", "--samples", "2", "--steps", "2", "--gpus", "2", "--no-frontier", "--plan-time", "0"]
 
 
 def _writes_read_only_folders() -> bool:
@@ -239,7 +240,7 @@ def bench_async_differs(res, tmp, log):
 def json_array_like_jsonl(res, tmp, log):
     lines = tmp / "t.jsonl"
     lines.write_text("".join(json.dumps(r) + "\n" for r in json.loads((tmp / "t.json").read_text())))
-    want = invoke("simulate", "--trace", str(lines), "--gpus", "2", "--no-frontier", "--json")
+    want = invoke("simulate", "--trace", str(lines), "--gpus", "2", "--no-frontier", "--json", "--plan-time", "0")
     assert steps_of(res.output) == steps_of(want.output)
 
 
@@ -285,7 +286,7 @@ def json_array_trace(tmp):
     names = ("uid", "step", "sample_idx", "prompt_length", "response_length")
     rows = [dict(zip(names, r, strict=True)) for r in trace_rows()]
     (tmp / "t.json").write_text(json.dumps(rows, indent=2))
-    return ["simulate", "--trace", str(tmp / "t.json"), "--gpus", "2", "--no-frontier", "--json"]
+    return ["simulate", "--trace", str(tmp / "t.json"), "--gpus", "2", "--no-frontier", "--json", "--plan-time", "0"]
 
 
 BENCH = ["--prompts", "16", "--samples", "2", "--gpus", "8", "--profile", "qwen2.5-7b-l40s", "--steps", "2"]

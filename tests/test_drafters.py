@@ -140,8 +140,8 @@ def test_a_drafter_that_drafts_nothing_costs_what_plain_decoding_costs(registry,
     prof = PROFILE.model_copy(update={"decode_overlap": overlap})
     idle = Speculation(acceptance=_acceptance(0.7), budget=[0])
     runs = [
-        Simulator(p, Cluster.uniform(1, 2), registry=registry).run(registry.scheduler("openrlhf"), work)
-        for p in (prof, prof.model_copy(update={"speculation": idle}))
+        Simulator(p, Cluster.uniform(1, 2), registry=registry, plan_s=0.0).run(registry.scheduler("openrlhf"), work)
+        for p in (prof, prof.model_copy(update={"speculation": idle}))  # plan_s: the runs compare to the last digit
     ]
     assert [r.time_s for r in runs[0].reports] == pytest.approx([r.time_s for r in runs[1].reports], rel=1e-12)
 
@@ -158,7 +158,10 @@ def test_the_proposers_host_time_is_paid_on_drafting_steps_by_sequence_and_conte
     def run(budget: list[int], **search: float) -> float:
         acc = _acceptance(0.5).model_copy(update=search)
         spec = Speculation(acceptance=acc, budget=budget)
-        sim = Simulator(prof.model_copy(update={"speculation": spec}), Cluster.uniform(1, 2), registry=registry)
+        spec_prof = prof.model_copy(update={"speculation": spec})
+        sim = Simulator(
+            spec_prof, Cluster.uniform(1, 2), registry=registry, plan_s=0.0
+        )  # a fixed plan time: the runs compare to the last digit
         return sum(r.generation_s for r in sim.run(registry.scheduler("openrlhf"), work).reports)
 
     free = run([4])
@@ -363,7 +366,7 @@ def test_a_drafter_that_raises_runs_as_none_in_the_simulator_with_a_warning_nami
     reg = registry_with(raising=RaisingBudget())
     work = synthetic_workload(SyntheticWorkload(8, 2, seed=1), 2)
     config = reg.scheduler("rlhfless").derive(name="rlhfless.raising", drafter="raising")
-    sim = Simulator(PROFILE, Cluster.uniform(1, 2), registry=reg, acceptance=_acceptance(0.5))
+    sim = Simulator(PROFILE, Cluster.uniform(1, 2), registry=reg, acceptance=_acceptance(0.5), plan_s=0.0)
     with pytest.warns(UserWarning, match=r"drafter 'raising' raised.*drafter none"):
         res = sim.run(config, work)
     plain = sim.run(reg.scheduler("rlhfless"), work)

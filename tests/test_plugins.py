@@ -316,7 +316,9 @@ def test_a_migrator_and_an_observer_that_write_change_nothing_for_later_schedule
 
     reg = vandal_registry
     w = synthetic_workload(SyntheticWorkload(prompts, n, seed=seed), 2)
-    sim = Simulator(load_profile("qwen2.5-7b-l40s"), make_cluster(8, 8), registry=reg)
+    sim = Simulator(
+        load_profile("qwen2.5-7b-l40s"), make_cluster(8, 8), registry=reg, plan_s=0.0
+    )  # a fixed plan time: the runs compare to the last digit
     alone = sim.run(reg.scheduler("openrlhf"), w).reports
     vandal = reg.scheduler("rlhfless-paper").derive(name="vandal", migrator="vandal", predictor="vandal")
     sim.run(vandal, w)

@@ -33,11 +33,12 @@ def test_every_table_of_the_page_sits_under_the_command_that_makes_it():
 def test_a_rebuilt_table_replaces_its_own_section_and_keeps_the_others(tmp_path, monkeypatch):
     monkeypatch.setattr(results, "PAGE", tmp_path / "results.md")
     plan = results.BY_ID["plan"]
-    report = {"prompts": 8, "samples_per_prompt": 2, "candidates": 3, "chosen_actors": 2, "median_ms": 1.5, "min_ms": 1}
+    row = {"scheduler": "a", "regime": "steady", "candidates": 3, "chosen_actors": 2, "median_ms": 1.5, "min_ms": 1}
+    report = {"rows": [{**row, "ratio": 1.25}]}
     results.write_page({"plan": results.section(plan, report, "2026-01-01", "abcdef1")})
     results.write_page({"lr-8k": "<!-- table lr-8k -->\nnew\n<!-- end lr-8k -->"})
     sections = results.sections(results.PAGE.read_text())
-    assert "| 8 x 2 | 3 | 2 | 1.5 | 1.0 |" in sections["plan"] and "new" in sections["lr-8k"]
+    assert "| `a` | steady | 3 | 2 | 1.5 | 1.0 | 1.25x |" in sections["plan"] and "new" in sections["lr-8k"]
     assert "Not measured yet" in sections["gpqa"]
 
 
