@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,17 +115,15 @@ def plan_split(args: Any, settings: dict[str, Any], keep: bool = False, force: b
     where the stream is priced no faster than OpenRLHF's async loop with the user's flags, the choice is marked
     ``fallback`` and nothing is resized (the caller runs that loop), unless ``force`` (``--scheduler.force``).
     Returns the ``SplitChoice`` (None when the scheduler fixes its split)."""
-    from rlhfless_sdk.api.config import SchedulerConfig
     from rlhfless_sdk.api.errors import RlhflessError
     from rlhfless_sdk.api.history import isolated_history
     from rlhfless_sdk.api.plugins import get_plugin_manager
-    from rlhfless_sdk.api.records import Cluster, TimePerTokenProfile
+    from rlhfless_sdk.api.records import Cluster
     from rlhfless_sdk.simulation.simulator import Simulator
     from rlhfless_sdk.simulation.split import choose_split
 
-    config = SchedulerConfig.model_validate(settings["scheduler"])
-    tp = max(int(flag(args, "vllm", "tensor_parallel_size", 1)), 1)
-    engines = int(flag(args, "vllm", "num_engines", 0))
+    p = Pricing.of(args, settings)
+    config, tp, engines = p.config, p.tp, p.engines
     if config.pipeline.rollout_gpus is not None or settings["mode"].get("elastic") or engines < 1:
         return None  # the scheduler fixes its split, re-plans it as it runs, or OpenRLHF runs no engine
     nodes, per_node = int(flag(args, "actor", "num_nodes", 1)), int(flag(args, "actor", "num_gpus_per_node", 1))
@@ -133,10 +132,9 @@ def plan_split(args: Any, settings: dict[str, Any], keep: bool = False, force: b
         pin_split(args, config.name, int(settings["split"]), gpus, node_gpus)
         return None
     yours = f"launching yours, {engines * tp} rollout GPUs and {nodes * per_node} learner GPUs"
-    profile = TimePerTokenProfile.model_validate(settings["profile"])
-    workload, source = plan_workload(args, settings, profile.kv_capacity_tokens)
+    workload, source = p.workload()
     broken = split_problem(args, nodes * per_node, engines * tp, tp, node_gpus)  # yours, as OpenRLHF would run it
-    sim = Simulator(profile, Cluster.of_gpus(gpus, max(per_node, tp)), registry=get_plugin_manager().registry)
+    sim = Simulator(p.profile, Cluster.of_gpus(gpus, max(per_node, tp)), registry=get_plugin_manager().registry)
     try:
         with isolated_history():
             choice = choose_split(
@@ -266,36 +264,67 @@ def split_problem(args: Any, learner: int, rollout: int, tp: int, node_gpus: int
     return deepspeed_batch_problem(args, learner)
 
 
-def price_sync(args: Any, settings: dict[str, Any]) -> tuple[float, float, str] | None:
-    """(the scheduler's time, OpenRLHF's own step's, on what) for a synchronous launch, on the same simulator and
-    planning workload as the stream's split (``plan_workload``): the engines OpenRLHF was given, beside the learner
-    under ``--train.colocate_all``. None where nothing can be priced (no engine)."""
-    from rlhfless_sdk.api.config import SchedulerConfig
+@dataclass(frozen=True)
+class Pricing:
+    """What the launcher prices a plan with, read once from OpenRLHF's parsed flags and the scheduler settings: the
+    scheduler, its profile, the engines OpenRLHF was given and their tensor-parallel size; ``workload()`` is the
+    planning workload (``plan_workload``)."""
+
+    args: Any
+    settings: dict[str, Any]
+    config: Any
+    profile: Any
+    engines: int
+    tp: int
+
+    @classmethod
+    def of(cls, args: Any, settings: dict[str, Any]) -> Pricing:
+        from rlhfless_sdk.api.config import SchedulerConfig
+        from rlhfless_sdk.api.records import TimePerTokenProfile
+
+        config = SchedulerConfig.model_validate(settings["scheduler"])
+        profile = TimePerTokenProfile.model_validate(settings["profile"])
+        tp = max(int(flag(args, "vllm", "tensor_parallel_size", 1)), 1)
+        return cls(args, settings, config, profile, int(flag(args, "vllm", "num_engines", 0)), tp)
+
+    def workload(self) -> tuple[Any, str]:
+        return plan_workload(self.args, self.settings, self.profile.kv_capacity_tokens)
+
+
+@dataclass(frozen=True)
+class SyncPrice:
+    """A synchronous launch priced: the scheduler's time and OpenRLHF's own step's, and the workload's source."""
+
+    ours: float
+    theirs: float
+    source: str
+
+    @property
+    def runs_plan(self) -> bool:
+        """Whether the plan runs instead of OpenRLHF's step (the SDK's rule: it must gain ``MIN_GAIN`` on the model)."""
+        from rlhfless_sdk.simulation.split import runs_plan
+
+        return runs_plan(self.ours, self.theirs)
+
+
+def price_sync(args: Any, settings: dict[str, Any]) -> SyncPrice | None:
+    """A synchronous launch's plan and OpenRLHF's own step priced on the same simulator and planning workload as the
+    stream's split (``plan_workload``), each step charged its plan's time: the engines OpenRLHF was given, beside the
+    learner under ``--train.colocate_all``. None where nothing can be priced (no engine)."""
     from rlhfless_sdk.api.history import isolated_history
     from rlhfless_sdk.api.plugins import get_plugin_manager
-    from rlhfless_sdk.api.records import Cluster, TimePerTokenProfile
+    from rlhfless_sdk.api.records import Cluster
     from rlhfless_sdk.simulation.simulator import Simulator
 
-    tp = max(int(flag(args, "vllm", "tensor_parallel_size", 1)), 1)
-    engines = int(flag(args, "vllm", "num_engines", 0))
-    if engines < 1:
+    p = Pricing.of(args, settings)
+    if p.engines < 1:
         return None
     registry = get_plugin_manager().registry
-    config = SchedulerConfig.model_validate(settings["scheduler"])
-    profile = TimePerTokenProfile.model_validate(settings["profile"])
-    workload, source = plan_workload(args, settings, profile.kv_capacity_tokens)
+    workload, source = p.workload()
     memory = "colocated" if flag(args, "train", "colocate_all", False) else "dedicated"
-    gpus = engines * tp
-    sim = Simulator(profile, Cluster.of_gpus(gpus, min(gpus, NODE_GPUS)), registry=registry, memory=memory)
+    gpus = p.engines * p.tp
+    sim = Simulator(p.profile, Cluster.of_gpus(gpus, min(gpus, NODE_GPUS)), registry=registry, memory=memory)
     with isolated_history():
-        ours = sum(r.time_s for r in sim.run(config, workload).reports)
+        ours = sum(r.time_s for r in sim.run(p.config, workload).reports)
         theirs = sum(r.time_s for r in sim.run(registry.scheduler("openrlhf"), workload).reports)
-    return ours, theirs, source
-
-
-def runs_plan(ours: float, theirs: float) -> bool:
-    """Whether a plan priced ``ours`` runs instead of OpenRLHF's own mode priced ``theirs`` (the SDK's rule: it
-    must gain ``MIN_GAIN`` on the model)."""
-    from rlhfless_sdk.simulation.split import runs_plan as rule
-
-    return rule(ours, theirs)
+    return SyncPrice(ours, theirs, source)

@@ -476,24 +476,23 @@ def check_sync_price(args: Any, settings: dict[str, Any]) -> None:
     """Never slower, for a synchronous launch: the scheduler's plan against OpenRLHF's own step on the same flags
     (``launch_split.price_sync``); where it is not faster by ``MIN_GAIN``, OpenRLHF's step runs
     (``--scheduler.force``: the plan)."""
-    from rlhfless_openrlhf.launch_split import price_sync, runs_plan
+    from rlhfless_openrlhf.launch_split import price_sync
 
     if settings.get("force") or _flag(args, "train", "async_enable") or settings["scheduler"]["name"] == "openrlhf":
         return
-    priced = price_sync(args, settings)
-    if priced is None:
+    price = price_sync(args, settings)
+    if price is None:
         return
-    ours, theirs, source = priced
     log.info(
         "rlhfless: scheduler %r priced on %s: %.0f s against OpenRLHF's step's %.0f s (%.2fx)",
         settings["scheduler"]["name"],
-        source,
-        ours,
-        theirs,
-        theirs / ours if ours > 0 else float("inf"),
+        price.source,
+        price.ours,
+        price.theirs,
+        price.theirs / price.ours if price.ours > 0 else float("inf"),
     )
-    if not runs_plan(ours, theirs):
-        run_openrlhf_instead(settings, "step", f"{ours:,.0f} s against {theirs:,.0f} s")
+    if not price.runs_plan:
+        run_openrlhf_instead(settings, "step", f"{price.ours:,.0f} s against {price.theirs:,.0f} s")
 
 
 def correct_stale_tokens(args: Any, settings: dict[str, Any], argv: Sequence[str]) -> None:
