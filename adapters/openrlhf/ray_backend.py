@@ -473,7 +473,9 @@ class RayBackend:
 
     def usage(self) -> StepUsage:
         stats = self.pool.stats(self.engines())
-        return step_usage(time.time() - self.t_start, stats, len(self.handles), self.settings.gpus_per_engine)
+        usage = step_usage(time.time() - self.t_start, stats, len(self.handles), self.settings.gpus_per_engine)
+        usage.plan_s = self.plan.planner_ms / 1000.0  # in the step's time since its start, as in the simulator
+        return usage
 
 
 def engine_gpus(args: Any) -> int:
