@@ -147,10 +147,11 @@ TABLES: list[Table] = [
     Table(
         "plan",
         "Planning overhead (`rlhfless bench plan`)",
-        "The median wall time of a full plan of a fresh batch (predict, dedup, assign, scale, place), the default "
-        "scheduler against the paper's preset in one run: in the first steps (no estimate measured yet: the deadline "
-        "scaler estimates the fleet only) and in the steady state (its estimates trusted: it searches the engine "
-        "counts from its last pick). The simulator charges each step its plan's time.",
+        "The median wall time of a full plan of a fresh batch (predict, dedup, assign, scale, place). The default "
+        "scheduler runs against the paper's preset in one run, in two states. In the first steps no estimate was "
+        "measured yet, so the deadline scaler estimates the fleet only. In the steady state its estimates are "
+        "trusted and it searches the engine counts from its last pick. The simulator charges each step its plan's "
+        "time.",
         "rlhfless bench plan --prompts 1024 --samples 8 --actors 64 --scheduler rlhfless --baseline rlhfless-paper",
         "--prompts 64 --repeat 1",
         "plan",
