@@ -42,7 +42,8 @@ class BuiltThroughRay:
 
 def launch(argv: list[str], env: dict[str, str], setup_hook: str) -> None:
     """The drop-in launcher on a local Ray (``RLHFLESS_CPU_LAUNCH_GPUS`` logical GPUs, default 2: one per learner
-    rank or engine) whose workers get ``env`` and run ``setup_hook`` first, with the trainer classes wrapped."""
+    rank or engine) whose workers get ``env`` and run ``setup_hook`` first, with the trainer classes wrapped and the
+    engines on vLLM's CPU build."""
     import os
 
     import ray
@@ -57,7 +58,7 @@ def launch(argv: list[str], env: dict[str, str], setup_hook: str) -> None:
     from rlhfless_openrlhf.train_ppo_ray import main
 
     wrap_trainers()
-    main(argv)
+    main(argv, cpu=True)
 
 
 def wrap_trainers() -> None:

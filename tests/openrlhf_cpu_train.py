@@ -31,7 +31,6 @@ env = {
     "DS_ACCELERATOR": "cpu",
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "TOKENIZERS_PARALLELISM": "false",
-    "RLHFLESS_CPU_ENGINES": "1",
     "RLHFLESS_CPU_PROBE": str(OUT / "probe"),
 }
 os.environ.update(env)  # the probe in this process reads it

@@ -222,5 +222,5 @@ def test_the_launcher_takes_a_scheduler_yaml_file(tmp_path):
 
     mine = tmp_path / "mine.yaml"
     mine.write_text("base: rlhfless\nname: mine\nkv_watermark: 0.02\n")
-    settings = resolve({"--scheduler": str(mine)})
-    assert settings["scheduler"]["name"] == "mine" and settings["scheduler"]["kv_watermark"] == 0.02
+    request = resolve({"--scheduler": str(mine)})
+    assert request.scheduler.name == "mine" and request.scheduler.kv_watermark == 0.02

@@ -51,17 +51,17 @@ def test_a_tensor_parallel_engine_is_billed_on_every_gpu_it_holds(tp):
 
 
 def test_the_carry_timeout_setting_reaches_the_generator_in_openrlhfs_actor(openrlhf_learning):
-    """``--scheduler.carry_timeout`` travels in OpenRLHF's args to the actor that builds the generator."""
+    """``--scheduler.carry_timeout`` travels in the launch plan to the actor that builds the generator."""
     pytest.importorskip("datasets")
+    from rlhfless_openrlhf.plan import LaunchPlan
     from rlhfless_openrlhf.rollout_actor import rollout_args
     from rlhfless_openrlhf.train_ppo_ray import resolve
     from rlhfless_openrlhf.trainer import swap_generator
 
     old = SimpleNamespace(prompts_dataloader=None, eval_dataloader=None, tokenizer=None, vllm_engines=[object()])
     for flags, seconds in (({}, 120.0), ({"--scheduler.carry_timeout": "900"}, 900.0)):
-        args = rollout_args(2)
-        args.rlhfless = resolve({"--scheduler": "rlhfless-fast", **flags})
-        assert swap_generator(SimpleNamespace(args=args), old).carry_timeout_s == seconds
+        plan = LaunchPlan.of(resolve({"--scheduler": "rlhfless-fast", **flags}))
+        assert swap_generator(SimpleNamespace(args=rollout_args(2)), old, plan).carry_timeout_s == seconds
 
 
 @settings(deadline=None, max_examples=200)

@@ -14,7 +14,7 @@ pytest.importorskip("openrlhf", reason="the adapter's tests need openrlhf 0.11.2
 import rlhfless_test_helpers as H  # registered by conftest.py
 from rlhfless_openrlhf import OpenRLHFMismatch, check_openrlhf_version
 from rlhfless_openrlhf.internals import check_internals
-from rlhfless_openrlhf.train_ppo_ray import install_rollout_hooks, main, resolve, split_args
+from rlhfless_openrlhf.train_ppo_ray import main, resolve, split_args
 
 
 def test_split_args_keeps_openrlhf_flags_in_order():
@@ -60,13 +60,13 @@ def test_bad_config_fails_before_ray_starts(tmp_path, capsys):
 def test_openrlhf_scheduler_leaves_openrlhf_unchanged():
     assert resolve({"--scheduler": "openrlhf"}) is None
     assert resolve({}) is None
-    settings = resolve({"--scheduler": "rlhfless", "--scheduler.profile": "qwen2.5-3b-h100"})
-    assert settings["scheduler"]["name"] == "rlhfless" and settings["profile"]["name"] == "qwen2.5-3b-h100"
+    request = resolve({"--scheduler": "rlhfless", "--scheduler.profile": "qwen2.5-3b-h100"})
+    assert request.scheduler.name == "rlhfless" and request.profile.name == "qwen2.5-3b-h100"
 
 
 def test_the_carry_timeout_is_a_launcher_flag():
-    assert resolve({"--scheduler": "rlhfless-fast"})["carry_timeout_s"] == 120.0
-    assert resolve({"--scheduler": "rlhfless-fast", "--scheduler.carry_timeout": "600"})["carry_timeout_s"] == 600.0
+    assert resolve({"--scheduler": "rlhfless-fast"}).carry_timeout_s == 120.0
+    assert resolve({"--scheduler": "rlhfless-fast", "--scheduler.carry_timeout": "600"}).carry_timeout_s == 600.0
     ours, rest = split_args(["--scheduler.carry_timeout=30", "--x", "1"])
     assert ours == {"--scheduler.carry_timeout": "30"} and rest == ["--x", "1"]
     for bad in ("0", "-5", "soon", "inf", "nan"):
@@ -86,8 +86,8 @@ SEGMENT_BUDGET = (
 
 
 def test_straggler_presets_resolve_and_a_simulator_only_policy_is_refused(tmp_path):
-    assert resolve({"--scheduler": "rlhfless-onpolicy"})["scheduler"]["straggler"]["name"] == "tail-batch"
-    assert resolve({"--scheduler": "rlhfless-fast"})["scheduler"]["straggler"]["name"] == "partial-batch"
+    assert resolve({"--scheduler": "rlhfless-onpolicy"}).scheduler.straggler.name == "tail-batch"
+    assert resolve({"--scheduler": "rlhfless-fast"}).scheduler.straggler.name == "partial-batch"
     # running a policy real engines cannot would silently drop it: refused at launch instead, naming it
     config = tmp_path / "budgeted.yaml"
     config.write_text(SEGMENT_BUDGET)
@@ -102,19 +102,15 @@ def test_straggler_presets_resolve_and_a_simulator_only_policy_is_refused(tmp_pa
 def test_straggler_policies_are_refused_where_openrlhf_cannot_carry_samples(
     monkeypatch, flag, value, preset, straggler
 ):
-    import openrlhf.trainer.ray as ray_pkg
-    import openrlhf.utils.config as config_module
-
-    monkeypatch.setattr(config_module, "hierarchize", config_module.hierarchize)
-    monkeypatch.setattr(ray_pkg, "create_vllm_engines", ray_pkg.create_vllm_engines)
-    install_rollout_hooks(resolve({"--scheduler": preset}))
+    _hooked(monkeypatch, preset)
     with pytest.raises(SystemExit, match=rf"--{flag} cannot carry samples or defer prompts.*'{straggler}'"):
         _hierarchized(**{flag: value})
     _hierarchized()  # without it, the straggler policy runs
-    install_rollout_hooks(resolve({"--scheduler": "rlhfless-slo"}))
+    _hooked(monkeypatch, "rlhfless-slo")
     _hierarchized(**{flag: value})  # and the other schedulers run in that mode
-    install_rollout_hooks(resolve({"--scheduler": "rlhfless"}))  # tail batching where it pays: here never
-    assert _hierarchized(**{flag: value}).rlhfless["scheduler"]["straggler"]["name"] == "none"
+    launch = _hooked(monkeypatch, "rlhfless")  # tail batching where it pays: here never
+    _hierarchized(**{flag: value})
+    assert launch.plan.scheduler.straggler.name == "none" and launch.plan.mode.driver == "plain"
 
 
 def test_rollout_internals_of_the_installed_openrlhf():
@@ -155,20 +151,22 @@ def test_learning_side_without_gpu_install_is_a_clear_error(capsys):
         assert any("PPOTrainer" in c for c in check_internals(learning=True))
 
 
-def test_hooks_put_the_scheduler_into_args(monkeypatch):
+def test_the_hooks_decide_the_plan_once_openrlhf_parsed_its_flags_and_leave_args_alone(monkeypatch):
+    """The launch's ``hierarchize`` hook decides the plan on OpenRLHF's parsed flags and sets only the flags the
+    plan changes; nothing of the scheduler is put on ``args``."""
     import openrlhf.trainer.ray as ray_pkg
     import openrlhf.utils.config as config_module
 
-    monkeypatch.setattr(config_module, "hierarchize", config_module.hierarchize)
-    monkeypatch.setattr(ray_pkg, "create_vllm_engines", ray_pkg.create_vllm_engines)
-    settings = resolve({"--scheduler": "rlhfless"})
-    install_rollout_hooks(settings)
+    launch = _hooked(monkeypatch, "rlhfless")
+    assert launch.plan is None
     flat = argparse.Namespace(**{"vllm.enable_prefix_caching": False, "rollout.n_samples_per_prompt": 8})
     args = config_module.hierarchize(flat)
     # the user's prefix-cache setting is kept: both schedulers run with the same one
-    assert args.rlhfless == settings and args.vllm.enable_prefix_caching is False
-    assert args.rollout.n_samples_per_prompt == 8
-    assert ray_pkg.create_vllm_engines.__name__ == "create_vllm_engines_with_rlhfless"
+    assert launch.plan.name == "rlhfless" and launch.plan.request.scheduler.name == "rlhfless"
+    assert args.vllm.enable_prefix_caching is False and args.rollout.n_samples_per_prompt == 8
+    assert not any("rlhfless" in name for name in vars(args))
+    assert ray_pkg.create_vllm_engines.__name__ == "create_vllm_engines"
+    assert ray_pkg.create_vllm_engines.__wrapped__.__module__ == "openrlhf.trainer.ray.vllm_engine"
 
 
 def test_example_gsm8k_reward():
@@ -226,15 +224,15 @@ def _script_launches(tmp_path, script: str, scheduler: str) -> list[list[str]]:
 def test_example_scripts_pass_importance_correction_for_stale_tokens(tmp_path, script, scheduler):
     """A launch whose scheduler trains stale tokens (partial rollouts) passes ``--algo.advantage.is_correction_level
     token`` itself (the launcher would turn it on, saying so); the others leave OpenRLHF's default."""
-    from rlhfless_openrlhf.train_ppo_ray import IS_CORRECTION, passed
+    from rlhfless_openrlhf.decide import IS_CORRECTION, passed
 
     launches = [c[2:] for c in _script_launches(tmp_path, script, scheduler) if c[:2] == ["-m", LAUNCHER]]
     names = []
     for argv in launches:
         ours, rest = split_args(argv)
-        settings = resolve(ours)
+        request = resolve(ours)
         names.append(ours["--scheduler"])
-        if settings is not None and settings["keeps_tokens"]:
+        if request is not None and request.mode.keeps_tokens:
             assert rest[rest.index(IS_CORRECTION) + 1] == "token", argv
         else:
             assert not passed(IS_CORRECTION, rest), argv
@@ -273,12 +271,7 @@ def _hierarchized(**flat):
 
 @pytest.mark.parametrize(("flag", "value"), [("train.agent_func_path", "agent.py"), ("data.max_images_per_prompt", 2)])
 def test_an_unsupported_openrlhf_mode_is_refused_naming_its_flag(monkeypatch, flag, value):
-    import openrlhf.trainer.ray as ray_pkg
-    import openrlhf.utils.config as config_module
-
-    monkeypatch.setattr(config_module, "hierarchize", config_module.hierarchize)
-    monkeypatch.setattr(ray_pkg, "create_vllm_engines", ray_pkg.create_vllm_engines)
-    install_rollout_hooks(resolve({"--scheduler": "rlhfless"}))
+    _hooked(monkeypatch, "rlhfless")
     refused = rf"--{flag} is not supported with --scheduler rlhfless .*--scheduler openrlhf"
     with pytest.raises(SystemExit, match=refused):
         _hierarchized(**{flag: value})
@@ -292,37 +285,51 @@ def test_tensor_parallel_engines_are_planned_with_the_profile_sharded_to_their_s
     both sizes."""
     import logging
 
-    from rlhfless_openrlhf.train_ppo_ray import check_modes
+    from rlhfless_openrlhf.decide import decide
 
-    _hooked(monkeypatch, "rlhfless", ["--actor.model_name_or_path", "m"])
-    assert _hierarchized().rlhfless["profile"]["gpus_per_actor"] == 1
+    launch = _hooked(monkeypatch, "rlhfless", ["--actor.model_name_or_path", "m"])
+    _hierarchized()
+    assert launch.plan.profile.gpus_per_actor == 1
     with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
         args = _hierarchized(**{"vllm.tensor_parallel_size": 2})
-    prof = args.rlhfless["profile"]
-    assert prof["name"] == "qwen2.5-7b-l40s-tp2" and prof["gpus_per_actor"] == 2
+    prof = launch.plan.profile
+    assert prof.name == "qwen2.5-7b-l40s-tp2" and prof.gpus_per_actor == 2
     said = [r.getMessage() for r in caplog.records if "tensor_parallel_size" in r.getMessage()]
     assert len(said) == 1 and "sharded over 2 GPUs" in said[0]
-    settings = resolve({"--scheduler": "rlhfless", "--scheduler.profile": "qwen2.5-7b-h100"})
+    request = resolve({"--scheduler": "rlhfless", "--scheduler.profile": "qwen2.5-7b-h100"})
     args.vllm.tensor_parallel_size = 4
     with pytest.raises(SystemExit, match=r"size 4 runs engines of 4 GPUs, but profile 'qwen2\.5-7b-h100' cannot"):
-        check_modes(args, settings)
-    settings = resolve({"--scheduler": "rlhfless", "--scheduler.profile": "llama-70b-8xh100"})
+        decide(args, request)
+    request = resolve({"--scheduler": "rlhfless", "--scheduler.profile": "llama-70b-8xh100"})
     with pytest.raises(SystemExit, match="it models engines of 8 GPUs"):
-        check_modes(args, settings)
+        decide(args, request)
 
 
 # -- importance-sampling correction for schedulers that train stale tokens -------------------------------------
 IS_FLAG = "--algo.advantage.is_correction_level"
 
 
-def _hooked(monkeypatch, preset: str, argv: list[str]):
-    """OpenRLHF's hierarchize with the launcher's hook for ``preset``, reading ``argv`` as OpenRLHF's command line."""
+def _hooked(monkeypatch, preset, argv: list[str] = ()):
+    """OpenRLHF's hierarchize with a launch's hooks for ``preset`` (a name or a ``LaunchRequest``), reading ``argv``
+    as OpenRLHF's command line; the hooks are taken out after the test. Returns the ``Launch``: its ``plan`` is made
+    when ``hierarchize`` runs."""
+    import importlib
+
     import openrlhf.trainer.ray as ray_pkg
     import openrlhf.utils.config as config_module
+    from rlhfless_openrlhf.launch import Launch
 
-    monkeypatch.setattr(config_module, "hierarchize", config_module.hierarchize)
-    monkeypatch.setattr(ray_pkg, "create_vllm_engines", ray_pkg.create_vllm_engines)
-    install_rollout_hooks(resolve({"--scheduler": preset}), argv)
+    pg_module = importlib.import_module("ray.util.placement_group")
+    for module, name in (
+        (config_module, "hierarchize"),
+        (ray_pkg, "create_vllm_engines"),
+        (pg_module, "placement_group"),
+    ):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    request = resolve({"--scheduler": preset}) if isinstance(preset, str) else preset
+    launch = Launch(request, list(argv))
+    launch.install_rollout_hooks()
+    return launch
 
 
 def _runnable_presets() -> list[str]:
@@ -388,14 +395,14 @@ def test_a_scheduler_that_trains_stale_tokens_gets_importance_correction_by_defa
     async loop) gets ``token``, with one line saying so; every other preset is left as OpenRLHF has it."""
     import logging
 
-    settings = resolve({"--scheduler": preset})
-    streams = settings["scheduler"]["pipeline"]["mode"] == "stream"
-    stale = settings["scheduler"]["straggler"]["name"] == "partial-batch" or streams
-    assert settings["keeps_tokens"] is stale
+    request = resolve({"--scheduler": preset})
+    streams = request.scheduler.pipeline.mode == "stream"
+    stale = request.scheduler.straggler.name == "partial-batch" or streams
+    assert request.mode.keeps_tokens is stale
     _hooked(monkeypatch, preset, ["--actor.model_name_or_path", "m"])
     with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
         args = _hierarchized(**{"algo.advantage.is_correction_level": "off", "train.async_enable": streams})
-    said = [r.getMessage() for r in caplog.records if IS_FLAG in r.getMessage()]
+    said = [m for r in caplog.records if IS_FLAG in (m := r.getMessage()) and "launch plan" not in m]
     if stale:
         assert args.algo.advantage.is_correction_level == "token"
         assert len(said) == 1 and "importance-sampling correction on" in said[0] and preset in said[0]
@@ -571,7 +578,7 @@ def test_oversampling_is_refused_for_a_scheduler_that_carries_work_or_streams(mo
 
 
 def test_the_placer_keeps_the_learners_real_size_free():
-    from rlhfless_openrlhf.engine_factory import learner_gpus
+    from rlhfless_openrlhf.launch_split import learner_gpus
 
     assert learner_gpus(_hierarchized(**{"train.colocate_all": True})) == 0  # engines share the learner's GPUs
     # GRPO, rule reward, no colocation: actor 8 + reference 8 (the reward model group is built too: 8)
@@ -803,7 +810,7 @@ def test_the_launches_openrlhfs_readme_shows_run_with_each_preset_until_cuda(tmp
         assert all("(RlhflessRolloutActorImpl pid=" in line for line in failed), failed
     else:
         assert not failed, out[-3000:]
-    assert f"'scheduler': {{'name': '{launched}'" in out
+    assert f"rlhfless: launch plan: scheduler {launched!r}" in out
     if fills:  # built through Ray in the learner's placement group, beside its models, before they load
         assert "1 fill engines on the learner's GPUs" in out and "1 fill engine(s) built in the learner's" in out
     elif launched == "rlhfless-stream":
@@ -869,22 +876,24 @@ def test_the_drafter_flag_sets_the_engines_speculative_decoding_in_either_launch
     into vLLM's speculative config."""
     from types import SimpleNamespace
 
+    from rlhfless_openrlhf.decide import launched_form
     from rlhfless_openrlhf.engine_factory import drafter_overrides
-    from rlhfless_openrlhf.launch_split import launched_settings
-    from rlhfless_openrlhf.train_ppo_ray import scheduler_settings
+    from rlhfless_openrlhf.plan import LaunchPlan
 
-    settings = resolve({"--scheduler": "rlhfless", "--scheduler.drafter": "history"})
-    assert settings["scheduler"]["drafter"]["name"] == "history"
-    assert resolve({"--scheduler": "rlhfless"})["scheduler"]["drafter"]["name"] == "none"
-    assert resolve({"--scheduler": "rlhfless-onpolicy"})["scheduler"]["drafter"]["name"] == "none"
+    from rlhfless_sdk import get_plugin_manager
+
+    request = resolve({"--scheduler": "rlhfless", "--scheduler.drafter": "history"})
+    assert request.scheduler.drafter.name == "history"
+    assert resolve({"--scheduler": "rlhfless"}).scheduler.drafter.name == "none"
+    assert resolve({"--scheduler": "rlhfless-onpolicy"}).scheduler.drafter.name == "none"
     with pytest.raises(SystemExit, match=r"--scheduler\.drafter 'histroy'.*history"):
         resolve({"--scheduler": "rlhfless", "--scheduler.drafter": "histroy"})
     with pytest.raises(SystemExit, match=r"--scheduler\.drafter has no effect with --scheduler openrlhf"):
         resolve({"--scheduler": "openrlhf", "--scheduler.drafter": "history"})
     args = SimpleNamespace(train=SimpleNamespace(async_enable=True))
-    launched = launched_settings(args, settings, scheduler_settings)
-    assert launched["scheduler"]["name"] == "rlhfless-stream" and launched["scheduler"]["drafter"]["name"] == "history"
-    over = drafter_overrides(launched["scheduler"]["drafter"])
+    launched = launched_form(args, LaunchPlan.of(request), get_plugin_manager().registry).scheduler
+    assert launched.name == "rlhfless-stream" and launched.drafter.name == "history"
+    over = drafter_overrides(launched.drafter)
     assert over["speculative_config"]["method"] == "custom_class" and '"history"' in over["rlhfless_drafter"]
     assert drafter_overrides({"name": "none"}) == {} and drafter_overrides(None) == {}
     assert drafter_overrides("ngram") == {
@@ -910,33 +919,36 @@ def test_the_engine_builder_sets_the_launched_schedulers_kv_watermark_on_vllm():
     back itself and keeps vLLM's default, as OpenRLHF's engines do."""
     from types import SimpleNamespace
 
+    from rlhfless_openrlhf.decide import launched_form
     from rlhfless_openrlhf.engine_factory import engine_overrides
-    from rlhfless_openrlhf.launch_split import launched_settings
-    from rlhfless_openrlhf.train_ppo_ray import scheduler_settings
+    from rlhfless_openrlhf.plan import LaunchPlan
 
-    settings = resolve({"--scheduler": "rlhfless"})
-    assert engine_overrides(settings["scheduler"]) == {"watermark": 0.05}
-    sync = launched_settings(SimpleNamespace(train=SimpleNamespace(async_enable=False)), settings, scheduler_settings)
-    assert engine_overrides(sync["scheduler"], "cpu") == {"watermark": 0.05}
-    stream = launched_settings(SimpleNamespace(train=SimpleNamespace(async_enable=True)), settings, scheduler_settings)
-    assert stream["scheduler"]["name"] == "rlhfless-stream" and engine_overrides(stream["scheduler"]) == {}
-    both = engine_overrides({**settings["scheduler"], "drafter": {"name": "ngram"}}, "cpu")
+    from rlhfless_sdk import get_plugin_manager
+
+    def launched(asynchronous: bool):
+        args = SimpleNamespace(train=SimpleNamespace(async_enable=asynchronous))
+        config = launched_form(args, LaunchPlan.of(request), get_plugin_manager().registry).scheduler
+        return config, engine_overrides(config.drafter, config.kv_watermark, "cpu")
+
+    request = resolve({"--scheduler": "rlhfless"})
+    sync, stream = launched(False), launched(True)
+    assert sync[0].name == "rlhfless" and sync[1] == {"watermark": 0.05}
+    assert stream[0].name == "rlhfless-stream" and stream[1] == {}
+    both = engine_overrides("ngram", 0.05, "cpu")
     assert both["watermark"] == 0.05 and both["speculative_config"]["method"] == "ngram"
     assert engine_overrides(None) == {}
 
 
 def test_a_drafter_on_tensor_parallel_engines_is_refused_before_any_engine_starts(monkeypatch):
-    from types import SimpleNamespace
 
     import rlhfless_openrlhf.engine_factory as factory
+    from rlhfless_openrlhf.plan import LaunchPlan
 
     from rlhfless_sdk.api.errors import RlhflessError
 
-    settings = resolve({"--scheduler": "rlhfless", "--scheduler.drafter": "history"})
-    monkeypatch.setattr(factory, "launch_args", SimpleNamespace(rlhfless=settings))
-    monkeypatch.setattr(factory, "learner_gpus", lambda args: 0)
+    plan = LaunchPlan.of(resolve({"--scheduler": "rlhfless", "--scheduler.drafter": "history"}))
     with pytest.raises(RlhflessError, match=r"drafter 'history' with --vllm\.tensor_parallel_size 2"):
-        factory.create_vllm_engines_with_rlhfless(1, 2, "model")
+        factory.build_launch_engines(plan, [], False, 1, 2, "model")
 
 
 def test_an_async_stream_builds_fill_engines_only_where_the_learners_group_and_memory_allow(monkeypatch, caplog):
@@ -949,13 +961,15 @@ def test_an_async_stream_builds_fill_engines_only_where_the_learners_group_and_m
     from rlhfless_sdk.api.profiles import load_profile
 
     learner = load_profile("qwen2.5-7b-l40s").learner
-    _hooked(monkeypatch, "rlhfless-stream", ["--actor.model_name_or_path", "m"])
+    from rlhfless_openrlhf.plan import FillPlan
+
+    launch = _hooked(monkeypatch, "rlhfless-stream", ["--actor.model_name_or_path", "m"])
     base = {"train.async_enable": True, "vllm.num_engines": 8, "vllm.tensor_parallel_size": 1}
     cases = [
         ({}, None, "pass --train.colocate_actor_ref"),
         (
             {"train.colocate_actor_ref": True},
-            {"engines": 8, "memory": round(learner.beside_fraction("grpo", 8), 3)},
+            FillPlan(engines=8, memory=round(learner.beside_fraction("grpo", 8), 3)),
             "",
         ),
         ({"train.colocate_actor_ref": True, "actor.num_gpus_per_node": 2}, None, "under a tenth of its KV cache"),
@@ -970,9 +984,9 @@ def test_an_async_stream_builds_fill_engines_only_where_the_learners_group_and_m
     for flags, fill, why in cases:
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
-            args = _hierarchized(**{**base, **flags})
+            _hierarchized(**{**base, **flags})
         said = [r.getMessage() for r in caplog.records if "fill engines" in r.getMessage()]
-        assert args.rlhfless["fill"] == fill and len(said) == 1, said
+        assert launch.plan.fill == fill and len(said) == 1, said
         assert why in said[0] if fill is None else "8 fill engines on the learner's GPUs" in said[0]
     assert 0.45 < learner.beside_fraction("grpo", 8) < 0.55
 
@@ -1019,8 +1033,105 @@ def test_the_launch_is_priced_with_the_shipped_profile_nearest_its_model_and_gpu
     unread = profile_fit.fit("no-such-org/no-such-model", None, shipped)
     assert unread.profile == "qwen2.5-7b-l40s" and "not readable here" in unread.line
     rest = ["--actor.model_name_or_path", small, "--vllm.num_engines", "2"]
-    settings = resolve({"--scheduler": "rlhfless"}, model_flag(rest))
-    assert settings["profile"]["name"] in ("qwen2.5-3b-l40s", "qwen2.5-3b-h100") and settings["profile_line"]
+    request = resolve({"--scheduler": "rlhfless"}, model_flag(rest))
+    assert request.profile.name in ("qwen2.5-3b-l40s", "qwen2.5-3b-h100") and request.profile_line
     given = resolve({"--scheduler": "rlhfless", "--scheduler.profile": "qwen2.5-7b-h100"}, model_flag(rest))
-    assert given["profile"]["name"] == "qwen2.5-7b-h100" and given["profile_line"] is None
+    assert given.profile.name == "qwen2.5-7b-h100" and given.profile_line is None
     assert model_flag([f"--actor.model_name_or_path={seven}"]) == seven and model_flag([]) is None
+
+
+# -- the launch reads its inputs once, and reaches OpenRLHF only through the swaps it lists ------------------------
+def _launch_until_ray(monkeypatch, argv: list[str]):
+    """The launcher's ``main`` on ``argv``, through OpenRLHF's own parser and the launch's hooks, stopped where
+    OpenRLHF's ``train()`` starts Ray; the hooks are taken out after the test."""
+    import importlib
+    import sys
+
+    import ray
+    from rlhfless_openrlhf.launch import SWAPS
+
+    class BeforeRay(Exception):
+        pass
+
+    def no_ray(*_args, **_kwargs):
+        raise BeforeRay
+
+    for module, name, where in SWAPS:
+        if where == "launcher":
+            owner = importlib.import_module(module)
+            monkeypatch.setattr(owner, name, getattr(owner, name))
+    monkeypatch.setattr(ray, "init", no_ray)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    with pytest.raises(BeforeRay):
+        main(argv)
+
+
+def _module_attributes() -> dict[tuple[str, str], int]:
+    import sys
+
+    return {
+        (name, attr): id(value)
+        for name, module in list(sys.modules.items())
+        if (name.startswith("openrlhf") or name == "ray.util.placement_group") and module is not None
+        for attr, value in list(vars(module).items())
+    }
+
+
+def test_a_launch_validates_its_scheduler_and_loads_its_profile_once_and_patches_only_the_listed_swaps(
+    monkeypatch, tmp_path, openrlhf_learning
+):
+    """``--scheduler.config FILE --scheduler.profile NAME`` through ``main`` to the plan OpenRLHF's trainer would be
+    built with: the scheduler config is validated once (reading the file) and the profile loaded once; the launch
+    changes no module attribute of OpenRLHF (or Ray's ``placement_group``) but the swaps ``SWAPS`` lists, each
+    named in docs/openrlhf.md, and puts nothing on OpenRLHF's args."""
+    import importlib
+
+    from rlhfless_openrlhf.launch import SWAPS, Launch
+
+    import rlhfless_sdk.api.profiles as profiles
+    from rlhfless_sdk import get_plugin_manager
+    from rlhfless_sdk.api.config import SchedulerConfig
+
+    assert get_plugin_manager().registry.schedulers  # the presets are validated as the registry is built
+    for module in (
+        "openrlhf.utils.config",
+        "openrlhf.trainer.ray",
+        "openrlhf.trainer.ppo_trainer",
+        "openrlhf.trainer.ppo_trainer_async",
+        "openrlhf.trainer.ray.vllm_engine",
+        "ray.util.placement_group",
+    ):
+        importlib.import_module(module)  # fmt: skip
+    counts = {"config": 0, "profile": 0}
+    validate, load = SchedulerConfig.model_validate.__func__, profiles.load_profile
+
+    def counted_validate(cls, *args, **kwargs):
+        counts["config"] += cls is SchedulerConfig
+        return validate(cls, *args, **kwargs)
+
+    def counted_load(*args, **kwargs):
+        counts["profile"] += 1
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(SchedulerConfig, "model_validate", classmethod(counted_validate))
+    monkeypatch.setattr(profiles, "load_profile", counted_load)
+    seen = []
+    hierarchize = Launch.hierarchize
+    monkeypatch.setattr(Launch, "hierarchize", lambda self, a: seen.append((hierarchize(self, a), self)) or seen[-1][0])
+    config = tmp_path / "mine.yaml"
+    config.write_text("base: rlhfless\nname: mine\n")
+    before = _module_attributes()
+    _launch_until_ray(monkeypatch, [
+        "--scheduler.config", str(config), "--scheduler.profile", "qwen2.5-3b-h100", "--scheduler.force",
+        "--actor.model_name_or_path", "m", "--vllm.num_engines", "1", "--reward.remote_url", "reward.py",
+    ])  # fmt: skip
+    changed = {key for key, ident in _module_attributes().items() if key in before and before[key] != ident}
+    assert counts == {"config": 1, "profile": 1}
+    args, launch = seen[-1]
+    assert launch.plan.name == "mine" and launch.plan.profile.name == "qwen2.5-3b-h100"
+    assert not any("rlhfless" in name for name in vars(args))
+    listed = {(module, name) for module, name, where in SWAPS if where == "launcher"}
+    assert changed <= listed, changed - listed
+    assert {("openrlhf.utils.config", "hierarchize"), ("openrlhf.trainer.ray", "create_vllm_engines")} <= changed
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "openrlhf.md").read_text()
+    assert [f"`{module}.{name}`" for module, name, _ in SWAPS if f"`{module}.{name}`" not in doc] == []

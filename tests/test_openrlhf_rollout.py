@@ -1954,7 +1954,7 @@ def test_fill_engines_generate_until_batch_0_then_end_and_their_samples_go_on_wi
         replay = fill_replay("fill-stream", FILL_STREAM)
 
         def prepare(gen):
-            gen.args.rlhfless_fill_engines = [fill]
+            gen.fill_handles = [fill]
             same_weights(ray, stack.engines[0], fill)
 
         gen, batches = _stream_in_async_loop(stack, FILL_PROMPTS, 1, learn_s=0.3, replay=replay, prepare=prepare)
@@ -1983,7 +1983,7 @@ def test_a_fill_engine_that_dies_before_batch_0_loses_no_sample(stack, openrlhf_
     replay = fill_replay("fill-dies", FILL_DIES)
 
     def prepare(gen):
-        gen.args.rlhfless_fill_engines = [fill]
+        gen.fill_handles = [fill]
         same_weights(ray, stack.engines[0], fill)
         mid_step(ray, fill, 8, lambda: ray.kill(fill))
 
@@ -2011,7 +2011,7 @@ def test_fill_engines_at_other_weights_than_the_rollout_engines_are_ended_unused
         ray.get(fill.resume_generation.remote())
 
         def prepare(gen):
-            gen.args.rlhfless_fill_engines = [fill]
+            gen.fill_handles = [fill]
 
         with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
             gen, batches = _stream_in_async_loop(stack, VARIED[:3], 1, prepare=prepare)
@@ -2039,7 +2039,7 @@ def test_a_fill_engine_that_fails_to_wake_is_ended_and_the_stream_runs_without_i
     try:
 
         def prepare(gen):
-            gen.args.rlhfless_fill_engines = [fill]
+            gen.fill_handles = [fill]
             same_weights(ray, stack.engines[0], fill)
             real = gen.pool.call
 

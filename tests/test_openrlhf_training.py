@@ -267,10 +267,11 @@ def _trained(folder: Path) -> list[list[str]]:
 def check_launch_path(out: str, row: Row) -> None:
     """The launcher's own path through OpenRLHF: every class it swaps in built through Ray by OpenRLHF's own
     constructors, its engines placed by the scheduler's placer, the samples generator swapped inside the actor that
-    generates, and OpenRLHF's printed args (which every actor receives) holding the scheduler and the correction."""
+    generates, the launch plan's line naming the scheduler, and OpenRLHF's printed args (which every actor
+    receives) holding the correction the plan set."""
     launched = row.launched or row.scheduler
     assert BUILT[row.built] in out.splitlines(), out[-4000:]
-    assert f"'scheduler': {{'name': '{launched}'" in out and "is_correction_level='token'" in out, out[-4000:]
+    assert f"rlhfless: launch plan: scheduler {launched!r}" in out and "is_correction_level='token'" in out, out[-4000:]
     assert "is_correction_level='off'" not in out
     placed = "OpenRLHF places the engines itself" if "--train.colocate_all" in row.flags else "placed by the scheduler"
     assert placed in out and "(RlhflessRolloutActorImpl pid=" in out, out[-4000:]

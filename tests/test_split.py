@@ -123,31 +123,42 @@ def test_an_async_launch_of_rlhfless_streams_at_the_split_the_launcher_picks(cap
     """Through the launcher's own functions (no Ray): ``rlhfless`` under ``--train.async_enable`` runs its async
     form, and the stream's split resizes OpenRLHF's engines and learner within the GPUs they were given, in one
     log line; ``--scheduler.split keep`` leaves the flags and says what it would pick."""
-    from rlhfless_openrlhf.launch_split import launched_settings, plan_split, split_problem
-    from rlhfless_openrlhf.train_ppo_ray import resolve, scheduler_settings
+    import dataclasses
 
-    settings = resolve({"--scheduler": "rlhfless"})
-    settings["profile"] = PROFILE.model_dump(mode="json")
+    from rlhfless_openrlhf.decide import launched_form
+    from rlhfless_openrlhf.launch_split import plan_split, split_problem
+    from rlhfless_openrlhf.plan import LaunchPlan
+    from rlhfless_openrlhf.train_ppo_ray import resolve
+
+    from rlhfless_sdk import get_plugin_manager
+
+    registry = get_plugin_manager().registry
+    request = dataclasses.replace(resolve({"--scheduler": "rlhfless"}), profile=PROFILE)
     args = _launch_args()
     with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
-        launched = launched_settings(args, settings, scheduler_settings)
-        assert launched["scheduler"]["name"] == "rlhfless-stream" and launched["launched_as"] == "rlhfless"
-        assert launched["mode"]["pipeline"] == "stream"
-        choice = plan_split(args, launched)
+        launched = launched_form(args, LaunchPlan.of(request), registry)
+        assert launched.name == "rlhfless-stream" and launched.launched_as == "rlhfless"
+        assert launched.mode.pipeline == "stream"
+        choice, sized = plan_split(args, launched)
     given_s, broken = choice.tried.get(2), split_problem(_launch_args(), 6, 2, 1)
     # the user's 2 engines stand unless the choice beats them or they would not start
     applied = broken is not None or given_s is None or given_s > choice.time_s
     engines = choice.rollout_gpus if applied else 2
     assert args.vllm.num_engines == engines and args.actor.num_gpus_per_node == 8 - engines
+    assert {f.path: f.value for f in sized.flags} == (
+        {"vllm.num_engines": engines, "actor.num_gpus_per_node": 8 - engines} if applied else {}
+    )
     lines = [r.getMessage() for r in caplog.records if "split for rlhfless-stream" in r.getMessage()]
     assert len(lines) == 1 and "chosen on this launch's flags" in lines[0]
     assert ("; applied: " in lines[0]) == applied and ("not applied: no split" in lines[0]) == (not applied)
     kept = _launch_args()
-    assert plan_split(kept, launched, keep=True).rollout_gpus == choice.rollout_gpus
+    keep = dataclasses.replace(launched, request=dataclasses.replace(request, split="keep"))
+    assert plan_split(kept, keep)[0].rollout_gpus == choice.rollout_gpus
     assert (kept.vllm.num_engines, kept.actor.num_gpus_per_node) == (2, 6)
     sync = _launch_args()
     sync.train.async_enable = False
-    assert launched_settings(sync, settings, scheduler_settings) is settings  # a sync launch runs rlhfless itself
+    plain = LaunchPlan.of(request)
+    assert launched_form(sync, plain, registry) is plain  # a sync launch runs rlhfless itself
 
 
 # -- the split a launch applies is one DeepSpeed and OpenRLHF accept ----------------------------------------------
@@ -164,7 +175,8 @@ LAUNCH_SHAPES = [
 
 def _launched_args(monkeypatch, tmp_path, argv: list[str]):
     """OpenRLHF's own args for ``argv`` after its parser and the launcher's hook (which plans the split), taken just
-    before ``train()`` starts Ray."""
+    before ``train()`` starts Ray, and the launch plan."""
+    import importlib
     import sys
 
     import openrlhf.trainer.ppo_trainer as ppo_trainer_module
@@ -172,7 +184,7 @@ def _launched_args(monkeypatch, tmp_path, argv: list[str]):
     import openrlhf.trainer.ray as ray_pkg
     import openrlhf.utils.config as config_module
     import ray
-    import rlhfless_openrlhf.engine_factory as engines_module
+    from rlhfless_openrlhf.launch import Launch
     from rlhfless_openrlhf.train_ppo_ray import main as launch
 
     class BeforeRay(Exception):
@@ -181,14 +193,24 @@ def _launched_args(monkeypatch, tmp_path, argv: list[str]):
     def no_ray(*_args, **_kwargs):
         raise BeforeRay
 
+    pg_module = importlib.import_module("ray.util.placement_group")
     for module, name in (
         (config_module, "hierarchize"),
+        (pg_module, "placement_group"),
         (ray_pkg, "create_vllm_engines"),
         (ppo_trainer_module, "PPOTrainer"),
         (ppo_trainer_async_module, "PPOTrainerAsync"),
-        (engines_module, "launch_args"),
     ):
         monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
+    hierarchized = []
+    hierarchize = Launch.hierarchize
+
+    def recorded(self, args):
+        out = hierarchize(self, args)
+        hierarchized.append((out, self.plan))
+        return out
+
+    monkeypatch.setattr(Launch, "hierarchize", recorded)
     monkeypatch.setattr(ray, "init", no_ray)
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     data = tmp_path / "prompts.jsonl"
@@ -196,7 +218,7 @@ def _launched_args(monkeypatch, tmp_path, argv: list[str]):
                             for i in range(64)))  # fmt: skip
     with pytest.raises(BeforeRay):
         launch([*argv, "--actor.model_name_or_path", "m", "--data.prompt_dataset", str(data)])
-    return engines_module.launch_args
+    return hierarchized[-1]
 
 
 def deepspeed_accepts(train_batch: int, micro: int, ranks: int) -> bool:
@@ -234,7 +256,7 @@ def test_the_split_a_launch_applies_is_one_deepspeed_and_openrlhf_accept(
         "--reward.remote_url", "reward.py",
     ]  # fmt: skip
     with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
-        args = _launched_args(monkeypatch, tmp_path, argv)
+        args, _plan = _launched_args(monkeypatch, tmp_path, argv)
     ranks = args.actor.num_nodes * args.actor.num_gpus_per_node
     (line,) = [r.getMessage() for r in caplog.records if "split for rlhfless-stream" in r.getMessage()]
     name = f"{profile} {engines}+{learner} {prompts}x8 train batch {train_batch}"
@@ -284,7 +306,7 @@ def test_the_models_openrlhf_places_with_the_actor_follow_its_size(monkeypatch, 
                    "--critic.num_gpus_per_node", "4", "--reward.num_gpus_per_node", "4", "--train.colocate_all",
                    "--algo.kl.init_coef", "0.01", "--algo.advantage.estimator", "gae", "--critic.model_name_or_path",
                    "m", "--reward.model_name_or_path", "m", "--train.batch_size", "192")  # fmt: skip
-    args = _launched_args(monkeypatch, tmp_path, argv)
+    args, _plan = _launched_args(monkeypatch, tmp_path, argv)
     sizes = {g: getattr(args, g).num_gpus_per_node for g in ("actor", "ref", "critic", "reward")}
     assert args.vllm.num_engines == 2 and sizes == {"actor": 6, "ref": 6, "critic": 6, "reward": 6}
     assert deepspeed_accepts(192, 1, 6)
@@ -311,19 +333,19 @@ def test_the_example_scripts_shape_launches_whichever_its_model_prices_faster(
     loop with the same flags (4 engines, 4 learner GPUs); the launch runs the faster, one line saying which and why.
     ``--scheduler.force`` runs the stream whatever the price."""
     with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
-        args = _launched_args(monkeypatch, tmp_path, [*EXAMPLE_ASYNC, *(["--scheduler.force"] if force else [])])
+        args, plan = _launched_args(monkeypatch, tmp_path, [*EXAMPLE_ASYNC, *(["--scheduler.force"] if force else [])])
     (line,) = [r.getMessage() for r in caplog.records if "split for rlhfless-stream" in r.getMessage()]
     fell = [r.getMessage() for r in caplog.records if "is priced slower than OpenRLHF's" in r.getMessage()]
     H.note_figures("never-slower", f"example async force={force}", {"line": line, "fell_back": fell})
     plan_s = float(line.split(" s for 5 steps expected")[0].rsplit(": ", 1)[1].replace(",", ""))
     loop_s = float(line.split("OpenRLHF async at its best split (4 rollout GPUs, ")[1].split(" s)")[0].replace(",", ""))
     if plan_s >= loop_s and not force:  # OpenRLHF's async loop, at the flags given, as OpenRLHF runs it
-        assert args.rlhfless["scheduler"]["name"] == "openrlhf" and args.rlhfless["fell_back"]["scheduler"]
+        assert plan.name == "openrlhf" and plan.fell_back.scheduler
         assert (args.vllm.num_engines, args.actor.num_gpus_per_node) == (4, 4) and "not applied" in line
         assert len(fell) == 1 and "with these flags" in fell[0] and "--scheduler.force runs" in fell[0]
     else:
-        assert args.rlhfless["scheduler"]["name"] == "rlhfless-stream" and args.train.partial_rollout_enable
-        assert not fell and "fell_back" not in args.rlhfless
+        assert plan.name == "rlhfless-stream" and args.train.partial_rollout_enable
+        assert not fell and plan.fell_back is None
 
 
 #: A synchronous launch where a plan cannot gain: one engine, a handful of prompts, short responses.
@@ -341,19 +363,19 @@ def test_a_sync_launch_its_model_prices_no_faster_runs_openrlhfs_step(monkeypatc
     to balance) is priced against OpenRLHF's step on the same flags and runs that step, one line saying so;
     ``--scheduler.force`` runs the plan."""
     with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
-        args = _launched_args(monkeypatch, tmp_path, SYNC_TINY)
+        _args, plan = _launched_args(monkeypatch, tmp_path, SYNC_TINY)
     said = " | ".join(r.getMessage() for r in caplog.records)
     priced = [r.getMessage() for r in caplog.records if "priced on" in r.getMessage()]
     assert len(priced) == 1, said
     ours, theirs = (float(x) for x in re.search(r": (\d+) s against OpenRLHF's step's (\d+) s", priced[0]).groups())
     assert ours * 1.01 >= theirs - 1  # here the plan cannot gain 1% (the line rounds), so ...
-    assert args.rlhfless["scheduler"]["name"] == "openrlhf", said  # ... OpenRLHF's step runs
+    assert plan.name == "openrlhf", said  # ... OpenRLHF's step runs
     assert "is priced slower than OpenRLHF's step with these flags" in said
 
 
 def test_a_forced_sync_launch_runs_its_plan_unpriced(monkeypatch, tmp_path, caplog, openrlhf_learning):
     argv = [*SYNC_TINY, "--scheduler.force"]
     with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
-        args = _launched_args(monkeypatch, tmp_path, argv)
-    assert args.rlhfless["scheduler"]["name"] == "rlhfless"
+        _args, plan = _launched_args(monkeypatch, tmp_path, argv)
+    assert plan.name == "rlhfless"
     assert not [r for r in caplog.records if "priced" in r.getMessage()]

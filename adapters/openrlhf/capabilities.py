@@ -6,7 +6,7 @@ from __future__ import annotations
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.rollout.drivers import refusal
-from rlhfless_sdk.rollout.modes import ASYNC, BATCH_CUT, PLAIN, STREAM, TAIL_ROUNDS, mode_for
+from rlhfless_sdk.rollout.modes import ASYNC, BATCH_CUT, PLAIN, STREAM, TAIL_ROUNDS, Mode, mode_for
 
 #: The step drivers the samples generator runs on OpenRLHF's engines (the stream inside OpenRLHF's async loop).
 MODES = frozenset({PLAIN, TAIL_ROUNDS, BATCH_CUT, STREAM})
@@ -27,11 +27,12 @@ STREAM_NEEDS = (
 
 
 def adapter_refusal(
-    config: SchedulerConfig, registry: Registry | None = None, *, async_loop: bool = True
+    config: SchedulerConfig, registry: Registry | None = None, *, async_loop: bool = True, mode: Mode | None = None
 ) -> str | None:
     """Why the adapter cannot run ``config`` (None: it can), naming the policy or pipeline that needs more.
-    ``async_loop=False``: steps run one after the other (the demo, the fidelity check), where a stream cannot."""
-    mode = mode_for(config, registry)
+    ``async_loop=False``: steps run one after the other (the demo, the fidelity check), where a stream cannot;
+    ``mode``: the config's, where the caller has it (else worked out here)."""
+    mode = mode or mode_for(config, registry)
     research = f"scheduler {config.name!r} is in the research set (simulated only; `rlhfless simulate` runs it): "
     lead = research if config.group == "research" else f"scheduler {config.name!r}: "
     if mode.elastic:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 
+#: What vLLM's CPU build needs instead of OpenRLHF's engine arguments (it hard-codes bfloat16).
+CPU_OVERRIDES = {"dtype": "float32", "block_size": 32}
+
 
 def cpu_binds(num_engines: int) -> list[str]:
     """One core range per engine (vLLM's ``VLLM_CPU_OMP_THREADS_BIND``), e.g. ['0', '1'] for two engines on two

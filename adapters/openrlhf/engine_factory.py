@@ -9,48 +9,18 @@ size, and each engine bound to its own cores (by default all engines would share
 from __future__ import annotations
 
 import logging
-import os
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-from rlhfless_openrlhf.cpu import cpu_binds
+from rlhfless_openrlhf.cpu import CPU_OVERRIDES, cpu_binds
 from rlhfless_openrlhf.engine_actor import RlhflessRolloutActor
 
 from rlhfless_sdk.api.records import Actor, Cluster, Node
 
 log = logging.getLogger("rlhfless.openrlhf")
-
-
-CPU_OVERRIDES = {"dtype": "float32", "block_size": 32}  # what vLLM's CPU build needs instead of OpenRLHF's bf16
-
-
-def learner_gpus(args: Any) -> int:
-    """GPUs OpenRLHF's learner groups take after it built the engines (the placer leaves them free): actor and
-    reference unless co-located (their group exists before the engines then), critic (GAE only) and reward
-    model (unless remote). Read from OpenRLHF's own args when the engines are built, after its CLI settled them."""
-
-    def gpus(role: str) -> int:
-        r = getattr(args, role)
-        return int(r.num_nodes) * int(r.num_gpus_per_node)
-
-    if args.train.colocate_all:
-        return 0
-    total = 0
-    if not args.train.colocate_actor_ref:
-        total += gpus("actor") + (gpus("ref") if args.algo.kl.init_coef > 0 else 0)
-    critic = gpus("critic") if args.critic.model_name_or_path and args.algo.advantage.estimator == "gae" else 0
-    reward = 0 if args.reward.remote_url else gpus("reward")
-    total += max(critic, reward) if args.train.colocate_critic_reward and critic else critic + reward
-    return total
-
-
-launch_args: Any = None  # OpenRLHF's args, set by the launcher's hierarchize hook
-#: placement groups OpenRLHF's launcher built, in order (the launcher's hook records them): before the engines, the
-#: learner's actor and reference group, where ``--train.colocate_actor_ref`` or ``--train.colocate_all`` builds one
-launch_groups: list[Any] = []
 
 
 class _DropIn:
@@ -178,7 +148,7 @@ def create_engines(
         create_kwargs.setdefault("gpu_memory_utilization", 0.5)
     if max_num_seqs is not None:
         overrides["max_num_seqs"] = int(max_num_seqs)
-    overrides.update(engine_overrides({"drafter": drafter, "kv_watermark": watermark}, "cpu" if cpu else "gpu"))
+    overrides.update(engine_overrides(drafter, watermark, "cpu" if cpu else "gpu"))
     drop_in = _DropIn(RlhflessRolloutActor, overrides, cpu_binds(num_engines) if cpu else None)
     with _hooks(drop_in, placer, num_engines):
         return vllm_engine.create_vllm_engines(
@@ -186,73 +156,71 @@ def create_engines(
         )
 
 
-def create_vllm_engines_with_rlhfless(
-    num_engines: int, tensor_parallel_size: int, pretrain: str, *args: Any, **kwargs: Any
-) -> list[Any]:
-    """Signature-compatible replacement for OpenRLHF's ``create_vllm_engines`` (used by the launcher): the
-    engine class is RLHFless's; where OpenRLHF builds a placement group of its own for the engines (no
-    ``--train.colocate_all``, tensor parallelism 1), the scheduler's placer pins its bundles to nodes."""
+def build_launch_engines(
+    plan: Any,
+    groups: list[Any],
+    cpu: bool,
+    num_engines: int,
+    tensor_parallel_size: int,
+    pretrain: str,
+    *args: Any,
+    **kwargs: Any,
+) -> tuple[list[Any], list[Any]]:
+    """OpenRLHF's ``create_vllm_engines`` for a launch's ``plan`` (``rlhfless_openrlhf.plan.LaunchPlan``; the rest is
+    its signature): the engine class is RLHFless's; where OpenRLHF builds a placement group of its own for the
+    engines (no ``--train.colocate_all``, tensor parallelism 1), the plan's placer pins its bundles to nodes; a stream
+    with fill engines (``plan.fill``) gets them in the learner's placement group, the last of ``groups`` (those
+    OpenRLHF built so far). ``cpu``: vLLM's CPU build (a machine without a GPU). Returns the engines and the fill
+    engines."""
     from openrlhf.trainer.ray import vllm_engine
 
-    placer = None
-    name = os.environ.get("RLHFLESS_PLACER")
     shared = args[5] if len(args) > 5 else kwargs.get("shared_pg")
-    if name and shared is None and tensor_parallel_size == 1:
-        from rlhfless_sdk.api.plugins import get_plugin_manager
-
-        placer = get_plugin_manager().registry.create("placer", name)
-    elif name:
-        why = (
-            "they share the learner's placement group (--train.colocate_all)"
-            if shared is not None
-            else (f"tensor parallelism {tensor_parallel_size} > 1")
-        )
-        log.info("rlhfless: OpenRLHF places the engines itself: %s", why)
-    learner = learner_gpus(launch_args) if launch_args is not None else 0
-    settings = getattr(launch_args, "rlhfless", None) or {}
-    drafter = settings.get("scheduler", {}).get("drafter")
-    if drafter and drafter.get("name", "none") != "none" and tensor_parallel_size > 1:
+    placer = launch_placer(plan, shared, tensor_parallel_size)
+    drafter = plan.scheduler.drafter
+    if drafter.name != "none" and tensor_parallel_size > 1:
         from rlhfless_sdk.api.errors import RlhflessError
 
         raise RlhflessError(
-            f"drafter {drafter['name']!r} with --vllm.tensor_parallel_size {tensor_parallel_size}: the drafter runs in "
+            f"drafter {drafter.name!r} with --vllm.tensor_parallel_size {tensor_parallel_size}: the drafter runs in "
             "one-GPU engines only (a tensor-parallel engine's Ray workers are not handed it); use "
             "--vllm.tensor_parallel_size 1 or drop --scheduler.drafter"
         )
-    cpu = os.environ.get("RLHFLESS_CPU_ENGINES") == "1"  # the launcher's path on a machine without a GPU (tests)
-    overrides = engine_overrides(settings.get("scheduler"), "cpu" if cpu else "gpu")  # drafter, KV watermark
-    drop_in = _DropIn(RlhflessRolloutActor, overrides, None)
+    overrides = engine_overrides(drafter, plan.scheduler.kv_watermark, "cpu" if cpu else "gpu")
     if cpu:
-        drop_in = _DropIn(RlhflessRolloutActor, {**CPU_OVERRIDES, **overrides}, cpu_binds(num_engines))
-    with _hooks(drop_in, placer, num_engines, learner):
+        overrides = {**CPU_OVERRIDES, **overrides}
+    with _hooks(_DropIn(RlhflessRolloutActor, overrides, cpu_binds(num_engines) if cpu else None), placer,
+                num_engines, plan.learner_gpus):  # fmt: skip
         engines = vllm_engine.create_vllm_engines(num_engines, tensor_parallel_size, pretrain, *args, **kwargs)
-    plan = settings.get("fill")
-    if plan and shared is None and launch_groups:  # the stream's fill engines, in the learner's group (``fill``)
-        from rlhfless_openrlhf import fill
+    if plan.fill is None or shared is not None or not groups:
+        return engines, []
+    from rlhfless_openrlhf import fill
 
-        binds = cpu_binds(num_engines + int(plan["engines"]))[num_engines:]
-        fill_drop_in = _DropIn(drop_in.cls, drop_in.overrides, binds if drop_in.cpu_binds else None)
-        with _hooks(fill_drop_in, None, int(plan["engines"])):
-            launch_args.rlhfless_fill_engines = fill.build(
-                vllm_engine.create_vllm_engines,
-                launch_groups[-1],
-                plan,
-                (num_engines, 1, pretrain, *args),
-                kwargs,
-                sleep_mode=not cpu,
-            )
-    return engines
+    binds = cpu_binds(num_engines + plan.fill.engines)[num_engines:] if cpu else None
+    with _hooks(_DropIn(RlhflessRolloutActor, overrides, binds), None, plan.fill.engines):
+        created = (num_engines, 1, pretrain, *args)
+        filled = fill.build(vllm_engine.create_vllm_engines, groups[-1], plan.fill, created, kwargs, sleep_mode=not cpu)
+    return engines, filled
 
 
-def engine_overrides(scheduler: dict[str, Any] | None, device: str = "gpu") -> dict[str, Any]:
-    """The engine arguments a scheduler (its config as a dict) sets on engines of ``device``: its drafter's
-    (``drafter_overrides``) and its ``kv_watermark`` as vLLM's scheduler ``watermark`` (nothing at 0, vLLM's
-    default)."""
-    scheduler = scheduler or {}
-    out = drafter_overrides(scheduler.get("drafter"), device)
-    watermark = float(scheduler.get("kv_watermark") or 0.0)
-    if watermark > 0.0:
-        out["watermark"] = watermark
+def launch_placer(plan: Any, shared: Any, tensor_parallel_size: int) -> Any:
+    """The plan's placer, where OpenRLHF builds the engines a placement group of their own (no shared group, tensor
+    parallelism 1); else None, and one line says why OpenRLHF places them itself."""
+    if shared is None and tensor_parallel_size == 1:
+        from rlhfless_sdk.api.plugins import get_plugin_manager
+
+        return get_plugin_manager().registry.create("placer", plan.scheduler.placer)
+    why = "they share the learner's placement group (--train.colocate_all)" if shared is not None else (
+        f"tensor parallelism {tensor_parallel_size} > 1")  # fmt: skip
+    log.info("rlhfless: OpenRLHF places the engines itself: %s", why)
+    return None
+
+
+def engine_overrides(drafter: Any, watermark: float = 0.0, device: str = "gpu") -> dict[str, Any]:
+    """The engine arguments a scheduler sets on engines of ``device``: its drafter's (``drafter_overrides``) and its
+    ``kv_watermark`` as vLLM's scheduler ``watermark`` (nothing at 0, vLLM's default)."""
+    out = drafter_overrides(drafter, device)
+    if float(watermark or 0.0) > 0.0:
+        out["watermark"] = float(watermark)
     return out
 
 

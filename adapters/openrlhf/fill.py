@@ -31,24 +31,23 @@ import ray
 from rlhfless_openrlhf.launch_split import critic_built
 from rlhfless_openrlhf.launch_split import flag as _flag
 from rlhfless_openrlhf.messages import CARRIED, CLOSED, Continuation
+from rlhfless_openrlhf.plan import FillPlan
 from rlhfless_openrlhf.ray_backend import ENGINE_ERRORS, engine_lost
 
 log = logging.getLogger("rlhfless.openrlhf")
 
 
-def plan(args: Any, settings: dict[str, Any]) -> dict[str, Any] | None:
-    """Whether this async launch builds fill engines, and how: ``{"engines": n, "memory": share}`` (one per learner
+def plan(args: Any, launch: Any) -> FillPlan | None:
+    """Whether this async launch (its ``LaunchPlan``) builds fill engines, and how: a ``FillPlan`` (one per learner
     GPU, vLLM's ``gpu_memory_utilization`` from the profile's learner block), or None with one line saying why not.
     Called once the split is sized (``--vllm.num_engines`` and ``--actor.num_gpus_per_node`` final)."""
     from rlhfless_sdk.api.learner import beside_learner
-    from rlhfless_sdk.api.records import TimePerTokenProfile
 
-    pipeline = settings["scheduler"].get("pipeline") or {}
-    if not pipeline.get("fill_engines"):
+    if not launch.scheduler.pipeline.fill_engines:
         return None
-    name = settings["scheduler"]["name"]
+    name = launch.name
     tp = max(int(_flag(args, "vllm", "tensor_parallel_size") or 1), 1)
-    profile = TimePerTokenProfile.model_validate(settings["profile"])
+    profile = launch.profile
     actor = int(_flag(args, "actor", "num_nodes") or 1) * int(_flag(args, "actor", "num_gpus_per_node") or 1)
     algo = "ppo" if critic_built(args) else "grpo"
     why = None
@@ -75,15 +74,15 @@ def plan(args: Any, settings: dict[str, Any]) -> dict[str, Any] | None:
         memory,
         algo,
     )
-    return {"engines": actor, "memory": round(memory, 3)}
+    return FillPlan(engines=actor, memory=round(memory, 3))
 
 
 def build(
-    create: Any, shared_pg: Any, fill: dict[str, Any], args: tuple, kwargs: dict[str, Any], sleep_mode: bool = True
+    create: Any, shared_pg: Any, fill: FillPlan, args: tuple, kwargs: dict[str, Any], sleep_mode: bool = True
 ) -> list[Any]:
     """The fill engines: OpenRLHF's ``create_vllm_engines`` (``create``, hooked to build RLHFless's engine class)
     with the engines' own arguments, but one engine per bundle of the learner's placement group ``shared_pg`` (a
-    share of each GPU, as OpenRLHF's colocated engines take), ``fill["memory"]`` of its memory, seeds of their own,
+    share of each GPU, as OpenRLHF's colocated engines take), ``fill.memory`` of its memory, seeds of their own,
     sleep mode on (``sleep_mode``: off for vLLM's CPU build, which has none; its sleep only pauses the scheduler).
     ``args``: the rollout engines' positional arguments (their count, TP size, model, seed)."""
     import inspect
@@ -95,10 +94,10 @@ def build(
         # engine i gets seed + i: after the rollout engines' seeds (a fill engine seeded as rollout engine 0 samples
         # what it samples, so the two halves of a group split across them came out the same)
         seed=int(bound.arguments["seed"]) + int(bound.arguments["num_engines"]),
-        num_engines=int(fill["engines"]),
+        num_engines=fill.engines,
         tensor_parallel_size=1,
         shared_pg=shared_pg,
-        gpu_memory_utilization=float(fill["memory"]),
+        gpu_memory_utilization=fill.memory,
         vllm_enable_sleep=sleep_mode,
     )
     engines = create(*bound.args, **bound.kwargs)  # sleep mode on: OpenRLHF has them built and asleep on return

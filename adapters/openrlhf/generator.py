@@ -38,13 +38,13 @@ from rlhfless_sdk.planning.planner import planner_for
 from rlhfless_sdk.rollout.carry import CarryBook
 from rlhfless_sdk.rollout.controller import StepOutcome
 from rlhfless_sdk.rollout.drivers import BatchCutSession, Driven, PlainStep, TailSession, refusal
-from rlhfless_sdk.rollout.modes import BATCH_CUT, STREAM, TAIL_ROUNDS, planned_mode
+from rlhfless_sdk.rollout.modes import BATCH_CUT, STREAM, TAIL_ROUNDS, Mode, planned_mode
 from rlhfless_sdk.rollout.run_log import RunLog, fresh_uid, prompt_uid
 from rlhfless_sdk.rollout.tail import TailRounds
 from rlhfless_sdk.workloads.replay import LengthReplay
 
 __all__ = ["RlhflessSamplesGenerator", "RolloutEngineLost", "log_lines", "merge_metrics", "prompt_uid"]
-from rlhfless_openrlhf.engine_factory import learner_gpus
+from rlhfless_openrlhf.launch_split import learner_gpus as launch_learner_gpus
 from rlhfless_openrlhf.step_io import EnginesIO
 
 log = logging.getLogger("rlhfless.openrlhf")
@@ -109,7 +109,14 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         carry_timeout_s: float = 120.0,
         gpus_per_node: int = 8,
         registry: Registry | None = None,
+        mode: Mode | None = None,
+        learner_gpus: int | None = None,
+        fill_engines: list | None = None,
     ) -> None:
+        """``mode``: the scheduler's (a launch plan's; default: asked of the planner's straggler policy);
+        ``learner_gpus``: the GPUs OpenRLHF's learner holds beside the engines (default: read from OpenRLHF's args,
+        0 where a tool stands in for the learner); ``fill_engines``: the stream's fill engines the launcher built
+        (``rlhfless_openrlhf.fill``)."""
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
         registry = registry or get_plugin_manager().registry
         self.pool = EnginePool(self.vllm_engines)
@@ -122,7 +129,7 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         profile = profile.model_copy(update={"watermark": scheduler.kv_watermark})  # as the engine builder sets it
         self.planner = planner_for(config, profile, self.cluster, registry, prefill_actor=False)
         self.planner.warm_actors = n  # OpenRLHF started them before the first step
-        mode = planned_mode(self.planner)
+        mode = mode or planned_mode(self.planner)
         self.mode = mode.name  # the step driver, or the stream
         refused = refusal(config, mode, self.modes, BACKEND)
         if refused is not None:
@@ -170,8 +177,10 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         self._stream_handed: list[float] = []  # wall clock each stream batch was handed to OpenRLHF's learner
         self.fill_engines: list[int] = []  # the stream's fill engines in the pool, until batch 0 (``fill``)
         self.fill_stopped: dict[str, float] | None = None  # their stop: start, end (wall clock), moved, tokens
-        # GPUs OpenRLHF's learner holds beside the engines (0 where a tool stands in for the learner)
-        self.learner_gpus = learner_gpus(self.args) if hasattr(self.args, "actor") else 0
+        if learner_gpus is None:
+            learner_gpus = launch_learner_gpus(self.args) if hasattr(self.args, "actor") else 0
+        self.learner_gpus = learner_gpus
+        self.fill_handles = list(fill_engines or [])  # until the stream attaches them
         self.last_billing: dict[str, Any] = {}  # what the last stream batch billed, as window_gpu_seconds read it
         self._engine_profile: TimePerTokenProfile | None = None  # ``engine_profile``, read from the engines once
 

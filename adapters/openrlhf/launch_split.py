@@ -35,26 +35,6 @@ def flag(args: Any, group: str, name: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def launched_settings(args: Any, settings: dict[str, Any], scheduler_settings: Any) -> dict[str, Any]:
-    """``settings`` for the launch OpenRLHF's flags ask for: under ``--train.async_enable`` a scheduler with an
-    ``async_launch`` form runs that form (one line says so); ``scheduler_settings(config)`` builds the settings'
-    scheduler part."""
-    from rlhfless_sdk.api.config import SchedulerConfig
-    from rlhfless_sdk.api.plugins import get_plugin_manager
-
-    config = SchedulerConfig.model_validate(settings["scheduler"])
-    form = config.launched(get_plugin_manager().registry, bool(flag(args, "train", "async_enable", False)))
-    if form is config:
-        return settings
-    log.info(
-        "rlhfless: scheduler %r in an async launch (--train.async_enable) runs %r: %s",
-        config.name,
-        form.name,
-        form.description,
-    )
-    return {**settings, **scheduler_settings(form), "launched_as": config.name}
-
-
 def prompt_tokens(args: Any) -> tuple[tuple[int, int], str]:
     """The dataset's prompt lengths (10th and 90th percentile, in tokens) when ``--data.prompt_dataset`` is a local
     JSON or JSON-lines file with ``--data.input_key``, measured at ``CHARS_PER_TOKEN``; else up to what
@@ -77,13 +57,12 @@ def prompt_tokens(args: Any) -> tuple[tuple[int, int], str]:
     return (max(int(lo), 1), max(int(hi), int(lo) + 1)), f"{len(lengths)} prompts of {path.name}"
 
 
-def plan_workload(args: Any, settings: dict[str, Any], max_tokens: int) -> tuple[Any, str]:
+def plan_workload(args: Any, trace: str | None, max_tokens: int) -> tuple[Any, str]:
     """The workload the split is picked on: the trace at ``--scheduler.trace`` when an earlier run wrote one, else
     one made from this launch's flags and the dataset's prompt lengths (``PRIOR``: a long-tailed response shape)."""
     from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
     from rlhfless_sdk.workloads.traces import TraceError, load_trace, synthetic_workload
 
-    trace = settings.get("trace")
     if trace and Path(trace).is_file() and Path(trace).stat().st_size > 0:
         try:
             return load_trace(trace, max_tokens=max_tokens), f"the trace of an earlier run ({trace})"
@@ -108,13 +87,13 @@ def plan_workload(args: Any, settings: dict[str, Any], max_tokens: int) -> tuple
     return synthetic_workload(synthetic, PLAN_STEPS), source
 
 
-def plan_split(args: Any, settings: dict[str, Any], keep: bool = False, force: bool = False) -> Any:
-    """Pick the split of a stream with none of its own and size OpenRLHF's engines and learner to it (``keep``:
-    only say what it would pick). Only splits OpenRLHF and DeepSpeed accept are tried (``split_problem``), and the
-    user's own flags stand unless a tried split is faster than theirs or theirs would not start. Never slower:
-    where the stream is priced no faster than OpenRLHF's async loop with the user's flags, the choice is marked
-    ``fallback`` and nothing is resized (the caller runs that loop), unless ``force`` (``--scheduler.force``).
-    Returns the ``SplitChoice`` (None when the scheduler fixes its split)."""
+def plan_split(args: Any, plan: Any) -> tuple[Any, Any]:
+    """Pick the split of a stream with none of its own and size OpenRLHF's engines and learner to it in ``plan``
+    (``--scheduler.split keep``: only say what it would pick). Only splits OpenRLHF and DeepSpeed accept are tried
+    (``split_problem``), and the user's own flags stand unless a tried split is faster than theirs or theirs would
+    not start. Never slower: where the stream is priced no faster than OpenRLHF's async loop with the user's flags,
+    the choice is marked ``fallback`` and nothing is resized (the caller runs that loop), unless
+    ``--scheduler.force``. Returns the ``SplitChoice`` (None when the scheduler fixes its split) and the plan."""
     from rlhfless_sdk.api.errors import RlhflessError
     from rlhfless_sdk.api.history import isolated_history
     from rlhfless_sdk.api.plugins import get_plugin_manager
@@ -122,15 +101,14 @@ def plan_split(args: Any, settings: dict[str, Any], keep: bool = False, force: b
     from rlhfless_sdk.simulation.simulator import Simulator
     from rlhfless_sdk.simulation.split import choose_split
 
-    p = Pricing.of(args, settings)
+    p, request = Pricing.of(args, plan), plan.request
     config, tp, engines = p.config, p.tp, p.engines
-    if config.pipeline.rollout_gpus is not None or settings["mode"].get("elastic") or engines < 1:
-        return None  # the scheduler fixes its split, re-plans it as it runs, or OpenRLHF runs no engine
+    if config.pipeline.rollout_gpus is not None or plan.mode.elastic or engines < 1:
+        return None, plan  # the scheduler fixes its split, re-plans it as it runs, or OpenRLHF runs no engine
     nodes, per_node = int(flag(args, "actor", "num_nodes", 1)), int(flag(args, "actor", "num_gpus_per_node", 1))
-    gpus, node_gpus = engines * tp + nodes * per_node, max(int(settings.get("node_gpus", NODE_GPUS)), per_node)
-    if str(settings.get("split", "auto")).isdigit():
-        pin_split(args, config.name, int(settings["split"]), gpus, node_gpus)
-        return None
+    gpus, node_gpus = engines * tp + nodes * per_node, max(int(request.node_gpus), per_node)
+    if request.split.isdigit():
+        return None, pin_split(args, plan, int(request.split), gpus, node_gpus)
     yours = f"launching yours, {engines * tp} rollout GPUs and {nodes * per_node} learner GPUs"
     workload, source = p.workload()
     broken = split_problem(args, nodes * per_node, engines * tp, tp, node_gpus)  # yours, as OpenRLHF would run it
@@ -147,36 +125,37 @@ def plan_split(args: Any, settings: dict[str, Any], keep: bool = False, force: b
             )
     except RlhflessError as exc:  # e.g. a profile whose learner needs more GPUs than this launch has
         log.info("rlhfless: no split picked for %s (%s); %s", config.name, exc, yours)
-        return None
+        return None, plan
     learner, given_s = gpus - choice.rollout_gpus, choice.tried.get(engines * tp)
-    if choice.priced_slower() and not force and broken is None:
+    if choice.priced_slower() and not request.force and broken is None:
         choice.fallback = True
         action = "not applied (--scheduler.force applies it and runs the stream)"
     elif choice.rollout_gpus == engines * tp:
         action = "kept: the engines and learner are already sized so"
-    elif keep:
+    elif request.split == "keep":
         action = f"not applied (--scheduler.split keep): {yours}"
     elif broken is None and given_s is not None and given_s <= choice.time_s:
         action = f"not applied: no split OpenRLHF and DeepSpeed accept beats yours ({given_s:,.0f} s expected); {yours}"
     else:
-        resized = resize(args, choice.rollout_gpus // tp, learner // nodes)
+        plan, resized = resize(args, plan, choice.rollout_gpus // tp, learner // nodes)
         given = f"given: {engines} and {per_node}" + (f", which would not start: {broken}" if broken else "")
         action = f"applied: {resized} ({given}; --scheduler.split keep keeps yours)"
     log.info("rlhfless: %s; %s", choice.line(), action)
-    return choice
+    return choice, plan
 
 
-def pin_split(args: Any, name: str, rollout: int, gpus: int, node_gpus: int) -> None:
+def pin_split(args: Any, plan: Any, rollout: int, gpus: int, node_gpus: int) -> Any:
     """``--scheduler.split N``: ``rollout`` GPUs generate and the rest of the ``gpus`` learn, checked as any split
-    is (a split OpenRLHF or DeepSpeed would refuse is refused here, before Ray starts)."""
+    is (a split OpenRLHF or DeepSpeed would refuse is refused here, before Ray starts). Returns the plan sized so."""
     tp = max(int(flag(args, "vllm", "tensor_parallel_size", 1)), 1)
     why = split_problem(args, gpus - rollout, rollout, tp, node_gpus) if rollout < gpus else "no GPU is left to learn"
     if why is not None:
         raise SystemExit(f"error: --scheduler.split {rollout}: {why}")
     nodes = int(flag(args, "actor", "num_nodes", 1))
-    resized = resize(args, rollout // tp, (gpus - rollout) // nodes)
+    plan, resized = resize(args, plan, rollout // tp, (gpus - rollout) // nodes)
     log.info("rlhfless: split for %s: %d rollout GPUs, %d learner GPUs (of %d), pinned by --scheduler.split %d; "
-             "applied: %s", name, rollout, gpus - rollout, gpus, rollout, resized)  # fmt: skip
+             "applied: %s", plan.name, rollout, gpus - rollout, gpus, rollout, resized)  # fmt: skip
+    return plan
 
 
 #: The GPUs a node is taken to have where ``--scheduler.node_gpus`` does not say (or the user's own learner has more
@@ -208,15 +187,33 @@ def followers(args: Any) -> list[str]:
     return out
 
 
-def resize(args: Any, engines: int, per_node: int) -> str:
-    """Size OpenRLHF's engines and learner (and the groups that follow the actor) on ``args``; the flags set."""
-    args.vllm.num_engines = engines
-    args.actor.num_gpus_per_node = per_node
-    flags = [f"--vllm.num_engines {engines}", f"--actor.num_gpus_per_node {per_node}"]
-    for group in followers(args):
-        getattr(args, group).num_gpus_per_node = per_node
-        flags.append(f"--{group}.num_gpus_per_node {per_node}")
-    return " and ".join(flags)
+def resize(args: Any, plan: Any, engines: int, per_node: int) -> tuple[Any, str]:
+    """``plan`` sizing OpenRLHF's engines and learner (and the groups that follow the actor), and the flags set."""
+    groups = ["actor", *followers(args)]
+    paths = ["vllm.num_engines", *(f"{group}.num_gpus_per_node" for group in groups)]
+    for path in paths:
+        plan = plan.setting(args, path, engines if path == "vllm.num_engines" else per_node)
+    return plan, " and ".join(f"--{path} {engines if path == 'vllm.num_engines' else per_node}" for path in paths)
+
+
+def learner_gpus(args: Any) -> int:
+    """GPUs OpenRLHF's learner groups take after it built the engines (the placer leaves them free): actor and
+    reference unless co-located (their group exists before the engines then), critic (GAE only) and reward
+    model (unless remote). Read from OpenRLHF's own args once its CLI settled them."""
+
+    def gpus(role: str) -> int:
+        r = getattr(args, role)
+        return int(r.num_nodes) * int(r.num_gpus_per_node)
+
+    if args.train.colocate_all:
+        return 0
+    total = 0
+    if not args.train.colocate_actor_ref:
+        total += gpus("actor") + (gpus("ref") if args.algo.kl.init_coef > 0 else 0)
+    critic = gpus("critic") if args.critic.model_name_or_path and args.algo.advantage.estimator == "gae" else 0
+    reward = 0 if args.reward.remote_url else gpus("reward")
+    total += max(critic, reward) if args.train.colocate_critic_reward and critic else critic + reward
+    return total
 
 
 def learner_replicas(args: Any) -> int:
@@ -266,29 +263,25 @@ def split_problem(args: Any, learner: int, rollout: int, tp: int, node_gpus: int
 
 @dataclass(frozen=True)
 class Pricing:
-    """What the launcher prices a plan with, read once from OpenRLHF's parsed flags and the scheduler settings: the
-    scheduler, its profile, the engines OpenRLHF was given and their tensor-parallel size; ``workload()`` is the
-    planning workload (``plan_workload``)."""
+    """What the launcher prices a plan with, read from OpenRLHF's parsed flags and the launch plan: the scheduler,
+    its profile, the engines OpenRLHF was given and their tensor-parallel size; ``workload()`` is the planning
+    workload (``plan_workload``)."""
 
     args: Any
-    settings: dict[str, Any]
+    trace: str | None
     config: Any
     profile: Any
     engines: int
     tp: int
 
     @classmethod
-    def of(cls, args: Any, settings: dict[str, Any]) -> Pricing:
-        from rlhfless_sdk.api.config import SchedulerConfig
-        from rlhfless_sdk.api.records import TimePerTokenProfile
-
-        config = SchedulerConfig.model_validate(settings["scheduler"])
-        profile = TimePerTokenProfile.model_validate(settings["profile"])
+    def of(cls, args: Any, plan: Any) -> Pricing:
         tp = max(int(flag(args, "vllm", "tensor_parallel_size", 1)), 1)
-        return cls(args, settings, config, profile, int(flag(args, "vllm", "num_engines", 0)), tp)
+        engines = int(flag(args, "vllm", "num_engines", 0))
+        return cls(args, plan.request.trace, plan.scheduler, plan.profile, engines, tp)
 
     def workload(self) -> tuple[Any, str]:
-        return plan_workload(self.args, self.settings, self.profile.kv_capacity_tokens)
+        return plan_workload(self.args, self.trace, self.profile.kv_capacity_tokens)
 
 
 @dataclass(frozen=True)
@@ -307,7 +300,7 @@ class SyncPrice:
         return runs_plan(self.ours, self.theirs)
 
 
-def price_sync(args: Any, settings: dict[str, Any]) -> SyncPrice | None:
+def price_sync(args: Any, plan: Any) -> SyncPrice | None:
     """A synchronous launch's plan and OpenRLHF's own step priced on the same simulator and planning workload as the
     stream's split (``plan_workload``), each step charged its plan's time: the engines OpenRLHF was given, beside the
     learner under ``--train.colocate_all``. None where nothing can be priced (no engine)."""
@@ -316,7 +309,7 @@ def price_sync(args: Any, settings: dict[str, Any]) -> SyncPrice | None:
     from rlhfless_sdk.api.records import Cluster
     from rlhfless_sdk.simulation.simulator import Simulator
 
-    p = Pricing.of(args, settings)
+    p = Pricing.of(args, plan)
     if p.engines < 1:
         return None
     registry = get_plugin_manager().registry

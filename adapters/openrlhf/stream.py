@@ -378,7 +378,7 @@ class StreamGeneration:
     def _attach_fill(self) -> None:
         """The fill engines the launcher built on the learner's GPUs (``fill.build``), into the pool after the
         rollout engines, awake (OpenRLHF builds sleep-mode engines asleep), for a run's first stream only."""
-        handles = list(getattr(self.args, "rlhfless_fill_engines", None) or [])
+        handles = list(self.fill_handles)
         if not handles or self._stream_batches:
             return
         first = len(self.pool.handles)

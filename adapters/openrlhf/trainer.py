@@ -30,9 +30,7 @@ import ray
 from openrlhf.trainer import ppo_trainer_async
 from openrlhf.trainer.ppo_trainer import PPOTrainer
 from rlhfless_openrlhf.generator import RlhflessSamplesGenerator, log_lines, merge_metrics
-
-from rlhfless_sdk.api.config import SchedulerConfig
-from rlhfless_sdk.api.records import TimePerTokenProfile
+from rlhfless_openrlhf.plan import BoundActor, LaunchPlan
 
 #: The key of the carried work inside OpenRLHF's checkpoint ``client_states``.
 CARRY_KEY = "rlhfless_carry"
@@ -41,14 +39,16 @@ CARRY_KEY = "rlhfless_carry"
 METRICS_KEY = "rlhfless_metrics"
 
 
-def swap_generator(strategy: Any, old: Any) -> RlhflessSamplesGenerator:
-    """RLHFless's generator over OpenRLHF's dataloaders, tokenizer and engines (those of ``old``)."""
-    rl = strategy.args.rlhfless  # put there by the launcher; it travels inside strategy.args
+def swap_generator(
+    strategy: Any, old: Any, plan: LaunchPlan, fill_engines: list | None = None
+) -> RlhflessSamplesGenerator:
+    """RLHFless's generator over OpenRLHF's dataloaders, tokenizer and engines (those of ``old``), running the launch
+    ``plan`` (handed to the trainer actor by the launcher) with the stream's ``fill_engines``."""
     log_lines()
     correction = getattr(strategy.args.algo.advantage, "is_correction_level", "off")
     print(
         f"rlhfless: the {type(old).__name__} of OpenRLHF is replaced by RlhflessSamplesGenerator "
-        f"(scheduler {rl['scheduler']['name']}, report {rl.get('report')}, importance correction {correction})",
+        f"(scheduler {plan.name}, report {plan.request.report}, importance correction {correction})",
         flush=True,
     )
     return RlhflessSamplesGenerator(
@@ -57,11 +57,14 @@ def swap_generator(strategy: Any, old: Any) -> RlhflessSamplesGenerator:
         old.eval_dataloader,
         old.tokenizer,
         old.vllm_engines,
-        scheduler=SchedulerConfig.model_validate(rl["scheduler"]),
-        profile=TimePerTokenProfile.model_validate(rl["profile"]),
-        report_path=rl.get("report"),
-        trace_path=rl.get("trace"),
-        carry_timeout_s=float(rl.get("carry_timeout_s") or 120.0),
+        scheduler=plan.scheduler,
+        profile=plan.profile,
+        report_path=plan.request.report,
+        trace_path=plan.request.trace,
+        carry_timeout_s=plan.request.carry_timeout_s,
+        mode=plan.mode,
+        learner_gpus=plan.learner_gpus,
+        fill_engines=fill_engines,
     )
 
 
@@ -129,9 +132,11 @@ def check_engines_alive(engines: list | None) -> None:
 
 
 class RlhflessPPOTrainerImpl(PPOTrainer.__ray_actor_class__):  # type: ignore[name-defined,misc]
-    def __init__(self, pretrain: str, strategy: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, pretrain: str, strategy: Any, *args: Any, launch_plan: LaunchPlan, fill_engines: list, **kwargs: Any
+    ) -> None:
         super().__init__(pretrain, strategy, *args, **kwargs)
-        self.samples_generator = swap_generator(strategy, self.samples_generator)
+        self.samples_generator = swap_generator(strategy, self.samples_generator, launch_plan, fill_engines)
 
     def broadcast_to_vllm(self) -> None:
         return broadcast_checked(self.vllm_engines, super().broadcast_to_vllm)
@@ -197,9 +202,18 @@ def take_carry(generator: Any, loader_state: dict | None) -> tuple[dict | None, 
 
 
 class RlhflessGenerateSamplesActorImpl(ppo_trainer_async.GenerateSamplesActor.__ray_actor_class__):  # type: ignore[misc]
-    def __init__(self, pretrain: str, strategy: Any, vllm_engines: list, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        pretrain: str,
+        strategy: Any,
+        vllm_engines: list,
+        *,
+        launch_plan: LaunchPlan,
+        fill_engines: list,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(pretrain, strategy, vllm_engines, **kwargs)
-        self.samples_generator = swap_generator(strategy, self.samples_generator)
+        self.samples_generator = swap_generator(strategy, self.samples_generator, launch_plan, fill_engines)
         self.rollout_queue = CarryingQueue(self.rollout_queue, self.samples_generator)
 
     def load_state_dict(self, state_dict: Any) -> None:
@@ -234,10 +248,12 @@ RlhflessTrainingActor = ray.remote(RlhflessTrainingActorImpl)
 
 class RlhflessPPOTrainerAsyncImpl(ppo_trainer_async.PPOTrainerAsync.__ray_actor_class__):  # type: ignore[misc]
     """OpenRLHF's async trainer, building RLHFless's generator and training actors. Its constructor looks the two
-    actor classes up in its module when it runs, in this actor's own process; they are swapped there."""
+    actor classes up in its module when it runs, in this actor's own process; they are swapped there, the generating
+    one built with the launch plan and the fill engines."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        ppo_trainer_async.GenerateSamplesActor = RlhflessGenerateSamplesActor
+    def __init__(self, *args: Any, launch_plan: LaunchPlan, fill_engines: list, **kwargs: Any) -> None:
+        bound = {"launch_plan": launch_plan, "fill_engines": fill_engines}
+        ppo_trainer_async.GenerateSamplesActor = BoundActor(RlhflessGenerateSamplesActor, lambda: bound)
         ppo_trainer_async.TrainingActor = RlhflessTrainingActor
         super().__init__(*args, **kwargs)
 
