@@ -23,7 +23,7 @@ EXE = str(Path(sys.executable).parent / "rlhfless")
 def demo_cache(tmp_path_factory):
     """A cache holding the converted demo model, shared by this module's demo runs (converting takes about a minute
     here; ``test_model_cache_is_reused_and_rebuilt_when_corrupt`` works on a copy of it)."""
-    from rlhfless_openrlhf.tools.demo import smollm2_model
+    from rlhfless_openrlhf.tools.workbench import smollm2_model
 
     cache = tmp_path_factory.mktemp("demo-cache")
     smollm2_model(cache, lambda _message: None)
@@ -35,7 +35,7 @@ def test_model_cache_is_reused_and_rebuilt_when_corrupt(tmp_path, demo_cache):
     the module's converted cache is copied in rather than converted anew, which takes about a minute)."""
     import shutil
 
-    from rlhfless_openrlhf.tools.demo import _cache_problem, smollm2_model
+    from rlhfless_openrlhf.tools.workbench import _cache_problem, smollm2_model
 
     said: list[str] = []
     shutil.copytree(demo_cache / "smollm2-135m-instruct", tmp_path / "smollm2-135m-instruct")
@@ -53,7 +53,7 @@ def test_model_cache_is_reused_and_rebuilt_when_corrupt(tmp_path, demo_cache):
 
 
 def test_questions_are_gsm8k_style_and_deterministic(tmp_path):
-    from rlhfless_openrlhf.tools.demo import gsm8k_style_questions, load_questions
+    from rlhfless_openrlhf.tools.workbench import gsm8k_style_questions, load_questions
 
     a, b = gsm8k_style_questions(12, seed=1), gsm8k_style_questions(12, seed=1)
     assert a == b and len({q["question"] for q in a}) == 12

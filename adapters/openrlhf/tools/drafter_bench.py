@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rlhfless_openrlhf.tools.cli import question_options
+from rlhfless_openrlhf.tools.options import question_options
 
 
 @dataclass
@@ -81,7 +81,7 @@ def _engine(model: Path, drafter: str, seed: int, max_len: int) -> Any:
 
 
 def _questions(settings: BenchSettings) -> tuple[list[dict[str, str]], str]:
-    from rlhfless_openrlhf.tools.demo import gsm8k_style_questions, load_questions
+    from rlhfless_openrlhf.tools.workbench import gsm8k_style_questions, load_questions
 
     path = settings.prompts_file
     if path is None:
@@ -100,7 +100,7 @@ def run_bench(settings: BenchSettings, say=print) -> dict[str, Any]:
 
     import yaml
     from rlhfless_openrlhf import drafting
-    from rlhfless_openrlhf.tools.demo import chat_prompts, default_cache, smollm2_model
+    from rlhfless_openrlhf.tools.workbench import chat_prompts, default_cache, smollm2_model
     from transformers import AutoTokenizer
     from vllm import SamplingParams
 
@@ -336,7 +336,7 @@ def drafter_bench_cmd(drafters: tuple[str, ...], write_acceptance: Path | None, 
     """Each drafter's acceptance and time on a real vLLM engine (CPU), and its tokens beside a plain engine's."""
     import json
 
-    from rlhfless_openrlhf.tools.cli import check_drafter, real_engine_command
+    from rlhfless_openrlhf.tools.options import check_drafter, real_engine_command
 
     real_engine_command("drafter-bench")
     for name in drafters:

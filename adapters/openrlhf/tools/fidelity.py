@@ -40,7 +40,7 @@ def measure_profile(out: Path, say=print, engines: int = 1) -> Path:
     import yaml
     from rlhfless_openrlhf.cpu import cpu_binds
     from rlhfless_openrlhf.tools import vllm_profile
-    from rlhfless_openrlhf.tools.demo import default_cache, smollm2_model
+    from rlhfless_openrlhf.tools.workbench import default_cache, smollm2_model
 
     model = smollm2_model(default_cache(), say)
     prof, result = vllm_profile.profile_engine(

@@ -61,7 +61,7 @@ class PipelineSettings:
 
 def run_pipeline_demo(settings: PipelineSettings, say=print, progress=None) -> dict[str, Any]:
     """Run every row ``runs`` times (the order rotated each run); returns the report (also ``out/report.json``)."""
-    from rlhfless_openrlhf.tools.demo import (
+    from rlhfless_openrlhf.tools.workbench import (
         chat_prompts,
         default_cache,
         gsm8k_style_questions,
