@@ -225,14 +225,6 @@ class HistoryDrafter:
         self._held = 0
 
     # -- memory -----------------------------------------------------------------------------------------------
-    @property
-    def tokens_held(self) -> int:
-        return self._held
-
-    @property
-    def prompts_held(self) -> int:
-        return len(self._prompts)
-
     def observe(self, prompt: Sequence[int], responses: Sequence[Sequence[int]]) -> None:
         """Keep finished ``responses`` of ``prompt`` (a step's group), evicting what exceeds the memory bound."""
         p = self.params

@@ -63,7 +63,7 @@ def test_every_sample_trains_once_with_all_its_tokens(steps, budgets):
         assert all(p.generated != 0 for p in book.carried)  # a carried sample has tokens to continue from
         assert settled.max_age <= 1  # carried samples finish in the next step
         trained += settled.trained
-    assert not book.carried and book.open_groups == 0  # nothing left behind
+    assert not book.carried and not book.groups  # nothing left behind
     assert sorted((g.uid, g.lengths) for g in trained) == sorted(launched)  # each group once, samples in order
     for g in trained:
         for length, pieces in zip(g.lengths, g.steps, strict=True):
@@ -181,7 +181,7 @@ def test_batch_cut_trains_exactly_b_groups_a_step_and_loses_no_token(groups, b, 
     truth: dict[tuple[int, int], int] = {}
     trained, sizes = [], []
     k = 0
-    while stream or book.open_groups:
+    while stream or book.groups:
         held = book.open_group_ids()
         assert len(held) <= b  # what a step does not train is at most over_provision x B <= B
         fresh = stream[: max(math.ceil((1 + over) * b) - len(held), 0)]

@@ -29,7 +29,6 @@ def test_history_survives_a_restart(tmp_path, registry):
     again = registry.create("predictor", {"name": "ewma", "params": {"history_path": str(path)}})
     batch = PromptBatch(uids=["a", "b", "new"], prompt_lengths=np.array([1, 1, 1]), n_samples=np.array([2, 1, 1]))
     assert again.predict(batch).tolist() == [200.0, 50.0, 150.0]  # history, history, cold start: last step mean
-    assert again.store.next_step() == 1
     assert again.store.record({"a": [10]}) == 1  # the next observation takes the next step number
 
 
@@ -114,7 +113,7 @@ def test_writers_observing_the_same_prompts_lose_nothing(tmp_path):
     assert [p.wait(timeout=300) for p in procs] == [0, 0, 0, 0]
     store = LengthHistory(path)
     assert len(store) == 4 * 20 * 500
-    assert store.next_step() == 80  # each record() took its own step number
+    assert store.record({"after": [1]}) == 80  # each record() took its own step number
     seen = store.recent(["p7"], window=80)["p7"]
     assert sorted(seen) == sorted(w * 1000 + s for w in range(4) for s in range(20))
     for w in range(4):  # each writer's observations in the order it wrote them

@@ -218,10 +218,6 @@ class LengthHistory:
             raise HistoryError(f"{self._where()}: cannot read the length history ({exc})") from None
 
     # -- writing ---------------------------------------------------------------------------------------
-    def next_step(self) -> int:
-        (last,) = self._read(lambda: self._db.execute("SELECT MAX(step) FROM lengths").fetchone())
-        return 0 if last is None else int(last) + 1
-
     def _begin(self) -> None:
         """Take the write lock, retrying a locked database in short waits until ``timeout_s`` has passed."""
         self._retry_locked(lambda: self._db.execute("BEGIN IMMEDIATE"))

@@ -10,7 +10,7 @@ import click
 from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.profiles import load_acceptance
-from rlhfless_sdk.api.speculation import Acceptance, acceptance_tokens_needed
+from rlhfless_sdk.api.speculation import Acceptance
 
 drafter_options = (
     click.option(
@@ -70,9 +70,3 @@ def drafter_lines(rows: Sequence[dict[str, Any]], gpus: int) -> list[str]:
             f"at this acceptance {drafted:,.1f} s (plain decoding {row['bound_s']:,.1f} s)"
         )
     return out
-
-
-def needed_line(plain_bound_s: float, time_s: float, budget: int) -> str:
-    """The per-token acceptance at which the plain bound's decode would take ``time_s`` (a rough guide)."""
-    tau = plain_bound_s / time_s if time_s > 0 else 1.0
-    return f"{acceptance_tokens_needed(tau, budget):.2f}"
