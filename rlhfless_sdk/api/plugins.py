@@ -270,29 +270,47 @@ class PluginManager:
             reg.autoload_note = f"plugin autoload is off ({ENV_DISABLE_AUTOLOAD} or autoload=False)"
         elif os.environ.get(ENV_PLUGINS) is not None:
             reg.autoload_note = f"{ENV_PLUGINS}={os.environ[ENV_PLUGINS]!r} limits which plugins load"
-
         for kind in KINDS:
+            self._register_policies(reg, kind.name)
+        self._register_schedulers(reg)
+        self._register_commands(reg)
+        for preset in reg.schedulers.values():  # a preset naming a policy nobody registered is a plugin bug
+            problems = reg.check_config(preset.config)
+            if problems:
+                log.warning(
+                    "scheduler %r from plugin %r is not usable: %s",
+                    preset.name,
+                    preset.plugin,
+                    "; ".join(map(str, problems)),
+                )
+        return reg
 
-            def for_plugin(plugin: str, kind: str = kind.name) -> Callable[[Any], None]:
-                def register(spec: PolicySpec) -> None:
-                    if not isinstance(spec, PolicySpec):
-                        raise PluginError(
-                            f"plugin {plugin!r} passed a {type(spec).__name__} to register() in "
-                            f"{KIND[kind].hook}; expected rlhfless_sdk.PolicySpec"
-                        )
-                    table = reg.policies[kind]
-                    if spec.name in table:
-                        raise PluginError(
-                            f"duplicate {kind} name {spec.name!r}: registered by plugin {table[spec.name].plugin!r} "
-                            f"and by plugin {plugin!r}"
-                        )
-                    table[spec.name] = spec.model_copy(update={"kind": kind, "plugin": plugin})
+    def _register_policies(self, reg: Registry, kind: str) -> None:
+        """Every plugin's policies of ``kind``, through the kind's hook: a ``PolicySpec`` each, names unique."""
 
-                return register
+        def for_plugin(plugin: str) -> Callable[[Any], None]:
+            def register(spec: PolicySpec) -> None:
+                if not isinstance(spec, PolicySpec):
+                    raise PluginError(
+                        f"plugin {plugin!r} passed a {type(spec).__name__} to register() in "
+                        f"{KIND[kind].hook}; expected rlhfless_sdk.PolicySpec"
+                    )
+                table = reg.policies[kind]
+                if spec.name in table:
+                    raise PluginError(
+                        f"duplicate {kind} name {spec.name!r}: registered by plugin {table[spec.name].plugin!r} "
+                        f"and by plugin {plugin!r}"
+                    )
+                table[spec.name] = spec.model_copy(update={"kind": kind, "plugin": plugin})
 
-            self._call_per_plugin(kind.hook, for_plugin)
+            return register
 
-        def for_plugin_scheduler(plugin: str) -> Callable[[Any], None]:
+        self._call_per_plugin(KIND[kind].hook, for_plugin)
+
+    def _register_schedulers(self, reg: Registry) -> None:
+        """Every plugin's scheduler presets: a ``SchedulerConfig`` each, names unique."""
+
+        def for_plugin(plugin: str) -> Callable[[Any], None]:
             def register(config: SchedulerConfig) -> None:
                 if not isinstance(config, SchedulerConfig):
                     raise PluginError(
@@ -308,9 +326,12 @@ class PluginManager:
 
             return register
 
-        self._call_per_plugin(hookspecs.SCHEDULER_HOOK, for_plugin_scheduler)
+        self._call_per_plugin(hookspecs.SCHEDULER_HOOK, for_plugin)
 
-        def for_plugin_command(plugin: str) -> Callable[[Any], None]:
+    def _register_commands(self, reg: Registry) -> None:
+        """Every plugin's ``rlhfless`` subcommands: a click command each, names unique."""
+
+        def for_plugin(plugin: str) -> Callable[[Any], None]:
             def register(command: Any) -> None:
                 name = getattr(command, "name", None)
                 if not name or not callable(getattr(command, "main", None)):
@@ -326,17 +347,7 @@ class PluginManager:
 
             return register
 
-        self._call_per_plugin(hookspecs.COMMAND_HOOK, for_plugin_command)
-        for preset in reg.schedulers.values():  # a preset naming a policy nobody registered is a plugin bug
-            problems = reg.check_config(preset.config)
-            if problems:
-                log.warning(
-                    "scheduler %r from plugin %r is not usable: %s",
-                    preset.name,
-                    preset.plugin,
-                    "; ".join(map(str, problems)),
-                )
-        return reg
+        self._call_per_plugin(hookspecs.COMMAND_HOOK, for_plugin)
 
 
 _manager: PluginManager | None = None

@@ -15,16 +15,13 @@ from rlhfless_sdk.api.kinds import POLICY_KINDS
 from rlhfless_sdk.api.plugins import get_plugin_manager
 from rlhfless_sdk.api.records import dumps
 from rlhfless_sdk.cli.args import (
-    BYTES_PER_PLANNED_SAMPLE,
     GPUS,
     MAX_HISTORY,
     NON_NEGATIVE,
     POSITIVE,
-    check_samples,
     launch_option,
     model_options,
     plot_option,
-    run_profile,
     synthetic_shape_options,
 )
 from rlhfless_sdk.cli.args import (
@@ -33,7 +30,6 @@ from rlhfless_sdk.cli.args import (
 from rlhfless_sdk.cli.bench import bench_group
 from rlhfless_sdk.cli.drafting import drafter_options
 from rlhfless_sdk.cli.report import report_cmd
-from rlhfless_sdk.rollout.modes import STREAM, Mode, consults_predictor, mode_for
 
 
 class _Group(click.Group):
@@ -130,6 +126,8 @@ def plugins_cmd(as_json: bool) -> None:
         click.secho(f"{titles.get(kind, kind)}:", bold=True)
         for r in kind_rows:
             click.echo(f"  {r['name']:<{width}}  {r['plugin']:<{pwidth}}  {r['description']}")
+    loaded = [f"{name} ({pm.distribution(name) or 'in-process'})" for name in pm.plugin_names()]
+    click.echo(f"plugins loaded, in the order their hooks run: {', '.join(loaded)}")
 
 
 def _listed_as(row: dict) -> str:
@@ -236,26 +234,7 @@ def config_show(name: str) -> None:
     "--split-steps", default=5, type=POSITIVE, show_default=True, help="Steps of the workload a split is picked on."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per scheduler.")
-def plan_cmd(
-    schedulers: tuple[str, ...],
-    prompts: int,
-    samples: int,
-    gpus: int,
-    gpus_per_node: int,
-    profile: str,
-    history: int,
-    seed: int,
-    memory: str,
-    dedicated_kv_tokens: int | None,
-    colocated_kv_tokens: int | None,
-    max_actors: int | None,
-    allow_burst_engines: bool,
-    rollout_gpus: int | None,
-    launch: str,
-    trace: str | None,
-    split_steps: int,
-    as_json: bool,
-) -> None:
+def plan_cmd(**options: Any) -> None:
     """Plan one step of an embedded synthetic workload with each scheduler and compare the plans; for a stream
     with no split set, also the rollout/learner split a launch picks and its expected gain.
 
@@ -263,121 +242,10 @@ def plan_cmd(
     applied to the plan with the samples' true lengths (an estimate; the simulator measures the step). An async
     scheduler's step is planned where the simulator runs it: on its rollout GPUs, with dedicated memory.
     """
-    from dataclasses import replace
+    from rlhfless_sdk.cli.plan_command import PlanRequest, plan_results, print_plans
 
-    from rlhfless_sdk.api.config import SchedulerConfig
-    from rlhfless_sdk.api.records import Cluster
-    from rlhfless_sdk.cli.plan_report import pick_split, plan_synthetic, summary
-    from rlhfless_sdk.cli.simulate import check_capacity, comparable_configs, kv_flag
-    from rlhfless_sdk.planning.planner import StepPlanner, planner_for, rollout_planner_for
-    from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
-    from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
-
-    registry = get_plugin_manager().registry
-    dedicated = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens)  # engines on GPUs of their own
-    prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)  # a synchronous engine's
-    gpa = prof.gpus_per_actor
-    configs = comparable_configs(schedulers, registry, max_actors, allow_burst_engines, gpus, gpa, launch)
-    modes = {c.name: mode_for(c, registry) for c in configs}
-    if rollout_gpus is not None and not any(m.pipelined for m in modes.values()):
-        raise click.BadParameter(
-            f"{rollout_gpus}: plans a pipeline's step on its rollout GPUs, and every scheduler here is synchronous "
-            f"({', '.join(c.name for c in configs)}): drop it, or add an async or stream scheduler",
-            param_hint="'--rollout-gpus'",
-        )
-    cluster = Cluster.of_gpus(gpus, gpus_per_node)
-    picked = {
-        c.name: pick_split(
-            c, registry, dedicated, cluster, trace=trace, prompts=prompts, samples=samples, steps=split_steps, seed=seed
-        )
-        for c in configs
-        if modes[c.name].pipeline == STREAM
-        and not modes[c.name].elastic
-        and rollout_gpus is None
-        and c.pipeline.rollout_gpus is None
-    }
-    splits = {
-        c.name: picked[c.name].rollout_gpus
-        if c.name in picked
-        else rollout_split(c, modes[c.name], rollout_gpus, gpus, gpa)
-        for c in configs
-    }
-    workload = SyntheticWorkload(prompts, samples, seed=seed)
-    check_samples(prompts, samples, history + 1, steps_flag="--history", bytes_per_sample=BYTES_PER_PLANNED_SAMPLE)
-    batch, lengths = replace(workload, step=history).batch()
-    planned_step = Workload(f"synthetic-{prompts}x{samples}", [WorkloadStep(history, batch, lengths)])
-    if any(r is None for r in splits.values()):
-        check_capacity(planned_step, prof.kv_capacity_tokens, kv_flag(memory))
-    else:
-        check_capacity(planned_step, dedicated.kv_capacity_tokens, "--dedicated-kv-tokens")
-
-    def planner_of(config: SchedulerConfig) -> tuple[StepPlanner, int | None]:
-        r = splits[config.name]
-        if r is not None:  # as the simulator runs an async pipeline: its engines alone on r GPUs, dedicated memory
-            return rollout_planner_for(config, dedicated, r, gpus_per_node, registry), r
-        return planner_for(config, prof, cluster, registry), None
-
-    planned = plan_synthetic(configs, workload, planner_of, history)
-    results = [summary(p) for p in planned]
-    for r in results:
-        if r["scheduler"] in picked:
-            r["split_plan"] = picked[r["scheduler"]].as_dict()
-    if as_json:
-        click.echo(dumps({"profile": profile, "gpus": gpus, "schedulers": results}, indent=2))
-        return
-    click.echo(
-        f"{prompts} prompts x {samples} samples, {gpus} GPUs ({gpus_per_node}/node), profile {profile}; "
-        "cost-model estimates: planned (own predictions) and at the true lengths; "
-        "speedup and GPU-s change vs the first scheduler, at the true lengths"
-    )
-    base = results[0]
-    click.echo(f"{'':<20}{'planned':^14}{'at true lengths':^28}")
-    click.echo(
-        f"{'scheduler':<16}{'N':>4}{'time s':>7}{'GPU-s':>7}{'time s':>8}{'GPU-s':>7}{'speedup GPU-s':>15}"
-        f"{'prefill tokens':>20}{'MAE':>6}{'plan ms':>9}"
-    )
-    for r in results:
-        speed = base["est_time_s"] / r["est_time_s"] if r["est_time_s"] else float("nan")
-        cost = 1 - r["est_gpu_seconds"] / base["est_gpu_seconds"] if base["est_gpu_seconds"] else 0.0
-        click.echo(
-            f"{r['scheduler']:<16}{r['num_actors']:>4}{r['planned_time_s']:>7.1f}{r['planned_gpu_seconds']:>7.0f}"
-            f"{r['est_time_s']:>8.1f}{r['est_gpu_seconds']:>7.0f}{f'{speed:.2f}x {-cost:+.0%}':>15}"
-            f"{r['prefill_tokens_before']:>12}->{r['prefill_tokens_after']:<6}{r['prediction_mae']:>6.0f}"
-            f"{r['planner_ms']:>9.1f}"
-        )
-        if r.get("split_plan"):
-            click.echo(f"  {r['split_plan']['line']}")
-        if r["rollout_gpus"]:
-            click.echo(
-                f"  async: its engines' step on {r['rollout_gpus']} rollout GPUs (dedicated memory); the other "
-                f"{gpus - r['rollout_gpus']} learn the batch before, beside it"
-            )
-        if r["fallbacks"]:
-            click.echo(f"  fell back: {', '.join(r['fallbacks'])}")
-
-
-def rollout_split(config: Any, mode: Mode, rollout_gpus: int | None, gpus: int, gpa: int) -> int | None:
-    """Where `plan` plans an async scheduler's step: ``--rollout-gpus`` or its preset's ``rollout_gpus`` (checked
-    as the simulator does); None for a synchronous one. An async one with neither is refused: its split is
-    what `simulate` searches for."""
-    if not mode.pipelined:
-        return None
-    r = rollout_gpus if rollout_gpus is not None else config.pipeline.rollout_gpus
-    if r is None:
-        raise click.BadParameter(
-            f"scheduler {config.name!r} is {'an' if mode.pipeline == 'async' else 'a'} {mode.pipeline} "
-            "pipeline (its engines on GPUs of their own, "
-            "the rest learning): say how many of the --gpus generate, or run `rlhfless simulate`, which finds the "
-            "fastest split",
-            param_hint="'--rollout-gpus'",
-        )
-    if r % gpa or not gpa <= r <= gpus - 1:
-        raise click.BadParameter(
-            f"{r} must be a multiple of {gpa} (GPUs per engine) and leave at least one of the {gpus} GPUs to learn "
-            f"(scheduler {config.name!r})",
-            param_hint="'--rollout-gpus'",
-        )
-    return r
+    request = PlanRequest(**options)
+    print_plans(request, plan_results(get_plugin_manager().registry, request))
 
 
 @main.command("simulate")
@@ -468,7 +336,7 @@ def rollout_split(config: Any, mode: Mode, rollout_gpus: int | None, gpus: int, 
 @drafter_options[1]
 def simulate_cmd(**kw) -> None:
     """Replay a workload step by step under each scheduler; time, GPU-seconds, speedup, cost reduction."""
-    from rlhfless_sdk.cli.simulate import simulate_main
+    from rlhfless_sdk.cli.simulate_command import simulate_main
 
     simulate_main(get_plugin_manager().registry, **kw)
 
@@ -501,98 +369,11 @@ def simulate_cmd(**kw) -> None:
 @model_options()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with a `predictors` list.")
 @plot_option("a comparison chart")
-def compare_predictors_cmd(
-    trace: str | None,
-    predictors: str,
-    prompts: int,
-    samples: int,
-    steps: int | None,
-    seed: int,
-    scheduler: str,
-    profile: str,
-    gpus: int,
-    gpus_per_node: int,
-    simulate: bool,
-    memory: str,
-    dedicated_kv_tokens: int | None,
-    colocated_kv_tokens: int | None,
-    algo: str,
-    as_json: bool,
-    plot_path: Path | None,
-    **shape: Any,
-) -> None:
+def compare_predictors_cmd(**options: Any) -> None:
     """Replay a workload in step order and score each length predictor (MAE, Acc@50/100, Kendall tau)."""
-    from rlhfless_sdk.api.config import PolicyRef
-    from rlhfless_sdk.cli.compare import compare_predictors
-    from rlhfless_sdk.cli.simulate import check_workload_flags, engine_workload, make_cluster
-    from rlhfless_sdk.simulation.simulator import Simulator
-    from rlhfless_sdk.workloads.traces import workload_summary
+    from rlhfless_sdk.cli.compare import compare_main
 
-    registry = get_plugin_manager().registry
-    refs = [PolicyRef(name=n.strip()) for n in predictors.split(",") if n.strip()]
-    if not refs:
-        raise click.BadParameter(
-            f"{predictors!r} names no predictor; give one or more, comma-separated (e.g. ewma,model)",
-            param_hint="'--predictors'",
-        )
-    for ref in refs:
-        registry.policy("predictor", ref.name)  # fail before any work on an unknown name
-    if steps == 1:
-        raise click.BadParameter(
-            "1 step leaves nothing to score: each predictor is scored on the steps after the first (it sees only "
-            "earlier ones); give at least 2",
-            param_hint="'--steps'",
-        )
-    check_workload_flags(trace, steps, shape.get("length_growth", 1.0))
-    base = registry.resolve(scheduler)
-    if simulate and not consults_predictor(base, registry):
-        why = (
-            "a stream never plans a step: its engines take groups as they free up"
-            if mode_for(base, registry).pipeline == "stream"
-            else "none of its policies reads a predicted length"
-        )
-        raise click.BadParameter(
-            f"scheduler {base.name!r} consults no predictor ({why}), so every predictor would simulate alike; "
-            "choose one whose policies read predictions (rlhfless-paper, rlhfless), or pass --no-simulate to score "
-            "the predictors' accuracy only",
-            param_hint="'--scheduler'",
-        )
-    prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory)
-    workload = engine_workload(trace, prompts, samples, steps, seed, prof, memory, shape)
-    if len(workload.steps) < 2:
-        raise click.BadParameter(
-            f"trace {trace} holds 1 step: nothing to score (each predictor is scored on the steps after the "
-            "first); give a trace of at least 2 steps",
-            param_hint="'--trace' / '--steps'",
-        )
-    run_algo = None if algo == "auto" else algo
-    sim = Simulator(prof, make_cluster(gpus, gpus_per_node), registry=registry, algo=run_algo) if simulate else None
-    if sim is not None and (refused := sim.refusal(base)) is not None:
-        raise click.BadParameter(refused, param_hint="'--scheduler'")
-    with click.progressbar(length=len(refs), label="predictors", file=sys.stderr, hidden=as_json) as bar:
-        rows = compare_predictors(registry, refs, workload, sim, base, on_done=lambda _n: bar.update(1))
-    meta = {"workload": workload_summary(workload), "scheduler": base.name, "profile": profile, "gpus": gpus}
-    if as_json:
-        click.echo(dumps({**meta, "predictors": rows}, indent=2))
-    else:
-        w = meta["workload"]
-        click.echo(
-            f"workload {w['name']}: {w['steps']} steps x {w['prompts_per_step']} prompts; accuracy over "
-            f"steps 2-{w['steps']} (each predictor sees only earlier steps)"
-        )
-        head = f"{'predictor':<16}{'MAE':>8}{'Acc@50':>8}{'Acc@100':>9}{'Kendall':>9}"
-        if simulate:
-            head += f"{'sim time s':>12}{'sim GPU-s':>11}{'migr':>6}"
-        click.echo(head)
-        for r in rows:
-            line = f"{r['name']:<16}{r['mae']:>8.1f}{r['acc50']:>8.1%}{r['acc100']:>9.1%}{r['kendall_tau']:>9.3f}"
-            if simulate:
-                line += f"{r['sim_time_s']:>12.1f}{r['sim_gpu_seconds']:>11.0f}{r['sim_migrations']:>6}"
-            click.echo(line)
-    if plot_path is not None:
-        from rlhfless_sdk.cli.compare import plot_comparison
-
-        plot_comparison(rows, plot_path, f"{workload.name}: predictors in the {base.name} scheduler")
+    compare_main(get_plugin_manager().registry, **options)
 
 
 main.add_command(bench_group)

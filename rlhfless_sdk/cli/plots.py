@@ -9,17 +9,26 @@ from typing import Any
 import click
 
 
-def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+def _pyplot(flag: str) -> Any:
+    """matplotlib's pyplot on the Agg backend; a usage error naming ``flag`` where matplotlib is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise click.ClickException("--plot needs matplotlib: pip install 'rlhfless[plot]'") from exc
+        raise click.ClickException(f"{flag} needs matplotlib: pip install 'rlhfless[plot]'") from exc
+    return plt
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """``--plot``: each step's GPU-seconds against its time, a scheduler a colour (stars: its mean step); beside it,
+    the last step's time-cost frontier of each scheduler that simulated one."""
+    plt = _pyplot("--plot")
     fronts = [r for r in rows if len(r["steps"][0].get("frontier") or []) > 1]
     if fronts:
         fig, (ax, fx) = plt.subplots(1, 2, figsize=(13, 5))
+        _plot_fronts(fx, fronts)
     else:
         fig, ax = plt.subplots(figsize=(7, 5))
     first = rows[0]
@@ -35,38 +44,6 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         c = [s["gpu_seconds"] for s in row["steps"]]
         (pts,) = ax.plot(t, c, "o", alpha=0.45, label=f"{row['name']} (per step)")
         ax.plot([sum(t) / len(t)], [sum(c) / len(c)], "*", ms=16, color=pts.get_color(), markeredgecolor="black")
-    if fronts:
-        for row in fronts:
-            f = row["steps"][-1]["frontier"]
-            (line,) = fx.plot(
-                [p["simulated_generation_s"] for p in f],
-                [p["simulated_generation_gpu_seconds"] for p in f],
-                "o-",
-                ms=4,
-                label=f"{row['name']} simulated",
-            )
-            fx.plot(
-                [p["predicted_time_s"] for p in f],
-                [p["predicted_gpu_seconds"] for p in f],
-                "x:",
-                color=line.get_color(),
-                alpha=0.6,
-                label=f"{row['name']} predicted",
-            )
-            c = next(p for p in f if p["chosen"])
-            fx.plot(
-                [c["simulated_generation_s"]],
-                [c["simulated_generation_gpu_seconds"]],
-                "*",
-                ms=16,
-                color=line.get_color(),
-                markeredgecolor="black",
-            )
-        fx.set_xlabel("generation time (s)")
-        fx.set_ylabel("generation GPU-seconds (serverless)")
-        fx.set_title("last step's frontier: a point per actor count N (star: chosen)")
-        fx.grid(alpha=0.3)
-        fx.legend(fontsize=7)
     ax.set_xlabel("step time (s)")
     ax.set_ylabel("GPU-seconds per step (serverless billing)")
     ax.set_title(title + "\nstars: mean step; lower-left is better")
@@ -77,17 +54,46 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _plot_fronts(fx: Any, fronts: list[dict[str, Any]]) -> None:
+    """The last step's frontier of each row: simulated and predicted, a point per actor count, the chosen starred."""
+    for row in fronts:
+        f = row["steps"][-1]["frontier"]
+        (line,) = fx.plot(
+            [p["simulated_generation_s"] for p in f],
+            [p["simulated_generation_gpu_seconds"] for p in f],
+            "o-",
+            ms=4,
+            label=f"{row['name']} simulated",
+        )
+        fx.plot(
+            [p["predicted_time_s"] for p in f],
+            [p["predicted_gpu_seconds"] for p in f],
+            "x:",
+            color=line.get_color(),
+            alpha=0.6,
+            label=f"{row['name']} predicted",
+        )
+        c = next(p for p in f if p["chosen"])
+        fx.plot(
+            [c["simulated_generation_s"]],
+            [c["simulated_generation_gpu_seconds"]],
+            "*",
+            ms=16,
+            color=line.get_color(),
+            markeredgecolor="black",
+        )
+    fx.set_xlabel("generation time (s)")
+    fx.set_ylabel("generation GPU-seconds (serverless)")
+    fx.set_title("last step's frontier: a point per actor count N (star: chosen)")
+    fx.grid(alpha=0.3)
+    fx.legend(fontsize=7)
+
+
 def plot_frontier(rows: list[dict[str, Any]], front: list[dict[str, Any]], path: Path, title: str) -> None:
     """Run time against GPU-seconds (serverful: every GPU held, burst engines as held): each baseline a line
     through its cluster sizes, each scheduler of the run a point labelled with its peak GPUs. A point is a win
     only where it is left of and below the baselines' line at its own peak."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise click.ClickException("--frontier-plot needs matplotlib: pip install 'rlhfless[plot]'") from exc
+    plt = _pyplot("--frontier-plot")
     fig, ax = plt.subplots(figsize=(11, 5.5))
     for name in dict.fromkeys(r["name"] for r in front):
         pts = sorted((r for r in front if r["name"] == name), key=lambda r: r["gpus"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import click
@@ -12,12 +11,10 @@ import numpy as np
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.options import distinct
 from rlhfless_sdk.api.plugins import Registry
-from rlhfless_sdk.api.records import Cluster, dumps
-from rlhfless_sdk.cli.args import MAX_GPUS, check_samples, run_profile
-from rlhfless_sdk.cli.drafting import acceptance_arg, drafter_arg, drafter_lines, with_drafter
-from rlhfless_sdk.cli.plots import plot, plot_frontier
+from rlhfless_sdk.api.records import Cluster
+from rlhfless_sdk.cli.args import MAX_GPUS, check_samples
 from rlhfless_sdk.cli.progress import progress as progress_bar
-from rlhfless_sdk.rollout.modes import Mode, mode_for
+from rlhfless_sdk.rollout.modes import Mode
 from rlhfless_sdk.simulation.results import SimulationResult
 from rlhfless_sdk.simulation.simulator import Simulator, equal_peak
 from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
@@ -27,7 +24,6 @@ from rlhfless_sdk.workloads.traces import (
     capacity_words,
     load_trace,
     synthetic_workload,
-    workload_summary,
 )
 
 #: The paper's ablation points, then the bound.
@@ -161,37 +157,46 @@ def run_simulation(
 
 def print_tables(rows: list[dict[str, Any]], gpus: int = 0) -> None:
     """Per-step tables, then the totals; a row holding more than ``gpus`` GPUs at its peak is flagged."""
-    base_steps = rows[0]["steps"]
     click.echo(
         "per step: 'est err' compares the cost model's generation time, estimated before the step, with the "
         "simulated one; 'stale': share of tokens from weights older than those trained"
     )
     for row in rows:
-        click.secho(f"\n{row['name']}", bold=True)
+        print_steps(row, rows[0]["steps"])
+    print_totals(rows, gpus)
+
+
+def print_steps(row: dict[str, Any], base_steps: list[dict[str, Any]]) -> None:
+    """One scheduler's steps, each against the first scheduler's step of the same number (``base_steps``)."""
+    click.secho(f"\n{row['name']}", bold=True)
+    click.echo(
+        f"{'step':>5}{'N':>4}{'peak':>5}{'time s':>9}{'gen s':>8}{'GPU-s':>9}{'srvful':>9}{'speedup':>9}{'cost':>7}"
+        f"{'idle':>6}{'migr':>6}{'prefill saved':>15}{'MAE':>6}{'est err':>8}{'stale':>7}"
+    )
+    for i, st in enumerate(row["steps"]):
+        # a partial-rollout run has one more step (it finishes what is carried): nothing to compare it with
+        b = base_steps[i] if i < len(base_steps) else None
+        # a step can take no time (partial rollouts whose held groups were all complete at its start)
+        speed = f"{b['time_s'] / st['time_s']:>8.2f}x" if b and st["time_s"] > 0 else f"{'-':>9}"
+        cost = f"{st['gpu_seconds'] / b['gpu_seconds'] - 1:>+7.0%}" if b and b["gpu_seconds"] > 0 else f"{'-':>7}"
         click.echo(
-            f"{'step':>5}{'N':>4}{'peak':>5}{'time s':>9}{'gen s':>8}{'GPU-s':>9}{'srvful':>9}{'speedup':>9}{'cost':>7}"
-            f"{'idle':>6}{'migr':>6}{'prefill saved':>15}{'MAE':>6}{'est err':>8}{'stale':>7}"
+            f"{st['step']:>5}{st['num_actors']:>4}{st['peak_gpus']:>5}{st['time_s']:>9.1f}{st['generation_s']:>8.1f}"
+            f"{st['gpu_seconds']:>9.0f}{st['gpu_seconds_serverful']:>9.0f}{speed}"
+            f"{cost}{st['idle_fraction']:>6.2f}{st['migrations']:>6}"
+            f"{st['prefill_tokens_saved']:>15}{st['prediction_mae'] or 0:>6.0f}"
+            f"{_pct(st['estimate_error']):>8}{st['stale_token_fraction']:>7.0%}"
         )
-        for i, st in enumerate(row["steps"]):
-            # a partial-rollout run has one more step (it finishes what is carried): nothing to compare it with
-            b = base_steps[i] if i < len(base_steps) else None
-            # a step can take no time (partial rollouts whose held groups were all complete at its start)
-            speed = f"{b['time_s'] / st['time_s']:>8.2f}x" if b and st["time_s"] > 0 else f"{'-':>9}"
-            cost = f"{st['gpu_seconds'] / b['gpu_seconds'] - 1:>+7.0%}" if b and b["gpu_seconds"] > 0 else f"{'-':>7}"
-            click.echo(
-                f"{st['step']:>5}{st['num_actors']:>4}{st['peak_gpus']:>5}{st['time_s']:>9.1f}{st['generation_s']:>8.1f}"
-                f"{st['gpu_seconds']:>9.0f}{st['gpu_seconds_serverful']:>9.0f}{speed}"
-                f"{cost}{st['idle_fraction']:>6.2f}{st['migrations']:>6}"
-                f"{st['prefill_tokens_saved']:>15}{st['prediction_mae'] or 0:>6.0f}"
-                f"{_pct(st['estimate_error']):>8}{st['stale_token_fraction']:>7.0%}"
+        if len(st.get("frontier") or []) > 1:  # N: simulated time s / GPU-s, * = chosen
+            points = "  ".join(
+                f"{f['num_actors']}{'*' if f['chosen'] else ''}:"
+                f"{f['simulated_time_s']:.0f}/{f['simulated_gpu_seconds']:.0f}"
+                for f in st["frontier"]
             )
-            if len(st.get("frontier") or []) > 1:  # N: simulated time s / GPU-s, * = chosen
-                points = "  ".join(
-                    f"{f['num_actors']}{'*' if f['chosen'] else ''}:"
-                    f"{f['simulated_time_s']:.0f}/{f['simulated_gpu_seconds']:.0f}"
-                    for f in st["frontier"]
-                )
-                click.echo(f"{'':>9}frontier (N: time s/GPU-s, * chosen): {points}")
+            click.echo(f"{'':>9}frontier (N: time s/GPU-s, * chosen): {points}")
+
+
+def print_totals(rows: list[dict[str, Any]], gpus: int) -> None:
+    """The totals table, a row a scheduler with its split below it; a row over ``gpus`` at its peak is flagged."""
     click.secho(
         "\ntotals: speedup and GPU-seconds change against the first scheduler, both billed serverless; 'vs srvful': "
         "against the first billed serverful; 'peak': most GPUs held at once; 'steady s': mean step time of the "
@@ -217,21 +222,29 @@ def print_tables(rows: list[dict[str, Any]], gpus: int = 0) -> None:
             f"{row['mean_idle_fraction']:>6.2f}{row['migrations']:>6}{row['stale_token_fraction']:>7.0%}"
             f"{row['max_token_age_steps']:>5}"
         )
-        if row.get("split_plan") is not None:
-            click.echo(f"{'':<24}({row['split_plan']['line']})")
-        elif row.get("stream") is not None:
-            splits = ",".join(str(x) for x in row["stream"]["splits"])
-            click.echo(f"{'':<24}(stream: rollout GPUs batch by batch {splits}; the rest learn)")
-        elif row.get("rollout_gpus"):
-            tried = row.get("split_search")
-            how = f"the fastest of {len(tried)} splits {row.get('split_tried_on', 'tried')}" if tried else "as set"
-            click.echo(f"{'':<24}(async: {row['rollout_gpus']} GPUs generate, the rest learn; {how})")
+        line = split_line(row)
+        if line is not None:
+            click.echo(f"{'':<24}({line})")
     if over:
         click.secho(
             f"! holds more than the {gpus} GPUs of --gpus at its peak (burst engines): not comparable with the rows "
             "above at equal hardware; compare it with the baselines run on its peak (--frontier-plot)",
             fg="yellow",
         )
+
+
+def split_line(row: dict[str, Any]) -> str | None:
+    """How a pipelined row split its GPUs (the plan's line, the stream's splits, the async split), or None."""
+    if row.get("split_plan") is not None:
+        return row["split_plan"]["line"]
+    if row.get("stream") is not None:
+        splits = ",".join(str(x) for x in row["stream"]["splits"])
+        return f"stream: rollout GPUs batch by batch {splits}; the rest learn"
+    if row.get("rollout_gpus"):
+        tried = row.get("split_search")
+        how = f"the fastest of {len(tried)} splits {row.get('split_tried_on', 'tried')}" if tried else "as set"
+        return f"async: {row['rollout_gpus']} GPUs generate, the rest learn; {how}"
+    return None
 
 
 def kv_flag(memory: str) -> str:
@@ -312,188 +325,6 @@ def engine_workload(
         capacity_flag=kv_flag(memory),
         **shape,
     )
-
-
-def simulate_main(
-    registry: Registry,
-    *,
-    trace: str | None,
-    prompts: int,
-    samples: int,
-    steps: int | None,
-    seed: int,
-    median_length: float = 300.0,
-    length_sigma: float = 0.6,
-    sample_sigma: float = 0.35,
-    max_length: int = 1024,
-    runaway: float = 0.0,
-    length_growth: float = 1.0,
-    schedulers: tuple[str, ...] = (),
-    ablation: bool = False,
-    profile: str = "qwen2.5-7b-l40s",
-    gpus: int = 16,
-    gpus_per_node: int = 8,
-    memory: str = "colocated",
-    dedicated_kv_tokens: int | None = None,
-    colocated_kv_tokens: int | None = None,
-    algo: str = "auto",
-    rollout_gpus: str | None = None,
-    max_actors: int | None = None,
-    allow_burst_engines: bool = False,
-    as_json: bool = False,
-    plot_path: Path | None = None,
-    frontier_plot: Path | None = None,
-    frontier_gpus: str | None = None,
-    frontier: bool = True,
-    prefix_caching: bool = False,
-    tensor_parallel: int = 1,
-    launch: str = "sync",
-    drafter: str | None = None,
-    acceptance: str | None = None,
-    plan_s: float | None = None,
-) -> None:
-    names = list(schedulers) or (ABLATION if ablation else ["openrlhf", "rlhfless"])
-    if ablation and schedulers:
-        names = list(schedulers) + [n for n in ABLATION if n not in schedulers]
-    dedicated = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, tensor_parallel=tensor_parallel)
-    # the work bound is on one-GPU engines whatever the engines run: sharding only adds GPU work (all-reduces, each
-    # shard below one GPU's bandwidth), so no schedule at any tensor-parallel size beats it
-    one_gpu = run_profile(profile, None, None) if tensor_parallel > 1 else None
-    prof = run_profile(profile, dedicated_kv_tokens, colocated_kv_tokens, memory, tensor_parallel)  # a sync engine's
-    if gpus < prof.gpus_per_actor:
-        raise click.ClickException(f"--gpus {gpus} is fewer than one actor of profile {profile} needs")
-    check_workload_flags(trace, steps, length_growth)
-    if frontier_gpus is not None and frontier_plot is None:
-        raise click.BadParameter(
-            f"{frontier_gpus}: the cluster sizes of the baselines drawn on --frontier-plot; without it nothing uses "
-            "them: add --frontier-plot FILE or drop --frontier-gpus",
-            param_hint="'--frontier-gpus'",
-        )
-    configs = comparable_configs(names, registry, max_actors, allow_burst_engines, gpus, prof.gpus_per_actor, launch)
-    configs, accepted = with_drafter(configs, drafter_arg(registry, drafter)), acceptance_arg(acceptance)
-    split = parse_rollout_gpus(rollout_gpus)
-    modes = [mode_for(c, registry) for c in configs]
-    if split is not None:
-        check_split_takers(rollout_gpus or "", configs, modes)
-    if isinstance(split, int):  # a fixed split for every pipeline that has one (an elastic stream re-plans its own)
-        configs = [
-            c.derive(pipeline={**c.pipeline.model_dump(), "rollout_gpus": split}) if m.fixed_split else c
-            for c, m in zip(configs, modes, strict=True)
-        ]
-    shape = {
-        "median_length": median_length,
-        "length_sigma": length_sigma,
-        "sample_sigma": sample_sigma,
-        "max_length": max_length,
-        "runaway": runaway,
-        "length_growth": length_growth,
-    }
-    workload = engine_workload(trace, prompts, samples, steps, seed, prof, memory, shape)
-    run_algo = workload.algo if algo == "auto" else algo
-    probe = None if split == "best" else 3
-    # a stream's split is planned as a launch plans it, on a trace of the user's run: for a synthetic workload, the
-    # same recipe drawn with another seed (an earlier run), never the samples it replays; a trace plans on itself
-    plan_on = (
-        None
-        if trace
-        else (
-            engine_workload(None, prompts, samples, steps, seed + 1, prof, memory, shape),
-            f"an earlier run of the same workload (seed {seed + 1})",
-        )
-    )
-
-    def simulator(n_gpus: int) -> Simulator:
-        return Simulator(
-            dedicated,
-            make_cluster(n_gpus, gpus_per_node),
-            registry=registry,
-            algo=run_algo,
-            memory=memory,
-            split_probe_steps=probe,
-            prefix_caching=prefix_caching,
-            bound_profile=one_gpu,
-            split_plan=plan_on,
-            acceptance=accepted,
-            plan_s=plan_s,
-        )
-
-    sizes: list[int] = []
-    baselines = [c for c in configs if c.policy("scaler").name == "fixed"]
-    if frontier_plot is not None:  # checked before the run, not after it
-        sizes = frontier_sizes(frontier_gpus, gpus, prof.gpus_per_actor)
-        if not baselines:
-            raise click.ClickException(
-                "--frontier-plot draws the baselines (schedulers with a fixed engine count: openrlhf, verl, "
-                "openrlhf-async...) at several cluster sizes: give at least one with --scheduler"
-            )
-    sim = simulator(gpus)
-    for config in configs:
-        refused = sim.refusal(config)
-        if refused is not None:
-            raise click.BadParameter(refused, param_hint="'--scheduler'")
-    results = run_simulation(configs, workload, sim, progress=not as_json, frontier=frontier)
-    rows = compare(results)
-    for row in rows:
-        if row.get("split_search"):
-            row["split_tried_on"] = "on the whole workload" if probe is None else f"on the first {probe} steps"
-    work = results[0].work
-    meta = {
-        "workload": workload_summary(workload),
-        "profile": prof.name,
-        "memory": memory,
-        "kv_capacity_tokens": prof.kv_capacity_tokens,
-        "dedicated_kv_capacity_tokens": dedicated.kv_capacity_tokens,
-        "colocated_kv_capacity_tokens": dedicated.colocated_kv_capacity_tokens,
-        "cold_start_s": dedicated.cold_start_s,
-        "algo": run_algo,
-        "gpus": gpus,
-        "burst_allowed": allow_burst_engines,
-        "work_gpu_seconds": work.gpu_s if work is not None else None,
-        "bound_s": work.bound_s(gpus) if work is not None else None,
-    }
-    front_rows: list[dict[str, Any]] = []
-    if frontier_plot is not None:
-        for n in sizes:
-            if n == gpus:
-                res = [r for r, c in zip(results, configs, strict=True) if c in baselines]
-            else:
-                res = run_simulation(baselines, workload, simulator(n), progress=not as_json, frontier=False)
-            for r in res:
-                front_rows.append({"name": r.scheduler, "gpus": n, **r.totals()})
-        meta["frontier"] = front_rows
-    if as_json:
-        click.echo(dumps({**meta, "schedulers": rows}, indent=2))
-    else:
-        w = meta["workload"]
-        click.echo(
-            f"workload {w['name']}: {w['steps']} steps x {w['prompts_per_step']} prompts, {w['samples']} samples, "
-            f"response length {w['response_length']['min']}-{w['response_length']['max']} "
-            f"(median {w['response_length']['median']:.0f}); profile {dedicated.name}; {run_algo} learner; "
-            f"{gpus} GPUs ({'burst allowed' if allow_burst_engines else 'equal peak: no burst'})"
-        )
-        click.echo(
-            f"memory: synchronous engines {memory} ({prof.kv_capacity_tokens:,} KV tokens each); async and burst "
-            f"engines dedicated ({dedicated.kv_capacity_tokens:,}); the profile's colocated capacity "
-            f"{_tokens(dedicated.colocated_kv_capacity_tokens)}, dedicated {dedicated.kv_capacity_tokens:,}; "
-            f"engine start-up {dedicated.cold_start_s:g} s"
-        )
-        if work is not None:
-            click.echo(
-                f"work bound: {work.gpu_s:,.0f} GPU-s (decode {work.decode_gpu_s:,.0f}, prefill "
-                f"{work.prefill_gpu_s:,.0f}, learning {work.learn_gpu_s:,.0f}) / {gpus} GPUs = "
-                f"{work.bound_s(gpus):,.1f} s; no schedule on {gpus} GPUs is faster"
-            )
-        print_tables(rows, gpus)
-        for line in drafter_lines(rows, gpus):
-            click.echo(line)
-    if plot_path is not None:
-        plot(rows, plot_path, f"{workload.name}, {prof.name}, {gpus} GPUs")
-        if not as_json:
-            click.echo(f"\nplot: {plot_path}")
-    if frontier_plot is not None:
-        plot_frontier(rows, front_rows, frontier_plot, f"{workload.name}, {dedicated.name}, {memory} memory")
-        if not as_json:
-            click.echo(f"\nfrontier plot: {frontier_plot}")
 
 
 #: The synthetic workload's options (``--trace`` replays a trace's own prompts and lengths instead).

@@ -123,6 +123,8 @@ class EngineModel:
     def gen_now(self, s: EngineSamples, sid: int) -> int:
         return s.generated[sid] + (self.S - s.admit_step[sid])
 
+    # design: the event loop's hottest lines, kept in one frame with the samples' columns as locals (a call per
+    # admitted sample costs the planner's check model, whose time every step is charged)
     def admit(self, s: EngineSamples) -> None:
         if self.blocked and self.B > 0:
             return

@@ -218,41 +218,19 @@ class StepPlanner:
         for kind in _PLAN_KINDS:
             self.spent.pop(kind, None)
         pred = self.predict(batch, fallbacks) if predicted is None else check_predictions(predicted, batch)
-        cap = self.config.prefill_capacity_tokens
-        if prefill is None:
-            prefill = self.call(
-                "prefill_planner", fallbacks, lambda p: p.plan(batch, cap), lambda o: check_prefill(o, batch)
-            )
-        else:
-            prefill = check_prefill(prefill, batch)
+        prefill = self.prefill_plan(batch, fallbacks) if prefill is None else check_prefill(prefill, batch)
         extra = self.extra_actors(prefill)
-        lo, hi = self.actor_range(extra)
-        if num_actors is not None and not lo <= num_actors <= hi:
-            raise RlhflessError(f"cannot plan with {num_actors} decode actors: this cluster allows {lo} to {hi}")
-
+        bounds = self.count_bounds(extra, num_actors)
         chosen, assignments, estimates, checked = self.choose_count(
-            batch, pred, prefill, (lo, hi), num_actors, length_caps, fallbacks
+            batch, pred, prefill, bounds, num_actors, length_caps, fallbacks
         )
         sample_actor = assignments[chosen]
-        order: list[int] = []
-        if hasattr(self.policies["assigner"], "order"):  # a dispatch order, when the assigner has one
-
-            def ask_order(p: Any) -> Any:
-                return p.order(batch, pred, sample_actor) if hasattr(p, "order") else np.arange(batch.total_samples)
-
-            order = self.call("assigner", fallbacks, ask_order, lambda o: check_order(o, batch)).tolist()
-        loads = readonly(np.bincount(sample_actor, weights=pred[batch.sample_prompt_index()], minlength=chosen))
-        gpa = self.gpus_per_actor
-        placement = self.call(
-            "placer",
-            fallbacks,
-            lambda p: p.place(loads, self.cluster, gpa, tuple(extra)),
-            lambda o: check_placement(o, self.cluster, chosen, gpa, extra),
-        )
+        order = self.dispatch_order(batch, pred, sample_actor, fallbacks)
+        placement = self.place(batch, pred, sample_actor, chosen, extra, fallbacks)
         segment = self.segment_tokens(step, fallbacks) if segment_tokens is False else segment_tokens
         self.warn_slow(step, _PLAN_KINDS)
         estimate = None
-        if self.check_model is not None:
+        if self.check_model is not None:  # the chosen count's estimate per sample, made already or now
             estimate = next(e for e in estimates if e.num_actors == chosen) if checked else None
             estimate = estimate or self.checked_estimate(batch, pred, sample_actor, chosen, prefill, length_caps)
         return StepPlan.model_construct(
@@ -272,6 +250,49 @@ class StepPlanner:
             planner_ms=(time.perf_counter() - t0) * 1000.0,
         )
 
+    def count_bounds(self, extra: list[Actor], num_actors: int | None) -> tuple[int, int]:
+        """The decode-actor counts this cluster allows beside ``extra``; ``num_actors``, when given, must be one."""
+        lo, hi = self.actor_range(extra)
+        if num_actors is not None and not lo <= num_actors <= hi:
+            raise RlhflessError(f"cannot plan with {num_actors} decode actors: this cluster allows {lo} to {hi}")
+        return lo, hi
+
+    def prefill_plan(self, batch: PromptBatch, fallbacks: list[str]) -> PrefillPlan:
+        """The prefill planner's plan of the batch, checked."""
+        cap = self.config.prefill_capacity_tokens
+        return self.call("prefill_planner", fallbacks, lambda p: p.plan(batch, cap), lambda o: check_prefill(o, batch))
+
+    def place(
+        self,
+        batch: PromptBatch,
+        pred: np.ndarray,
+        sample_actor: np.ndarray,
+        chosen: int,
+        extra: list[Actor],
+        fallbacks: list[str],
+    ) -> list[Any]:
+        """The placer's placement of the ``chosen`` decode actors (loaded with their predicted work) and ``extra``."""
+        loads = readonly(np.bincount(sample_actor, weights=pred[batch.sample_prompt_index()], minlength=chosen))
+        gpa = self.gpus_per_actor
+        return self.call(
+            "placer",
+            fallbacks,
+            lambda p: p.place(loads, self.cluster, gpa, tuple(extra)),
+            lambda o: check_placement(o, self.cluster, chosen, gpa, extra),
+        )
+
+    def dispatch_order(
+        self, batch: PromptBatch, pred: np.ndarray, sample_actor: np.ndarray, fallbacks: list[str]
+    ) -> list[int]:
+        """The order the samples are dispatched in, when the assigner has one (else empty: batch order)."""
+        if not hasattr(self.policies["assigner"], "order"):
+            return []
+
+        def ask_order(p: Any) -> Any:
+            return p.order(batch, pred, sample_actor) if hasattr(p, "order") else np.arange(batch.total_samples)
+
+        return self.call("assigner", fallbacks, ask_order, lambda o: check_order(o, batch)).tolist()
+
     def choose_count(
         self,
         batch: PromptBatch,
@@ -288,77 +309,29 @@ class StepPlanner:
         A scaler that wants checked estimates and has ``search`` looks only at the counts it needs (each is an
         event simulation of every sample); any other scaler gets every candidate estimated, as ``choose`` expects.
         """
-        lo, hi = bounds
+        count = _CountChoice(self, batch, pred, prefill, length_caps, fallbacks)
+        candidates = count.candidates(bounds) if num_actors is None else [num_actors]
         scaler = self.policies["scaler"]
-
-        def check_candidates(c: Any) -> list[int]:
-            cands = [whole(x, "scaler candidate") for x in c]
-            if not cands or len(set(cands)) != len(cands) or min(cands) < lo or max(cands) > hi:
-                raise InvalidPolicyOutput(f"scaler candidates {cands} are empty, repeated or outside [{lo}, {hi}]")
-            return cands
-
-        if num_actors is None:
-            candidates = self.call("scaler", fallbacks, lambda p: p.candidates(lo, hi), check_candidates)
-        else:
-            candidates = [num_actors]
-        assignments: dict[int, np.ndarray] = {}
-
-        def assign(n: int) -> np.ndarray:
-            if n not in assignments:
-                assignments[n] = self.call(
-                    "assigner",
-                    fallbacks,
-                    lambda p: p.assign(batch, pred, n),
-                    lambda o: check_assignment(o, batch, n),
-                )
-            return assignments[n]
-
         checked = self.check_model is not None and getattr(scaler, "wants_checked_estimates", False)
-        # no step measured yet: nothing is known about the estimates' error, so count it as 100%
-        u = float(np.median(self.estimate_errors)) if self.estimate_errors else 1.0
-        fleet = sum(n.num_gpus for n in self.cluster.nodes if not n.name.startswith("burst")) // self.gpus_per_actor
-
-        own_s = [0.0]  # the planner's own estimating inside a search: not the scaler's time
-
-        def checked_at(n: int) -> CandidateEstimate:
-            t0 = time.perf_counter()
-            e = self.checked_estimate(batch, pred, assign(n), n, prefill, length_caps)
-            own_s[0] += time.perf_counter() - t0
-            return e.model_copy(update={"uncertainty": u, "burst": n > fleet})
-
-        def check_choice(c: Any) -> int:
-            if whole(c, "scaler choice") not in assignments:
-                raise InvalidPolicyOutput(
-                    f"scaler chose {c}, not one of its estimated candidates {sorted(assignments)}"
-                )
-            return int(c)
-
         baseline_now = self.config.policy_refs()["scaler"].name != KIND["scaler"].baseline and any(
             f.startswith("scaler:") for f in fallbacks
         )
         if checked and num_actors is None and not baseline_now and callable(getattr(scaler, "search", None)):
-            space = CandidateSearch(candidates, checked_at, fleet, u)
-
-            def search(p: Any) -> Any:  # the baseline (after a failed search) chooses among every count
-                return p.search(space) if p is scaler else p.choose(tuple(space(n) for n in space.counts))
-
-            chosen = self.call("scaler", fallbacks, search, check_choice)
-            calls, spent = self.spent.get("scaler", (0, 0.0))
-            self.spent["scaler"] = (calls, max(spent - own_s[0], 0.0))
-            return chosen, assignments, list(space.estimated), True
+            chosen, estimated = count.search(candidates)
+            return chosen, count.assignments, estimated, True
         if checked:  # the scaler compares candidates within 1%: all of them per sample
-            estimates = [checked_at(n) for n in candidates]
+            estimates = [count.checked_at(n) for n in candidates]
         else:
-            estimates = [self.cost_estimate(batch, pred, assign(n), n, prefill) for n in candidates]
-            if fleet < max(candidates):  # mark the counts that need burst actors
-                estimates = [e.model_copy(update={"burst": e.num_actors > fleet}) for e in estimates]
+            estimates = [self.cost_estimate(batch, pred, count.assign(n), n, prefill) for n in candidates]
+            if count.fleet < max(candidates):  # mark the counts that need burst actors
+                estimates = [e.model_copy(update={"burst": e.num_actors > count.fleet}) for e in estimates]
         if num_actors is not None:
             chosen = num_actors
         elif baseline_now:
-            chosen = check_choice(self.baseline("scaler").choose(tuple(estimates)))
+            chosen = count.check_choice(self.baseline("scaler").choose(tuple(estimates)))
         else:
-            chosen = self.call("scaler", fallbacks, lambda p: p.choose(tuple(estimates)), check_choice)
-        return chosen, assignments, estimates, checked
+            chosen = self.call("scaler", fallbacks, lambda p: p.choose(tuple(estimates)), count.check_choice)
+        return chosen, count.assignments, estimates, checked
 
     def cost_estimate(
         self, batch: PromptBatch, pred: np.ndarray, sample_actor: np.ndarray, n: int, prefill: PrefillPlan
@@ -608,3 +581,77 @@ def rollout_planner_for(
     cluster = Cluster.of_gpus(rollout_gpus, min(rollout_gpus, gpus_per_node))
     engines = rollout_gpus // profile.gpus_per_actor
     return planner_for(config.derive(burst=1.0, max_actors=max(engines, 1)), profile, cluster, registry)
+
+
+class _CountChoice:
+    """One step's choice of a decode-actor count: the assignment of each count asked about (the assigner asked
+    once a count), each count's estimate, and the planner's own time spent estimating inside a scaler's search
+    (not the scaler's)."""
+
+    def __init__(
+        self,
+        planner: StepPlanner,
+        batch: PromptBatch,
+        pred: np.ndarray,
+        prefill: PrefillPlan,
+        length_caps: np.ndarray | None,
+        fallbacks: list[str],
+    ) -> None:
+        self.planner, self.batch, self.pred, self.prefill = planner, batch, pred, prefill
+        self.length_caps, self.fallbacks = length_caps, fallbacks
+        self.assignments: dict[int, np.ndarray] = {}
+        self.own_s = 0.0
+        # no step measured yet: nothing is known about the estimates' error, so count it as 100%
+        errors = planner.estimate_errors
+        self.uncertainty = float(np.median(errors)) if errors else 1.0
+        nodes = planner.cluster.nodes
+        self.fleet = sum(n.num_gpus for n in nodes if not n.name.startswith("burst")) // planner.gpus_per_actor
+
+    def candidates(self, bounds: tuple[int, int]) -> list[int]:
+        """The scaler's candidate counts, checked to be distinct and within ``bounds``."""
+        lo, hi = bounds
+
+        def check(c: Any) -> list[int]:
+            cands = [whole(x, "scaler candidate") for x in c]
+            if not cands or len(set(cands)) != len(cands) or min(cands) < lo or max(cands) > hi:
+                raise InvalidPolicyOutput(f"scaler candidates {cands} are empty, repeated or outside [{lo}, {hi}]")
+            return cands
+
+        return self.planner.call("scaler", self.fallbacks, lambda p: p.candidates(lo, hi), check)
+
+    def assign(self, n: int) -> np.ndarray:
+        """The assigner's assignment of the batch to ``n`` actors, asked once."""
+        if n not in self.assignments:
+            batch, pred = self.batch, self.pred
+            self.assignments[n] = self.planner.call(
+                "assigner", self.fallbacks, lambda p: p.assign(batch, pred, n), lambda o: check_assignment(o, batch, n)
+            )
+        return self.assignments[n]
+
+    def checked_at(self, n: int) -> CandidateEstimate:
+        """The check model's estimate at ``n`` actors (per sample), with the estimates' error and burst marked."""
+        t0 = time.perf_counter()
+        e = self.planner.checked_estimate(self.batch, self.pred, self.assign(n), n, self.prefill, self.length_caps)
+        self.own_s += time.perf_counter() - t0
+        return e.model_copy(update={"uncertainty": self.uncertainty, "burst": n > self.fleet})
+
+    def check_choice(self, c: Any) -> int:
+        if whole(c, "scaler choice") not in self.assignments:
+            raise InvalidPolicyOutput(
+                f"scaler chose {c}, not one of its estimated candidates {sorted(self.assignments)}"
+            )
+        return int(c)
+
+    def search(self, candidates: list[int]) -> tuple[int, list[CandidateEstimate]]:
+        """The scaler's ``search`` over the counts (the baseline, after a failed search, chooses among every
+        count); the scaler is charged its own time, not the planner's estimating."""
+        planner, scaler = self.planner, self.planner.policies["scaler"]
+        space = CandidateSearch(candidates, self.checked_at, self.fleet, self.uncertainty)
+
+        def search(p: Any) -> Any:
+            return p.search(space) if p is scaler else p.choose(tuple(space(n) for n in space.counts))
+
+        chosen = planner.call("scaler", self.fallbacks, search, self.check_choice)
+        calls, spent = planner.spent.get("scaler", (0, 0.0))
+        planner.spent["scaler"] = (calls, max(spent - self.own_s, 0.0))
+        return chosen, list(space.estimated)

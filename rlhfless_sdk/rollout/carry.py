@@ -170,38 +170,45 @@ class CarryBook:
             if tokens:
                 piece.steps.append((step, int(tokens)))
             total = piece.generated + int(tokens)
-            group = self.groups[piece.group]
-            if end:
-                if piece.sample_index in group.lengths:
-                    raise CarryError(f"sample {piece.uid}/{piece.sample_index} ended twice")
-                group.lengths[piece.sample_index] = total
-                group.steps[piece.sample_index] = list(piece.steps)
-                finished.append(
-                    FinishedSample.model_construct(
-                        uid=piece.uid,
-                        sample_index=piece.sample_index,
-                        prompt_length=piece.prompt_length,
-                        response_length=total,
-                        actor_id=None,
-                        migrations=0,
-                        finish_reason="stop",
-                        predicted_length=piece.predicted,
-                    )
-                )
-                if len(group.lengths) == group.n:
-                    done.append(piece.group)
-            else:
+            if not end:
                 carried = Piece(piece.group, piece.uid, piece.sample_index, piece.prompt_length, total, piece.predicted)
                 carried.steps = list(piece.steps)
                 self.carried.append(carried)
+                continue
+            finished.append(self._end(piece, total))
+            if len(self.groups[piece.group].lengths) == self.groups[piece.group].n:
+                done.append(piece.group)
         if train is not None:
             unknown = [g for g in train if g not in self.groups or len(self.groups[g].lengths) != self.groups[g].n]
             if unknown:
                 raise CarryError(f"step {step} may not train group(s) {sorted(unknown)[:5]}: open or unknown")
             done = list(train)
+        return self._train(step, sorted(set(done)), finished)
+
+    def _end(self, piece: Piece, total: int) -> FinishedSample:
+        """``piece``'s sample ended at ``total`` tokens: into its group, as a finished sample."""
+        group = self.groups[piece.group]
+        if piece.sample_index in group.lengths:
+            raise CarryError(f"sample {piece.uid}/{piece.sample_index} ended twice")
+        group.lengths[piece.sample_index] = total
+        group.steps[piece.sample_index] = list(piece.steps)
+        return FinishedSample.model_construct(
+            uid=piece.uid,
+            sample_index=piece.sample_index,
+            prompt_length=piece.prompt_length,
+            response_length=total,
+            actor_id=None,
+            migrations=0,
+            finish_reason="stop",
+            predicted_length=piece.predicted,
+        )
+
+    def _train(self, step: int, groups: list[int], finished: list[FinishedSample]) -> Settlement:
+        """The complete ``groups`` leave the book and train in ``step``, each sample's tokens aged by the steps
+        that made them."""
         trained = []
         stale = tokens_all = age = 0
-        for g in sorted(set(done)):
+        for g in groups:
             group = self.groups.pop(g)
             order = range(group.n)
             steps = [group.steps[i] for i in order]
@@ -213,10 +220,6 @@ class CarryBook:
                         stale += t
                         age = max(age, step - s)
         return Settlement(trained, finished, len(self.carried), stale, tokens_all, age)
-
-    @property
-    def open_groups(self) -> int:
-        return len(self.groups)
 
     def state(self) -> dict[str, Any]:
         """What the book holds between steps, as plain data (a checkpoint's): the groups launched so far, the

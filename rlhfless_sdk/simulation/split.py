@@ -154,22 +154,11 @@ def choose_split(
             f"none of the {len(every)} rollout/learner splits of {sim.cluster.total_gpus} GPUs is one "
             "the launch can run"
         )
-
-    def timer(cfg: SchedulerConfig, wl: Workload, cache: dict[int, float]) -> Callable[[int], float]:
-        run = sim.pipeline_run(mode_for(cfg, sim.registry))
-
-        def time_at(r: int) -> float:
-            if r not in cache:
-                with sim.drafting(sim.speculation(cfg), cfg.kv_watermark):  # each scheduler's own engines
-                    cache[r] = sum(x.time_s for x in run(cfg, wl, None, r).reports)
-            return cache[r]
-
-        return time_at
-
     tried: dict[int, float] = {}
-    time_at = timer(config, workload, tried)
+    time_at = split_timer(sim, config, workload, tried)
     chosen = descend(splits, time_at)
-    if current is not None and current in every:
+    current = current if current is not None and current in every else None
+    if current is not None:
         time_at(current)
     choice = SplitChoice(
         config.name, sim.cluster.total_gpus, chosen, tried[chosen], len(workload.steps), source, tried=tried
@@ -178,21 +167,42 @@ def choose_split(
         baseline = sim.registry.scheduler(BASELINE)
     if baseline is not None and baseline.name != config.name:
         base: dict[int, float] = {}
-        base_at = timer(baseline, workload, base)
+        base_at = split_timer(sim, baseline, workload, base)
         choice.baseline_split = descend(splits, base_at, start=chosen)
         choice.baseline_s = base[choice.baseline_split]
-        if current is not None and current in every:
+        if current is not None:
             choice.current, choice.baseline_current_s = current, base_at(current)
-    n = len(workload.steps)
-    if drift and n >= 4:
-        restart_s = sim.restart_s()
-        for k in sorted({n // 4, n // 2, (3 * n) // 4} - {0}):
-            rest = replace(workload, steps=workload.steps[k:])
-            cache: dict[int, float] = {}
-            time_at = timer(config, rest, cache)
-            better = descend(splits, time_at, start=chosen)
-            choice.restart_checked.append(k)
-            saves = time_at(chosen) - time_at(better) - restart_s
-            if better != chosen and saves > 0 and (choice.restart is None or saves > choice.restart.saves_s):
-                choice.restart = Restart(k, better, saves, restart_s)
+    if drift and len(workload.steps) >= 4:
+        check_drift(sim, config, workload, splits, choice)
     return choice
+
+
+def split_timer(
+    sim: Any, config: SchedulerConfig, workload: Workload, cache: dict[int, float]
+) -> Callable[[int], float]:
+    """The run time of ``config``'s pipeline on ``workload`` at a rollout GPU count, each count simulated once
+    (into ``cache``), on the scheduler's own engines (its drafter and KV watermark)."""
+    run = sim.pipeline_run(mode_for(config, sim.registry))
+
+    def time_at(r: int) -> float:
+        if r not in cache:
+            with sim.drafting(sim.speculation(config), config.kv_watermark):
+                cache[r] = sum(x.time_s for x in run(config, workload, None, r).reports)
+        return cache[r]
+
+    return time_at
+
+
+def check_drift(sim: Any, config: SchedulerConfig, workload: Workload, splits: list[int], choice: SplitChoice) -> None:
+    """Whether the best split drifts as the run goes on: at a quarter, half and three quarters of the workload,
+    the rest is timed at each split; a restart there is noted in ``choice`` where it saves more than it costs."""
+    n, chosen = len(workload.steps), choice.rollout_gpus
+    restart_s = sim.restart_s()
+    for k in sorted({n // 4, n // 2, (3 * n) // 4} - {0}):
+        cache: dict[int, float] = {}
+        time_at = split_timer(sim, config, replace(workload, steps=workload.steps[k:]), cache)
+        better = descend(splits, time_at, start=chosen)
+        choice.restart_checked.append(k)
+        saves = time_at(chosen) - time_at(better) - restart_s
+        if better != chosen and saves > 0 and (choice.restart is None or saves > choice.restart.saves_s):
+            choice.restart = Restart(k, better, saves, restart_s)

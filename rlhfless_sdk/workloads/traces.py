@@ -274,63 +274,80 @@ def load_trace(
     ``capacity_flag``, the option that sets it, for the error to name). The rows of one group (uid and step)
     must agree on the prompt: its length, and its tokens where given."""
     path = Path(path)
-    by_step: dict[int, dict[str, list[_Row]]] = {}
-    seen: dict[tuple[str, int, int], tuple[Path, int]] = {}
-    first_of: dict[tuple[str, int], tuple[Path, int]] = {}  # each group's first row
-    largest = max(max_tokens, MAX_TOKENS)
+    reader = _TraceReader(pad_id, max_tokens, capacity_flag)
     for file in _files(path):
         for line, row in _records(file):
-            for name in REQUIRED:
-                if name not in row or row[name] in (None, ""):
-                    raise TraceError(file, line, name, "missing value")
-            step = _int(file, line, "step", row["step"])
-            index = _int(file, line, "sample_idx", row["sample_idx"])
-            plen = _int(file, line, "prompt_length", row["prompt_length"], maximum=largest)
-            rlen = _int(file, line, "response_length", row["response_length"], maximum=largest)
-            if plen + rlen > max_tokens:
-                raise TraceError(
-                    file,
-                    line,
-                    "response_length",
-                    f"prompt + response = {plen + rlen:,} tokens ({plen:,} + {rlen:,}), more than "
-                    f"{capacity_words(max_tokens, capacity_flag)}",
-                )
-            if not isinstance(row["uid"], str | int) or isinstance(row["uid"], bool):
-                raise TraceError(file, line, "uid", f"expected a string, got {row['uid']!r}")
-            key = (str(row["uid"]), step, index)
-            if key in seen:
-                first, first_line = seen[key]
-                raise TraceError(
-                    file,
-                    line,
-                    None,
-                    f"duplicate sample (uid {key[0]!r}, step {step}, sample_idx {index}): "
-                    f"first at {first}, line {first_line}",
-                )
-            seen[key] = (file, line)
-            tokens = _tokens(file, line, row.get("prompt"), pad_id)
-            if tokens is not None and len(tokens) != plen:
-                raise TraceError(
-                    file, line, "prompt", f"has {len(tokens)} tokens after stripping padding, prompt_length={plen}"
-                )
-            uid = str(row["uid"])
-            group = by_step.setdefault(step, {}).setdefault(uid, [])
-            if group:  # a sample of a prompt seen before: the same prompt
-                head, (first, first_line) = group[0], first_of[(uid, step)]
-                where = f"the same prompt's first sample (uid {uid!r}, step {step}) at {first}, line {first_line}"
-                if plen != head.prompt_length:
-                    raise TraceError(
-                        file, line, "prompt_length", f"{plen} disagrees with the {head.prompt_length} of {where}"
-                    )
-                if tokens is not None and head.tokens is not None and tokens != head.tokens:
-                    raise TraceError(file, line, "prompt", f"other tokens than those of {where}")
-            else:
-                first_of[(uid, step)] = (file, line)
-            group.append(_Row(uid, plen, rlen, tokens))
-    steps = sorted(by_step)[:max_steps]
+            reader.add(file, line, row)
+    steps = sorted(reader.by_step)[:max_steps]
     if not steps:
         raise TraceError(path, None, None, "holds no rows")
-    return Workload(name=path.name, steps=[_step(s, by_step[s]) for s in steps])
+    return Workload(name=path.name, steps=[_step(s, reader.by_step[s]) for s in steps])
+
+
+class _TraceReader:
+    """A trace's rows as they are read, each checked: its fields, against the samples read before it (no sample
+    twice), and against its group's first row (the same prompt)."""
+
+    def __init__(self, pad_id: int, max_tokens: int, capacity_flag: str | None) -> None:
+        self.pad_id, self.max_tokens, self.capacity_flag = pad_id, max_tokens, capacity_flag
+        self.by_step: dict[int, dict[str, list[_Row]]] = {}
+        self.seen: dict[tuple[str, int, int], tuple[Path, int]] = {}
+        self.first_of: dict[tuple[str, int], tuple[Path, int]] = {}  # each group's first row
+
+    def add(self, file: Path, line: int, row: dict[str, Any]) -> None:
+        step, index, plen, rlen = self._fields(file, line, row)
+        key = (str(row["uid"]), step, index)
+        if key in self.seen:
+            first, first_line = self.seen[key]
+            raise TraceError(
+                file,
+                line,
+                None,
+                f"duplicate sample (uid {key[0]!r}, step {step}, sample_idx {index}): first at {first}, line "
+                f"{first_line}",
+            )
+        self.seen[key] = (file, line)
+        tokens = _tokens(file, line, row.get("prompt"), self.pad_id)
+        if tokens is not None and len(tokens) != plen:
+            raise TraceError(
+                file, line, "prompt", f"has {len(tokens)} tokens after stripping padding, prompt_length={plen}"
+            )
+        uid = key[0]
+        group = self.by_step.setdefault(step, {}).setdefault(uid, [])
+        if group:  # a sample of a prompt seen before: the same prompt
+            head, (first, first_line) = group[0], self.first_of[(uid, step)]
+            where = f"the same prompt's first sample (uid {uid!r}, step {step}) at {first}, line {first_line}"
+            if plen != head.prompt_length:
+                raise TraceError(
+                    file, line, "prompt_length", f"{plen} disagrees with the {head.prompt_length} of {where}"
+                )
+            if tokens is not None and head.tokens is not None and tokens != head.tokens:
+                raise TraceError(file, line, "prompt", f"other tokens than those of {where}")
+        else:
+            self.first_of[(uid, step)] = (file, line)
+        group.append(_Row(uid, plen, rlen, tokens))
+
+    def _fields(self, file: Path, line: int, row: dict[str, Any]) -> tuple[int, int, int, int]:
+        """The row's step, sample index, prompt and response lengths, each checked; its uid checked too."""
+        for name in REQUIRED:
+            if name not in row or row[name] in (None, ""):
+                raise TraceError(file, line, name, "missing value")
+        largest = max(self.max_tokens, MAX_TOKENS)
+        step = _int(file, line, "step", row["step"])
+        index = _int(file, line, "sample_idx", row["sample_idx"])
+        plen = _int(file, line, "prompt_length", row["prompt_length"], maximum=largest)
+        rlen = _int(file, line, "response_length", row["response_length"], maximum=largest)
+        if plen + rlen > self.max_tokens:
+            raise TraceError(
+                file,
+                line,
+                "response_length",
+                f"prompt + response = {plen + rlen:,} tokens ({plen:,} + {rlen:,}), more than "
+                f"{capacity_words(self.max_tokens, self.capacity_flag)}",
+            )
+        if not isinstance(row["uid"], str | int) or isinstance(row["uid"], bool):
+            raise TraceError(file, line, "uid", f"expected a string, got {row['uid']!r}")
+        return step, index, plen, rlen
 
 
 def _step(step: int, groups: dict[str, list[_Row]]) -> WorkloadStep:

@@ -1,0 +1,106 @@
+"""Rules that describe a good design (``design_rules.py`` measures them; ``python tests/design_rules.py`` prints
+them): no function over 60 lines, no class over 20 instance attributes, fewer than 10 pairs of files that share a
+block of six lines of the same shape. A place that breaks a rule on purpose says why in a ``# design:`` comment.
+
+``NOT_YET``: the places that break a rule today and are being split (issue 64). The list only shrinks: a place not
+on it fails, and so does a listed place that no longer breaks the rule (take it off).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+
+def _load_rules():
+    """``design_rules.py`` beside this file, as ``rlhfless_design_rules`` (``tests`` is no package)."""
+    if "rlhfless_design_rules" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "rlhfless_design_rules", Path(__file__).with_name("design_rules.py")
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["rlhfless_design_rules"]
+
+
+rules = _load_rules()
+
+#: path:name of each function over ``LONGEST_FUNCTION`` lines, and each class over ``MOST_ATTRIBUTES``, not yet split.
+NOT_YET = {
+    "functions": {
+        "rlhfless_sdk/simulation/stream.py:run_stream",
+        "adapters/openrlhf/tools/demo.py:_run",
+        "rlhfless_sdk/rollout/stream.py:run_stream",
+        "rlhfless_sdk/simulation/pipeline.py:run_async",
+        "adapters/openrlhf/generator.py:__init__",
+        "adapters/openrlhf/tools/vllm_profile.py:measure",
+        "adapters/openrlhf/stream.py:_generate_stream",
+        "adapters/openrlhf/tools/drafter_bench.py:run_bench",
+        "rlhfless_sdk/simulation/pipeline.py:locked_pipeline",
+        "adapters/openrlhf/tools/pipeline_demo.py:run_async_loop",
+        "adapters/openrlhf/tools/pipeline_demo.py:_run",
+        "adapters/openrlhf/tools/fidelity.py:run_fidelity",
+    },
+    "classes": {
+        "adapters/openrlhf/generator.py:RlhflessSamplesGenerator",
+        "rlhfless_sdk/api/records.py:TimePerTokenProfile",
+        "rlhfless_sdk/api/records.py:StepReport",
+        "rlhfless_sdk/simulation/backend.py:SimulatedBackend",
+        "adapters/openrlhf/engine_actor.py:RlhflessRolloutActorImpl",
+        "rlhfless_sdk/rollout/controller.py:StepController",
+        "rlhfless_sdk/planning/engine_model.py:EngineModel",
+        "adapters/openrlhf/stream.py:EngineStream",
+    },
+}
+#: Pairs of files sharing a block of six lines of the same shape: fewer than this.
+MOST_REPEATED = 10
+
+
+def _breaking(places: list[rules.Place], limit: int) -> set[str]:
+    return {f"{p.path}:{p.name}" for p in places if p.size > limit and p.why is None}
+
+
+def test_no_function_is_longer_than_60_lines():
+    functions, _ = rules.measures()
+    long = _breaking(functions, rules.LONGEST_FUNCTION)
+    assert long - NOT_YET["functions"] == set(), "split by what it does, or say why in a '# design:' comment"
+    assert NOT_YET["functions"] - long == set(), "split already: take it off NOT_YET"
+
+
+def test_no_class_holds_more_than_20_instance_attributes():
+    _, classes = rules.measures()
+    wide = _breaking(classes, rules.MOST_ATTRIBUTES)
+    assert wide - NOT_YET["classes"] == set(), "split by what it holds, or say why in a '# design:' comment"
+    assert NOT_YET["classes"] - wide == set(), "split already: take it off NOT_YET"
+
+
+def test_fewer_than_10_pairs_of_files_repeat_a_block_of_code():
+    pairs = rules.repeated_blocks()
+    where = [f"{a}:{starts[0][0]} ~ {b}:{starts[0][1]}" for (a, b), starts in sorted(pairs.items())]
+    assert len(pairs) < MOST_REPEATED, where
+
+
+def test_the_measures_see_a_long_function_a_wide_class_and_a_repeated_block(tmp_path, monkeypatch):
+    """The measures themselves, on a package made for it: a 61-line function, a class of 21 attributes (one of them
+    marked as broken on purpose), and one block written twice with other names."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(59))
+    attrs = "".join(f"        self.a{i} = {i}\n" for i in range(21))
+    block = "def {f}(a, b):\n    c = a + b\n    d = c * 2\n    e = d - a\n    f = e / b\n    g = f + c\n    return g\n"
+    (package / "m.py").write_text(
+        f"def long():\n{body}    return 0\n\n\nclass Wide:\n    def __init__(self):\n{attrs}\n\n"
+        f"class Marked:  # design: a record of 21 fields\n    def __init__(self):\n{attrs}\n\n"
+        + block.format(f="one")
+        + "\n\n"
+        + block.format(f="two").replace("a", "p").replace("b", "q")
+    )
+    monkeypatch.setattr(rules, "ROOT", tmp_path)
+    monkeypatch.setattr(rules, "PACKAGES", ("pkg",))
+    functions, classes = rules.measures()
+    assert _breaking(functions, rules.LONGEST_FUNCTION) == {"pkg/m.py:long"}
+    assert _breaking(classes, rules.MOST_ATTRIBUTES) == {"pkg/m.py:Wide"}
+    assert [c.why for c in classes if c.name == "Marked"] == ["a record of 21 fields"]
+    assert list(rules.repeated_blocks()) == [("pkg/m.py", "pkg/m.py")]
