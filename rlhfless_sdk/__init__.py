@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pluggy
 
-from rlhfless_sdk.api.base import NoParams, PolicySpec, Record
+from rlhfless_sdk.api.base import DriverSpec, NoParams, PipelineSpec, PolicySpec, Record
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig, read_scheduler_config
 from rlhfless_sdk.api.errors import ConfigError, PluginError, RlhflessError, UnknownPolicyError
@@ -77,6 +77,7 @@ __all__ = [
     "ConfigError",
     "CostModel",
     "Drafter",
+    "DriverSpec",
     "FinishedSample",
     "HistoryError",
     "HistoryLocked",
@@ -88,6 +89,7 @@ __all__ = [
     "NoParams",
     "Node",
     "OverProvisioning",
+    "PipelineSpec",
     "PluginError",
     "PluginManager",
     "PolicyRef",

@@ -123,13 +123,17 @@ def test_a_third_party_straggler_policy_declares_its_capability_by_protocol(regi
         assert mode_for(config, registry).name == mode
 
 
-def test_a_toy_pipeline_registered_in_one_file_runs_on_the_simulator_and_openrlhf_refuses_it_in_one_line(registry):
-    """A new way of running steps is one registration where it is written (here, this test: no source file of the
-    project changes): ``pipeline: mode: toy`` validates, mode_of names it, the simulator runs it through its
-    ``simulate``, and the OpenRLHF adapter, which does not run it, refuses it in one line naming the pipeline."""
+def test_a_toy_pipeline_registered_in_one_file_runs_on_the_simulator_and_openrlhf_refuses_it_in_one_line(
+    registry_with,
+):
+    """A new way of running steps is one registration through pluggy, where it is written (here, this test: no
+    source file of the project changes): ``pipeline: mode: toy`` checks out, mode_of names it, the simulator runs
+    it through its ``simulate``, and the OpenRLHF adapter, which does not run it, refuses it in one line naming the
+    pipeline. Without the plugin the name is unknown, said by the registry."""
     from rlhfless_openrlhf.capabilities import adapter_refusal
 
-    from rlhfless_sdk.rollout.modes import PipelineSpec, register_pipeline, unregister
+    from rlhfless_sdk import PipelineSpec
+    from rlhfless_sdk.api.errors import UnknownPolicyError
 
     ran = []
 
@@ -137,31 +141,34 @@ def test_a_toy_pipeline_registered_in_one_file_runs_on_the_simulator_and_openrlh
         ran.append(mode)
         return sim.run_plain(sim.planner(config), workload, on_step)
 
-    register_pipeline(PipelineSpec("toy", keeps_tokens=False, simulate=simulate))
-    try:
-        config = registry.scheduler("openrlhf").derive(name="toyed", pipeline={"mode": "toy"})
-        mode = mode_for(config, registry)
-        assert mode.name == "toy" and mode.pipelined and not mode.keeps_tokens
-        sim = Simulator(_profile(), Cluster.of_gpus(8, 8), registry=registry)
-        assert "toy" in sim.modes
-        result = sim.run(config, synthetic_workload(SyntheticWorkload(16, 4, seed=0), 2))
-        assert ran == [mode] and len(result.reports) == 2
-        why = adapter_refusal(config, registry)
-        assert why is not None and "\n" not in why and "pipeline: toy" in why and "the OpenRLHF adapter" in why
-    finally:
-        unregister("toy")
-    with pytest.raises(Exception, match="unknown pipeline mode 'toy'"):
-        registry.scheduler("openrlhf").derive(name="toyed", pipeline={"mode": "toy"})
+    toy = H.plugin(rlhfless_register_modes=lambda register: register(PipelineSpec("toy", simulate=simulate)))
+    registry = registry_with(toy=toy)
+    config = registry.scheduler("openrlhf").derive(name="toyed", pipeline={"mode": "toy"})
+    assert registry.check_config(config) == [] and registry.pipelines["toy"].plugin == "toy"
+    mode = mode_for(config, registry)
+    assert mode.name == "toy" and mode.pipelined and not mode.keeps_tokens
+    sim = Simulator(_profile(), Cluster.of_gpus(8, 8), registry=registry)
+    assert "toy" in sim.modes
+    result = sim.run(config, synthetic_workload(SyntheticWorkload(16, 4, seed=0), 2))
+    assert ran == [mode] and len(result.reports) == 2
+    why = adapter_refusal(config, registry)
+    assert why is not None and "\n" not in why and "pipeline: toy" in why and "the OpenRLHF adapter" in why
+    bare = registry_with()
+    assert [p.message for p in bare.check_config(config)] == [
+        "unknown pipeline mode 'toy' (known: sync, async, stream)"
+    ]
+    with pytest.raises(UnknownPolicyError, match="toy"):
+        mode_for(config, bare)
 
 
 def test_a_new_straggler_behaviour_is_its_policy_and_its_driver(registry_with):
-    """A straggler behaviour with a driver of its own: the policy (a plugin's, here) and the driver's registration
-    (what it claims, its session), nothing else. The simulator runs its steps through the session; the OpenRLHF
-    adapter refuses it in one line naming the policy."""
+    """A straggler behaviour with a driver of its own: the policy and the driver, both registered by one plugin
+    through pluggy (what the driver claims, its session), nothing else. The simulator runs its steps through the
+    session; the OpenRLHF adapter refuses it in one line naming the policy."""
     from rlhfless_openrlhf.capabilities import adapter_refusal
 
+    from rlhfless_sdk import DriverSpec
     from rlhfless_sdk.rollout.drivers import PlainStep
-    from rlhfless_sdk.rollout.modes import DriverSpec, register_driver, unregister
 
     class Halves:  # the toy behaviour: each step trains every group, drawn as the source gives them
         def __init__(self, params=None) -> None:
@@ -189,22 +196,20 @@ def test_a_new_straggler_behaviour_is_its_policy_and_its_driver(registry_with):
         sessions.append(HalvesSession(planner, b, stream))
         return sessions[-1]
 
-    registry = registry_with(
-        mine=H.policy_plugin(straggler=[PolicySpec(name="halves", factory=Halves, params=NoParams)])
+    claims = lambda config, straggler, ask: isinstance(straggler, Halves)  # noqa: E731
+    policies = H.policy_plugin(straggler=[PolicySpec(name="halves", factory=Halves, params=NoParams)])
+    driver = H.plugin(rlhfless_register_modes=lambda register: register(DriverSpec("halves", claims, session=session)))
+    registry = registry_with(mine=policies, mine_driver=driver)
+    config = registry.scheduler("openrlhf").derive(name="halved", straggler={"name": "halves"})
+    assert mode_for(config, registry).name == "halves"
+    result = Simulator(_profile(), Cluster.of_gpus(8, 8), registry=registry).run(
+        config, synthetic_workload(SyntheticWorkload(16, 4, seed=0), 3)
     )
-    register_driver(DriverSpec("halves", lambda config, straggler, ask: isinstance(straggler, Halves), session=session))
-    try:
-        config = registry.scheduler("openrlhf").derive(name="halved", straggler={"name": "halves"})
-        assert mode_for(config, registry).name == "halves"
-        result = Simulator(_profile(), Cluster.of_gpus(8, 8), registry=registry).run(
-            config, synthetic_workload(SyntheticWorkload(16, 4, seed=0), 3)
-        )
-        assert len(result.reports) == 3 and sessions and sessions[0].steps == 3
-        why = adapter_refusal(config, registry)
-        assert why is not None and "'halves'" in why and "halves step driver" in why
-    finally:
-        unregister("halves")
-    assert mode_for(config, registry).name == TOKEN_BUDGET  # unregistered: the built-in claim for a non-baseline
+    assert len(result.reports) == 3 and sessions and sessions[0].steps == 3
+    why = adapter_refusal(config, registry)
+    assert why is not None and "'halves'" in why and "halves step driver" in why
+    without = registry_with(mine=policies)  # the driver's plugin not loaded: the built-in claim for a non-baseline
+    assert mode_for(config, without).name == TOKEN_BUDGET
 
 
 def _every_preset() -> list[str]:

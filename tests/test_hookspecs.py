@@ -18,10 +18,11 @@ def declared_hookspecs() -> dict[str, object]:
     return {name: f for name, f in vars(hookspecs).items() if inspect.isfunction(f) and hasattr(f, marker)}
 
 
-def test_one_hookspec_per_kind_plus_schedulers_and_commands_and_no_other():
+def test_one_hookspec_per_kind_plus_modes_schedulers_and_commands_and_no_other():
     policy_hooks = [kind.hook for kind in KINDS]
     assert len(set(policy_hooks)) == len(KINDS)
-    assert sorted(declared_hookspecs()) == sorted([*policy_hooks, hookspecs.SCHEDULER_HOOK, hookspecs.COMMAND_HOOK])
+    others = [hookspecs.MODE_HOOK, hookspecs.SCHEDULER_HOOK, hookspecs.COMMAND_HOOK]
+    assert sorted(declared_hookspecs()) == sorted([*policy_hooks, *others])
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)

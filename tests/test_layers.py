@@ -116,7 +116,8 @@ def test_the_adapter_imports_no_cli_and_the_api_names_no_framework():
 def test_the_mode_is_decided_in_one_place():
     """How a scheduler's steps run is decided by ``rlhfless_sdk.rollout.modes`` alone: no other source file of the
     SDK, the policies or the adapter reads the pipeline's mode or tail fields, or probes a straggler policy's
-    capabilities, to pick a loop (``api/config.py`` defines and validates the fields)."""
+    capabilities, to pick a loop (``api/config.py`` defines and validates the fields, ``api/plugins.py`` checks the
+    pipeline's name is registered)."""
     import re
 
     root = SDK.parent
@@ -125,7 +126,7 @@ def test_the_mode_is_decided_in_one_place():
         r"|\[\"pipeline\"\]\[\"mode\"\]|pipeline\.get\(\"mode\"\)"
         r"|isinstance\([^)]*(OverProvisioning|KeepsCutTokens)"
     )
-    allowed = {SDK / "rollout" / "modes.py", SDK / "api" / "config.py"}
+    allowed = {SDK / "rollout" / "modes.py", SDK / "api" / "config.py", SDK / "api" / "plugins.py"}
     hits = [
         f"{p.relative_to(root)}:{i}: {line.strip()}"
         for folder in (SDK, root / "policies", root / "adapters")

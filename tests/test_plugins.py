@@ -75,7 +75,8 @@ def test_throwaway_plugin_beside_the_installed_ones():
 
 def test_builtin_policies_are_a_default_plugin_and_the_adapter_an_entry_point():
     pm = PluginManager()
-    assert pm.plugin_names()[0] == "rlhfless-policies"  # registered in-process, before any installed plugin
+    assert pm.plugin_names()[:2] == ["rlhfless-modes", "rlhfless-policies"]  # in-process, before any installed one
+    assert pm.registry.drivers["plain"].plugin == "rlhfless-modes"  # the built-in modes, through the same hook
     assert "rlhfless-openrlhf" in pm.plugin_names()  # the adapter's commands, through the entry-point group
     assert set(pm.registry.commands) >= {"demo", "profile"}
     assert pm.distribution("rlhfless-policies").startswith("rlhfless ")
@@ -176,13 +177,13 @@ def test_bad_params_are_a_validation_error(bare_pm):
 def test_allow_list_env(monkeypatch):
     monkeypatch.setenv("RLHFLESS_PLUGINS", "")
     pm = PluginManager()
-    assert pm.plugin_names() == ["rlhfless-policies"]  # the default plugin always loads
+    assert pm.plugin_names() == ["rlhfless-modes", "rlhfless-policies"]  # the default plugins always load
     with pytest.raises(UnknownPolicyError, match="RLHFLESS_PLUGINS"):
         pm.registry.policy("predictor", "max-recent")
     monkeypatch.setenv("RLHFLESS_PLUGINS", "example-predictor")
-    assert PluginManager().plugin_names() == ["rlhfless-policies", "example-predictor"]
+    assert PluginManager().plugin_names() == ["rlhfless-modes", "rlhfless-policies", "example-predictor"]
     monkeypatch.setenv("RLHFLESS_PLUGINS", "rlhfless")  # a distribution name works too
-    assert PluginManager().plugin_names() == ["rlhfless-policies", "rlhfless-openrlhf"]
+    assert PluginManager().plugin_names() == ["rlhfless-modes", "rlhfless-policies", "rlhfless-openrlhf"]
 
 
 def test_allow_list_warns_about_missing_plugins(monkeypatch):
@@ -194,7 +195,7 @@ def test_allow_list_warns_about_missing_plugins(monkeypatch):
 def test_disable_autoload_env_keeps_the_default_plugin_and_every_baseline(monkeypatch):
     monkeypatch.setenv("RLHFLESS_DISABLE_PLUGIN_AUTOLOAD", "1")
     pm = PluginManager()
-    assert pm.plugin_names() == ["rlhfless-policies"]
+    assert pm.plugin_names() == ["rlhfless-modes", "rlhfless-policies"]
     for kind in KINDS:  # every fallback the planner may need exists
         assert pm.registry.policy(kind.name, kind.baseline).plugin == "rlhfless-policies"
     assert pm.registry.scheduler("rlhfless").name == "rlhfless"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import (
@@ -74,4 +75,41 @@ class PolicySpec(BaseModel):
         "a scheduler whose policies all say False consults no predictor.",
     )
     kind: str = ""
+    plugin: str = ""
+
+
+# -- ways of running steps: what a plugin registers through ``rlhfless_register_modes`` --------------------------
+#: The pipeline every scheduler runs unless it names another: generation, then learning, on every GPU.
+SYNC = "sync"
+
+
+@dataclass(frozen=True)
+class DriverSpec:
+    """A step driver: its ``name``; which schedulers it runs (``claims(config, straggler, ask)``, ``ask()`` a
+    checked ``keeps_tokens(0)`` of the straggler policy; drivers are asked newest first, the built-in ones last);
+    whether it trains tokens of older weights (``keeps_tokens``); and its ``session``
+    (``(planner, b, prompts) -> DriverSession``, the steps of a run; None: one step at a time, ``PlainStep``). A
+    backend runs it through its session, written once in the SDK. ``plugin`` is filled in by the registry."""
+
+    name: str
+    claims: Callable[..., bool]
+    keeps_tokens: bool = False
+    session: Callable[..., Any] | None = None
+    description: str = ""
+    plugin: str = ""
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """A pipeline (``pipeline: mode`` in a scheduler config): its ``name``; whether it trains tokens of older weights
+    (``keeps_tokens``); the simulator's run of it (``simulate(simulator, config, workload, on_step, mode)``, a
+    ``SimulationResult``); and, for a search over rollout/learner splits, its run at one split
+    (``run_at(simulator, config, workload, on_step, rollout_gpus, mode)``; None: it is not searched).
+    ``plugin`` is filled in by the registry."""
+
+    name: str
+    keeps_tokens: bool = False
+    simulate: Callable[..., Any] | None = None
+    run_at: Callable[..., Any] | None = None
+    description: str = ""
     plugin: str = ""

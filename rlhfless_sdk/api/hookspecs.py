@@ -33,6 +33,14 @@ def rlhfless_register_schedulers(register: Callable[[SchedulerConfig], None]) ->
 
 
 @hookspec
+def rlhfless_register_modes(register: Callable[[Any], None]) -> None:
+    """Register ways of running steps: ``register(DriverSpec(...))`` for a step driver (which schedulers it runs,
+    its session), ``register(PipelineSpec(...))`` for a pipeline (``pipeline: mode`` accepts its name; the
+    simulator's run of it). The built-in ones come from the default plugin ``rlhfless-modes``, through this hook.
+    """
+
+
+@hookspec
 def rlhfless_register_commands(register: Callable[[Any], None]) -> None:
     """Register ``rlhfless`` subcommands: ``register(click_command)`` (a framework's adapter adds its own).
 
@@ -112,4 +120,5 @@ def rlhfless_register_drafters(register: RegisterPolicy) -> None:
 
 
 SCHEDULER_HOOK = "rlhfless_register_schedulers"
+MODE_HOOK = "rlhfless_register_modes"
 COMMAND_HOOK = "rlhfless_register_commands"

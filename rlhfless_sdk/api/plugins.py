@@ -20,7 +20,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +28,18 @@ import pluggy
 from pydantic import BaseModel, ValidationError
 
 from rlhfless_sdk.api import hookspecs
-from rlhfless_sdk.api.base import PolicySpec
+from rlhfless_sdk.api.base import SYNC, DriverSpec, PipelineSpec, PolicySpec
 from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig, problems_from_validation, read_scheduler_config
 from rlhfless_sdk.api.errors import ConfigProblem, PluginError, RlhflessError, UnknownPolicyError
 from rlhfless_sdk.api.kinds import KIND, KINDS, POLICY_KINDS
 
 ENTRY_POINT_GROUP = "rlhfless"
-#: Plugins registered in-process by every manager, by name: the reference policies and shipped presets.
-DEFAULT_PLUGINS: dict[str, str] = {"rlhfless-policies": "rlhfless_policies.plugin"}
+#: Plugins registered in-process by every manager, by name, in this order: the built-in ways of running steps,
+#: then the reference policies and shipped presets.
+DEFAULT_PLUGINS: dict[str, str] = {
+    "rlhfless-modes": "rlhfless_sdk.simulation.builtin_modes",
+    "rlhfless-policies": "rlhfless_policies.plugin",
+}
 ENV_PLUGINS = "RLHFLESS_PLUGINS"
 ENV_DISABLE_AUTOLOAD = "RLHFLESS_DISABLE_PLUGIN_AUTOLOAD"
 ENV_TRACE = "RLHFLESS_TRACE_HOOKS"
@@ -76,6 +80,8 @@ class Registry:
     policies: dict[str, dict[str, PolicySpec]] = field(default_factory=lambda: {k: {} for k in POLICY_KINDS})
     schedulers: dict[str, SchedulerPreset] = field(default_factory=dict)
     commands: dict[str, tuple[Any, str]] = field(default_factory=dict)  # name -> (click command, plugin)
+    drivers: dict[str, DriverSpec] = field(default_factory=dict)  # step drivers, in the order registered
+    pipelines: dict[str, PipelineSpec] = field(default_factory=dict)  # pipelines (``pipeline: mode``), likewise
     autoload_note: str = ""
 
     def names(self, kind: str) -> list[str]:
@@ -109,8 +115,20 @@ class Registry:
         return self.policy(kind, ref.name).params.model_validate(ref.params)
 
     def check_config(self, config: SchedulerConfig) -> list[ConfigProblem]:
-        """Problems with ``config``'s policy names and parameters; empty when it can run."""
-        return self.check_refs(config.policy_refs())
+        """Problems with ``config``'s policy names and parameters and its pipeline's mode; empty when it can run."""
+        problems = self.check_refs(config.policy_refs())
+        mode = config.pipeline.mode
+        if mode != SYNC and mode not in self.pipelines:
+            known = ", ".join([SYNC, *self.pipelines])
+            problems.append(ConfigProblem("pipeline.mode", f"unknown pipeline mode {mode!r} (known: {known})"))
+        return problems
+
+    def pipeline(self, name: str) -> PipelineSpec:
+        """The registered pipeline ``name`` (``pipeline: mode``); an unknown one lists the known."""
+        try:
+            return self.pipelines[name]
+        except KeyError:
+            raise UnknownPolicyError("pipeline mode", name, [SYNC, *self.pipelines], self.autoload_note) from None
 
     def check_refs(self, refs: dict[str, PolicyRef]) -> list[ConfigProblem]:
         """Problems with these policies' names and parameters (by kind), every one of them."""
@@ -270,6 +288,7 @@ class PluginManager:
             reg.autoload_note = f"plugin autoload is off ({ENV_DISABLE_AUTOLOAD} or autoload=False)"
         elif os.environ.get(ENV_PLUGINS) is not None:
             reg.autoload_note = f"{ENV_PLUGINS}={os.environ[ENV_PLUGINS]!r} limits which plugins load"
+        self._register_modes(reg)
         for kind in KINDS:
             self._register_policies(reg, kind.name)
         self._register_schedulers(reg)
@@ -306,6 +325,28 @@ class PluginManager:
             return register
 
         self._call_per_plugin(KIND[kind].hook, for_plugin)
+
+    def _register_modes(self, reg: Registry) -> None:
+        """Every plugin's ways of running steps: a ``DriverSpec`` or a ``PipelineSpec`` each, names unique across
+        both (and never ``sync``)."""
+
+        def for_plugin(plugin: str) -> Callable[[Any], None]:
+            def register(spec: DriverSpec | PipelineSpec) -> None:
+                if not isinstance(spec, DriverSpec | PipelineSpec):
+                    raise PluginError(
+                        f"plugin {plugin!r} passed a {type(spec).__name__} to register() in {hookspecs.MODE_HOOK}; "
+                        "expected rlhfless_sdk.DriverSpec or rlhfless_sdk.PipelineSpec"
+                    )
+                owner = reg.drivers.get(spec.name) or reg.pipelines.get(spec.name)
+                if owner is not None or spec.name == SYNC:
+                    by = f"plugin {owner.plugin!r}" if owner is not None else "rlhfless (the synchronous loop)"
+                    raise PluginError(f"duplicate mode name {spec.name!r}: registered by {by} and by plugin {plugin!r}")
+                table: dict[str, Any] = reg.drivers if isinstance(spec, DriverSpec) else reg.pipelines
+                table[spec.name] = replace(spec, plugin=plugin)
+
+            return register
+
+        self._call_per_plugin(hookspecs.MODE_HOOK, for_plugin)
 
     def _register_schedulers(self, reg: Registry) -> None:
         """Every plugin's scheduler presets: a ``SchedulerConfig`` each, names unique."""

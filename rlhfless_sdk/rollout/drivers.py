@@ -23,19 +23,11 @@ import numpy as np
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
+from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import FinishedSample, StepPlan
 from rlhfless_sdk.rollout.carry import CarryBook, Settlement, batch_cut, plan_pieces
 from rlhfless_sdk.rollout.controller import StepController, StepOutcome
-from rlhfless_sdk.rollout.modes import (
-    BATCH_CUT,
-    PLAIN,
-    TAIL_ROUNDS,
-    TOKEN_BUDGET,
-    Mode,
-    attach_session,
-    drivers,
-    mode_names,
-)
+from rlhfless_sdk.rollout.modes import BATCH_CUT, PLAIN, TAIL_ROUNDS, TOKEN_BUDGET, Mode, mode_names
 from rlhfless_sdk.rollout.tail import Round, TailRounds, first_done, note_completed, round_fields
 
 if TYPE_CHECKING:
@@ -45,7 +37,9 @@ if TYPE_CHECKING:
 EndRule = Callable[[StepController], bool]
 
 
-def refusal(config: SchedulerConfig, mode: Mode, modes: Collection[str], backend: str) -> str | None:
+def refusal(
+    config: SchedulerConfig, mode: Mode, modes: Collection[str], backend: str, registry: Registry | None = None
+) -> str | None:
     """Why ``backend`` (which runs the modes named ``modes``) cannot run ``config``, whose mode is ``mode``; None:
     it can. The line names the pipeline or the policy that asks for the mode."""
     if mode.name in modes:
@@ -56,7 +50,7 @@ def refusal(config: SchedulerConfig, mode: Mode, modes: Collection[str], backend
         what = f"its straggler policy {config.policy('straggler').name!r}"
     return (
         f"scheduler {config.name!r}: {what} needs the {mode.name} step driver, which {backend} does not run "
-        f"(it runs: {', '.join(m for m in mode_names() if m in modes)})"
+        f"(it runs: {', '.join(m for m in mode_names(registry) if m in modes)})"
     )
 
 
@@ -398,21 +392,25 @@ class BatchCutSession:
         return BatchCutStep(self.planner, self.book, self.b, step).run(io)
 
 
-# the built-in drivers' sessions (a registered driver brings its own, ``DriverSpec.session``)
-attach_session(TOKEN_BUDGET, lambda planner, b, stream: BudgetSession(planner, CarryBook()))
-attach_session(TAIL_ROUNDS, TailSession)
-attach_session(BATCH_CUT, lambda planner, b, stream: BatchCutSession(planner, b, CarryBook()))
+def budget_session(planner: StepPlanner, b: int, stream: Iterable[Hashable]) -> BudgetSession:
+    """``token-budget``'s session: a fresh carry book."""
+    return BudgetSession(planner, CarryBook())
 
 
-def steps_alone(mode: str) -> bool:
+def batch_cut_session(planner: StepPlanner, b: int, stream: Iterable[Hashable]) -> BatchCutSession:
+    """``batch-cut``'s session: a fresh carry book, B = ``b`` groups a step."""
+    return BatchCutSession(planner, b, CarryBook())
+
+
+def steps_alone(mode: str, registry: Registry) -> bool:
     """Whether the driver ``mode`` runs each step on its own, every sample to its end (no session: ``PlainStep``)."""
-    return drivers()[mode].session is None
+    return registry.drivers[mode].session is None
 
 
 def session_for(mode: str, planner: StepPlanner, b: int, stream: Iterable[Hashable]) -> DriverSession:
     """The session of a carrying or over-provisioning ``mode`` (B = ``b`` groups a step, prompts from ``stream``
-    where the mode draws them one at a time)."""
-    spec = drivers().get(mode)
+    where the mode draws them one at a time), as the planner's registry has it."""
+    spec = planner.registry.drivers.get(mode)
     if spec is None or spec.session is None:
         raise ValueError(f"no session for the {mode} step driver")
     return spec.session(planner, b, stream)

@@ -14,28 +14,35 @@ it, and nothing else reads ``pipeline.mode`` or probes a policy to pick a loop. 
 A pipeline (``pipeline: async`` or ``stream``) runs its batches with its straggler policy's driver; its mode's
 ``name`` is the pipeline's (``async``, ``stream``), which is what a backend declares it runs.
 
-Both lists are registries. A new way of running steps registers itself where it is written: a step driver with
-``register_driver`` (what it claims, whether it keeps tokens of older weights, the session that runs its steps), a
-pipeline with ``register_pipeline`` (its ``pipeline: mode`` name and the simulator's run of it). A backend that does
-not run a registered mode refuses it in one line (``rlhfless_sdk.rollout.drivers.refusal``).
+Both lists are registries, built through pluggy like every other kind: a plugin's ``rlhfless_register_modes``
+hook registers a step driver (``DriverSpec``: what it claims, whether it keeps tokens of older weights, the session
+that runs its steps) or a pipeline (``PipelineSpec``: its ``pipeline: mode`` name and the simulator's run of it).
+The built-in ones come through the same hook, from the default plugin ``rlhfless-modes``
+(``rlhfless_sdk.simulation.builtin_modes``), so ``RLHFLESS_PLUGINS`` and a reset plugin manager affect every one
+alike. A backend that does not run a registered mode refuses it in one line
+(``rlhfless_sdk.rollout.drivers.refusal``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlhfless_sdk.api.config import PIPELINE_MODES, SchedulerConfig
+from rlhfless_sdk.api.base import DriverSpec, PipelineSpec
+from rlhfless_sdk.api.config import SchedulerConfig
+from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 from rlhfless_sdk.api.protocols import KeepsCutTokens, OverProvisioning
 
 if TYPE_CHECKING:
     from rlhfless_sdk.planning.planner import StepPlanner
+
+__all__ = ["DriverSpec", "Mode", "PipelineSpec", "mode_for", "mode_names", "mode_of", "planned_mode"]
 
 PLAIN, TOKEN_BUDGET, TAIL_ROUNDS, BATCH_CUT, ASYNC = "plain", "token-budget", "tail-rounds", "batch-cut", "async"
 STREAM = "stream"
@@ -46,76 +53,15 @@ log = logging.getLogger("rlhfless.modes")
 Claim = Callable[[SchedulerConfig, Any, Callable[[], bool]], bool]
 
 
-@dataclass(frozen=True)
-class DriverSpec:
-    """A step driver: its ``name``, which schedulers it runs (``claims``; drivers are asked in the order they were
-    registered, a new one before the built-in ones), whether it trains tokens of older weights (``keeps_tokens``)
-    and its ``session`` (``(planner, B, prompts) -> DriverSession``: the steps of a run; a built-in's is attached
-    by ``rlhfless_sdk.rollout.drivers``; none at all: one step at a time, ``PlainStep``)."""
-
-    name: str
-    claims: Claim
-    keeps_tokens: bool = False
-    session: Callable[..., Any] | None = None
+def drivers(registry: Registry) -> list[DriverSpec]:
+    """Every registered step driver, in the order they are asked (newest first, the built-in ones last)."""
+    return list(reversed(registry.drivers.values()))
 
 
-@dataclass(frozen=True)
-class PipelineSpec:
-    """A pipeline (``pipeline: mode``): its name, whether it trains tokens of older weights, and the simulator's
-    run of it (``(simulator, config, workload, on_step, mode) -> SimulationResult``; None: the simulator's own)."""
-
-    name: str
-    keeps_tokens: bool = False
-    simulate: Callable[..., Any] | None = None
-
-
-_DRIVERS: dict[str, DriverSpec] = {}
-_PIPELINES: dict[str, PipelineSpec] = {}
-
-
-def register_driver(spec: DriverSpec) -> None:
-    """Add a step driver; asked before those registered earlier (a driver that claims a new capability wins)."""
-    if spec.name in _DRIVERS or spec.name in _PIPELINES:
-        raise ValueError(f"a step driver or pipeline named {spec.name!r} is already registered")
-    ahead = {spec.name: spec, **_DRIVERS}
-    _DRIVERS.clear()
-    _DRIVERS.update(ahead)
-
-
-def register_pipeline(spec: PipelineSpec) -> None:
-    """Add a pipeline; ``pipeline: mode`` accepts its name from now on."""
-    if spec.name in _PIPELINES or spec.name in _DRIVERS:
-        raise ValueError(f"a step driver or pipeline named {spec.name!r} is already registered")
-    _PIPELINES[spec.name] = spec
-    if spec.name not in PIPELINE_MODES:
-        PIPELINE_MODES.append(spec.name)
-
-
-def attach_session(name: str, session: Callable[..., Any]) -> None:
-    """Give the registered driver ``name`` the session that runs its steps (a built-in's, from
-    ``rlhfless_sdk.rollout.drivers``, which holds the session classes); its place in the order stays."""
-    _DRIVERS[name] = replace(_DRIVERS[name], session=session)
-
-
-def unregister(name: str) -> None:
-    """Remove a registered driver or pipeline (a test's toy mode)."""
-    _DRIVERS.pop(name, None)
-    if _PIPELINES.pop(name, None) is not None and name in PIPELINE_MODES:
-        PIPELINE_MODES.remove(name)
-
-
-def drivers() -> dict[str, DriverSpec]:
-    """Every registered step driver, in the order they are asked."""
-    return _DRIVERS
-
-
-def pipeline_spec(name: str) -> PipelineSpec:
-    return _PIPELINES[name]
-
-
-def mode_names() -> list[str]:
-    """Every mode a backend may declare: the drivers', then the pipelines' (built-in first)."""
-    return [*reversed(drivers()), *_PIPELINES]
+def mode_names(registry: Registry | None = None) -> list[str]:
+    """Every mode a backend may declare: the drivers', then the pipelines' (each in the order registered)."""
+    registry = registry or get_plugin_manager().registry
+    return [*registry.drivers, *registry.pipelines]
 
 
 @dataclass(frozen=True)
@@ -128,6 +74,7 @@ class Mode:
     driver: str
     elastic: bool = False
     tail: str = ""
+    keeps_tokens: bool = False  # it trains tokens generated under older weights (carried, or generated on through one)
 
     @property
     def name(self) -> str:
@@ -145,25 +92,32 @@ class Mode:
         return self.pipelined and not self.elastic
 
     @property
-    def keeps_tokens(self) -> bool:
-        """Whether it trains tokens generated under older weights (carried across a weight update, or generated on
-        through one: the stream)."""
-        return (_PIPELINES[self.pipeline] if self.pipelined else drivers()[self.driver]).keeps_tokens
-
-    @property
     def carries(self) -> bool:
         """Whether its steps carry samples or defer prompts from one step to the next."""
         return self.driver != PLAIN
 
 
-def mode_of(config: SchedulerConfig, straggler: Any, keeps_tokens: Callable[[], bool] | None = None) -> Mode:
-    """The mode of ``config``, whose straggler policy is ``straggler`` (an instance). ``keeps_tokens``: how to ask
-    it ``keeps_tokens(0)`` (a planner's checked call, which falls back to the baseline's answer); default: asked
-    directly, a failure or an answer that is not a bool taken as the baseline's (False), with a warning."""
+def mode_of(
+    config: SchedulerConfig,
+    straggler: Any,
+    keeps_tokens: Callable[[], bool] | None = None,
+    registry: Registry | None = None,
+) -> Mode:
+    """The mode of ``config``, whose straggler policy is ``straggler`` (an instance), among ``registry``'s drivers
+    and pipelines. ``keeps_tokens``: how to ask it ``keeps_tokens(0)`` (a planner's checked call, which falls back to
+    the baseline's answer); default: asked directly, a failure or an answer that is not a bool taken as the
+    baseline's (False), with a warning."""
+    registry = registry or get_plugin_manager().registry
     pipeline = config.pipeline
     ask = keeps_tokens or (lambda: _asked(straggler))
-    driver = next(spec.name for spec in drivers().values() if spec.claims(config, straggler, ask))
-    return Mode(pipeline=pipeline.mode, driver=driver, elastic=pipeline.elastic, tail=tail_of(config))
+    driver = next((spec for spec in drivers(registry) if spec.claims(config, straggler, ask)), None)
+    if driver is None:
+        raise RlhflessError(f"scheduler {config.name!r}: no registered step driver runs it ({mode_names(registry)})")
+    keeps = driver.keeps_tokens
+    if pipeline.mode != "sync":
+        spec = registry.pipeline(pipeline.mode)  # an unknown mode lists the known ones
+        keeps = spec.keeps_tokens
+    return Mode(pipeline.mode, driver.name, pipeline.elastic, tail_of(config), keeps)
 
 
 def cuts_and_keeps(config: SchedulerConfig, straggler: Any, ask: Callable[[], bool]) -> bool:
@@ -189,14 +143,14 @@ def tail_of(config: SchedulerConfig) -> str:
 
 def planned_mode(planner: StepPlanner) -> Mode:
     """The mode of ``planner``'s scheduler, asked of the planner's own straggler policy."""
-    return mode_of(planner.config, planner.policies["straggler"], lambda: planner.keeps_tokens(0, []))
+    return mode_of(planner.config, planner.policies["straggler"], lambda: planner.keeps_tokens(0, []), planner.registry)
 
 
 def mode_for(config: SchedulerConfig, registry: Registry | None = None) -> Mode:
     """The mode of ``config``, asked of a straggler policy built for the question (no planner, profile or
     cluster needed: the launcher and the commands check a scheduler with it before anything starts)."""
     registry = registry or get_plugin_manager().registry
-    return mode_of(config, registry.create("straggler", config.policy("straggler")))
+    return mode_of(config, registry.create("straggler", config.policy("straggler")), registry=registry)
 
 
 def consults_predictor(config: SchedulerConfig, registry: Registry | None = None) -> bool:
@@ -223,12 +177,3 @@ def _asked(policy: Any) -> bool:
         log.warning("straggler policy keeps_tokens(0) returned %r, not a bool: taken as False", answer)
         return False
     return bool(answer)
-
-
-# the built-ins (``rlhfless_sdk.rollout.drivers`` attaches their sessions), drivers asked last to first
-register_driver(DriverSpec(PLAIN, lambda config, straggler, ask: True))
-register_driver(DriverSpec(TOKEN_BUDGET, not_the_baseline, keeps_tokens=True))
-register_driver(DriverSpec(TAIL_ROUNDS, over_provisions))
-register_driver(DriverSpec(BATCH_CUT, cuts_and_keeps, keeps_tokens=True))
-register_pipeline(PipelineSpec(ASYNC))
-register_pipeline(PipelineSpec(STREAM, keeps_tokens=True))

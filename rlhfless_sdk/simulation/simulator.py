@@ -25,7 +25,6 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -47,15 +46,7 @@ from rlhfless_sdk.planning.planner import StepPlanner, planner_for
 from rlhfless_sdk.rollout.billing import StepUsage, billing, held, stopped_at
 from rlhfless_sdk.rollout.controller import StepController, StepOutcome
 from rlhfless_sdk.rollout.drivers import Driven, PlainStep, session_for, steps_alone
-from rlhfless_sdk.rollout.modes import (
-    BATCH_CUT,
-    STREAM,
-    TOKEN_BUDGET,
-    Mode,
-    mode_for,
-    mode_names,
-    pipeline_spec,
-)
+from rlhfless_sdk.rollout.modes import BATCH_CUT, TOKEN_BUDGET, Mode, mode_for, mode_names
 from rlhfless_sdk.simulation.backend import SimulatedBackend, WorkloadIO
 from rlhfless_sdk.simulation.bound import WorkBound, work_bound
 from rlhfless_sdk.simulation.pipeline import AsyncRun
@@ -79,7 +70,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
     def modes(self) -> list[str]:
         """The modes this backend runs: every registered one (a driver through its session, a pipeline through its
         ``simulate``)."""
-        return mode_names()
+        return mode_names(self.registry)
 
     def __init__(
         self,
@@ -254,20 +245,13 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         if refused is not None:
             raise RlhflessError(refused)
         self.begin(workload)
-        simulate = pipeline_spec(mode.pipeline).simulate if mode.pipelined else None
-        if simulate is not None:  # a registered pipeline runs itself on this simulator
-            return simulate(self, config, workload, on_step, mode)
-        if mode.pipelined:
-            if mode.elastic:  # the split is re-planned as it runs
-                return self.run_stream(config, workload, on_step, None)
-            fixed = self.rollout_gpus(config)
-            if fixed is None and mode.pipeline == STREAM:
-                return self.planned_split(config, workload, on_step, mode)
-            if fixed is None:
-                return self.best_split(config, workload, on_step, mode)
-            return self.pipeline_run(mode)(config, workload, on_step, fixed)
+        if mode.pipelined:  # a registered pipeline runs itself on this simulator (the built-in ones too)
+            spec = self.registry.pipeline(mode.pipeline)
+            if spec.simulate is None:
+                raise RlhflessError(f"pipeline {spec.name!r} (plugin {spec.plugin!r}) has no simulator run (simulate)")
+            return spec.simulate(self, config, workload, on_step, mode)
         planner = self.planner(config)
-        if steps_alone(mode.driver):  # one step at a time, every sample to its end
+        if steps_alone(mode.driver, self.registry):  # one step at a time, every sample to its end
             return self.run_plain(planner, workload, on_step, frontier)
         return self.run_driven(planner, workload, on_step, mode.driver)
 
@@ -372,8 +356,11 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         return res
 
     def pipeline_run(self, mode: Mode) -> Callable[[SchedulerConfig, Workload, OnStep, int], SimulationResult]:
-        """The run of ``mode``'s pipeline, called with (config, workload, on_step, rollout GPUs)."""
-        return self.run_stream if mode.pipeline == STREAM else partial(self.run_async, mode=mode)
+        """The run of ``mode``'s pipeline at one split, called with (config, workload, on_step, rollout GPUs)."""
+        spec = self.registry.pipeline(mode.pipeline)
+        if spec.run_at is None:
+            raise RlhflessError(f"pipeline {spec.name!r} (plugin {spec.plugin!r}) runs at no given split (run_at)")
+        return lambda config, workload, on_step, r: spec.run_at(self, config, workload, on_step, r, mode)
 
     def hold(self, planner: StepPlanner, usage: StepUsage) -> StepUsage:
         """``usage`` of a finished step (its learning included), with each burst engine kept for the next step
