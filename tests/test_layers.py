@@ -179,3 +179,94 @@ def test_the_adapters_production_path_imports_no_simulator():
     assert set(wrong) == planner
     tools = {p.name for p in (adapter / "tools").glob("*.py")}
     assert {"demo.py", "fidelity.py", "vllm_profile.py", "pipeline_demo.py", "cli.py"} <= tools
+
+
+# -- the adapter's own layers ----------------------------------------------------------------------------------
+ADAPTER = SDK.parent / "adapters" / "openrlhf"
+#: Lowest first: what the launch and the actors stand on; the engines; the samples generator; the launch; the tools.
+ADAPTER_LAYERS: list[tuple[str, set[str]]] = [
+    (
+        "foundations",
+        {
+            "capabilities",
+            "carried",
+            "cpu",
+            "drafting",
+            "flash_attn_placeholder",
+            "launch_split",
+            "learner_fixes",
+            "messages",
+            "plan",
+            "profile_fit",
+            "reaper",
+            "requirements",
+        },
+    ),
+    ("engines", {"engine_actor", "engine_factory", "fill", "ray_backend"}),
+    ("generator", {"generator", "rollout_actor", "step_io", "stream"}),
+    ("launch", {"decide", "internals", "launch", "train_ppo_ray", "trainer"}),
+]
+
+
+def adapter_modules() -> dict[str, Path]:
+    """The adapter's modules by their name under ``rlhfless_openrlhf`` (``tools.demo`` for a tool)."""
+    out = {p.stem: p for p in ADAPTER.glob("*.py") if p.stem != "__init__"}
+    out |= {f"tools.{p.stem}": p for p in (ADAPTER / "tools").glob("*.py") if p.stem != "__init__"}
+    return out
+
+
+def adapter_imports(path: Path, known: set[str]) -> set[str]:
+    """Every adapter module ``path`` imports (``from rlhfless_openrlhf import fill`` too), TYPE_CHECKING blocks too."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        for name in names:
+            sub = name.removeprefix("rlhfless_openrlhf").lstrip(".")
+            if name.startswith("rlhfless_openrlhf") and sub in known:
+                out.add(sub)
+    return out
+
+
+def adapter_layer(module: str) -> int:
+    if module.startswith("tools."):
+        return len(ADAPTER_LAYERS)
+    return next(i for i, (_, members) in enumerate(ADAPTER_LAYERS) if module in members)
+
+
+def test_every_adapter_module_sits_in_a_layer_and_imports_only_downwards_without_a_circle():
+    mods = adapter_modules()
+    listed = set().union(*(members for _, members in ADAPTER_LAYERS))
+    assert sorted(m for m in mods if not m.startswith("tools.") and m not in listed) == []
+    assert sorted(listed - set(mods)) == []
+    graph = {m: adapter_imports(p, set(mods)) - {m} for m, p in mods.items()}
+    upward = [(m, d) for m, deps in graph.items() for d in deps if adapter_layer(d) > adapter_layer(m)]
+    assert upward == []
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                raise AssertionError("import circle: " + " -> ".join([*path[path.index(d) :], d]))
+            if d not in state:
+                visit(d, [*path, d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+
+
+def test_the_adapters_docstring_names_each_of_its_modules():
+    """The package docstring is the adapter's map: every module is named in it, and every name it gives as a
+    module (a double-backquoted lower-case word matching no module is not one) exists."""
+    import re
+
+    doc = ast.get_docstring(ast.parse((ADAPTER / "__init__.py").read_text(encoding="utf-8"))) or ""
+    named = set(re.findall(r"``([a-z_]+)``", doc))
+    mods = {m for m in adapter_modules() if not m.startswith("tools.")} | {"tools"}
+    assert sorted(mods - named) == []

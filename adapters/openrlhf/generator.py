@@ -19,6 +19,7 @@ import numpy as np
 import ray
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from rlhfless_openrlhf.capabilities import BACKEND, MODES
+from rlhfless_openrlhf.carried import CarriedWork, tensor_to_json
 from rlhfless_openrlhf.messages import CutSample, SharedTokenizer
 from rlhfless_openrlhf.ray_backend import (
     BackendSettings,
@@ -35,7 +36,6 @@ from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 from rlhfless_sdk.api.records import Cluster, StepPlan, StepReport, TimePerTokenProfile
 from rlhfless_sdk.planning.planner import planner_for
-from rlhfless_sdk.rollout.carry import CarryBook
 from rlhfless_sdk.rollout.controller import StepOutcome
 from rlhfless_sdk.rollout.drivers import BatchCutSession, Driven, PlainStep, TailSession, refusal
 from rlhfless_sdk.rollout.modes import BATCH_CUT, STREAM, TAIL_ROUNDS, Mode, planned_mode
@@ -48,33 +48,6 @@ from rlhfless_openrlhf.launch_split import learner_gpus as launch_learner_gpus
 from rlhfless_openrlhf.step_io import EnginesIO
 
 log = logging.getLogger("rlhfless.openrlhf")
-
-
-def tensor_to_json(value: Any) -> Any:
-    """A checkpoint's JSON for ``value``: a tensor as its values, shape and dtype (``tensors_from_json`` rebuilds
-    it); another array as its values; anything else as its text."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return {TENSOR: value.tolist(), "dtype": str(value.dtype).removeprefix("torch.")}
-    return value.tolist() if hasattr(value, "tolist") else str(value)
-
-
-def tensors_from_json(value: Any) -> Any:
-    """``value`` with every tensor ``tensor_to_json`` wrote rebuilt (a 0-d reward stays 0-d, a [1] one [1])."""
-    import torch
-
-    if isinstance(value, dict):
-        if TENSOR in value:
-            return torch.tensor(value[TENSOR], dtype=getattr(torch, value["dtype"]))
-        return {k: tensors_from_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [tensors_from_json(v) for v in value]
-    return value
-
-
-#: The key marking a tensor in a checkpoint's JSON.
-TENSOR = "__rlhfless_tensor__"
 
 
 def log_lines() -> None:
@@ -158,11 +131,7 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         self._tail_source: Any = None  # the dataloader iterator the rounds draw from
         self._tail_drawn = 0
         self._tail_pending: list[int] = []  # restored from a checkpoint, not yet in a round
-        # partial rollouts cut at B groups: what is carried between steps
-        self.book = CarryBook()
-        self.group_meta: dict[int, tuple[str, Any, Any, str, list[int]]] = {}  # group -> prompt, label, image, uid, ids
-        self.carry_state: dict[tuple[int, int], tuple[list[int], list[float] | None]] = {}  # sample -> tokens, logprobs
-        self.ended_responses: dict[tuple[int, int], dict[str, Any]] = {}  # samples ended, their group still open
+        self.carried = CarriedWork()  # partial rollouts cut at B groups: what is carried between steps
         self.last_cuts: list[tuple[int, int, CutSample]] = []
         self.last_trained_groups: list[int] = []  # the groups of the last step's experiences
         self._shared_tokenizer: tuple[Any, SharedTokenizer] | None = None  # (tokenizer, its reference), put once
@@ -368,7 +337,7 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         stream: the prompts of its groups not trained yet (their tokens are not kept: a resumed run re-runs them
         from scratch under the restored weights). Any scheduler: the rest of a dataloader batch drawn in part
         (``take_prompts``). None when nothing is held."""
-        book = self.book
+        book = self.carried.book
         waiting = ([] if self.tail is None else self.tail.waiting()) + self._tail_pending
         if self.stream is not None:  # the stream's groups in flight: re-run from scratch on a resume
             with self.stream.cond:  # its feeder draws nothing between the generator's calls; held all the same
@@ -379,14 +348,7 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         if self._held:  # the rest of a dataloader batch a partial-rollout step drew part of
             snapshot["held"] = [[prompt, label] for prompt, label, _image in self._held]
         if book.groups:
-            snapshot.update(
-                {
-                    **book.state(),
-                    "group_meta": {str(g): [m[0], m[1], None, m[3], list(m[4])] for g, m in self.group_meta.items()},
-                    "carry_state": [[g, j, list(t), lp] for (g, j), (t, lp) in self.carry_state.items()],
-                    "ended": [[g, j, r] for (g, j), r in self.ended_responses.items()],
-                }
-            )
+            snapshot.update(self.carried.state())
         if waiting:
             snapshot["deferred"] = [[self.tail_prompts[k][0], self.tail_prompts[k][1]] for k in waiting]
         # plain JSON data, whatever the checkpoint format pickles or not; a tensor (a response's reward) keeps its
@@ -432,10 +394,8 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
                 self.planner.config.name,
             )
             return restored
-        book = self.book = CarryBook.from_state(snapshot)
-        self.group_meta = {int(g): (m[0], m[1], None, m[3], list(m[4])) for g, m in snapshot["group_meta"].items()}
-        self.carry_state = {(int(g), int(j)): (list(t), lp) for g, j, t, lp in snapshot["carry_state"]}
-        self.ended_responses = {(int(g), int(j)): tensors_from_json(r) for g, j, r in snapshot["ended"]}
+        self.carried = CarriedWork.from_state(snapshot)
+        book = self.carried.book
         self.step = int(snapshot["step"])
         log.info(
             "rlhfless: restored %d carried sample(s) in %d open group(s) from the checkpoint", carried, len(book.groups)
@@ -452,36 +412,24 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         policy that generated it, so OpenRLHF's rollout-logprob importance correction applies. Once the dataloader
         runs dry the last steps train what is left, B a step, and the epoch ends when nothing is carried. Returns
         (experiences, prompts taken from the dataloader, exhausted)."""
-        io = EnginesIO(self, kw, dataloader_iter=dataloader_iter)
-        driven = BatchCutSession(self.planner, b, self.book).next(io, self.step)
+        work = self.carried
+        io = EnginesIO(self, kw, dataloader_iter=dataloader_iter, carried=work)
+        driven = BatchCutSession(self.planner, b, work.book).next(io, self.step)
         if driven is None:
             return [], 0, True
         assert driven.settled is not None and io.backend is not None
         outcome, settled, backend = driven.outcome, driven.settled, io.backend
-        carried = set(outcome.carried)
-        for sid, p in enumerate(self.book.step_pieces):
-            key = (p.group, p.sample_index)
-            if sid not in carried:
-                self.ended_responses[key] = outcome.outputs[sid]
-                self.carry_state.pop(key, None)
-            elif sid in backend.carried_out:  # everything it has now, prompt excluded
-                resp = backend.carried_out[sid]
-                start = resp["action_ranges"][0][0]
-                lps = resp["rollout_log_probs"]
-                self.carry_state[key] = (list(resp["observation_tokens"][start:]), None if lps is None else lps[start:])
-        self.log.trace(
-            (self.group_meta[tg.group][3], self.group_meta[tg.group][4], tg.lengths) for tg in settled.trained
-        )
-        experiences = []
-        for tg in settled.trained:
-            for j in range(len(tg.lengths)):
-                response = self.ended_responses.pop((tg.group, j))
-                experiences.append(self._process_response_into_experience(response, **kw))
-            self.group_meta.pop(tg.group, None)
+        work.keep(outcome.outputs, set(outcome.carried), backend.carried_out)
+        self.log.trace((work.prompts[tg.group][3], work.prompts[tg.group][4], tg.lengths) for tg in settled.trained)
+        experiences = [
+            self._process_response_into_experience(response, **kw)
+            for tg in settled.trained
+            for response in work.take(tg.group, len(tg.lengths))
+        ]
         self.last_cuts = backend.cut_log
         self.last_trained_groups = driven.trained_rows  # the experiences' groups, in order
         self._finish_step(outcome.report.model_copy(update=driven.fields), outcome, driven.plan)
-        return experiences, len(io.drawn), io.exhausted and not self.book.open_group_ids()
+        return experiences, len(io.drawn), io.exhausted and not work.book.open_group_ids()
 
     # -- tail batching (a straggler policy that over-provisions and re-runs its slowest groups) -----------------
     def _prompt_stream(self, dataloader_iter):

@@ -7,21 +7,35 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from rlhfless_openrlhf.ray_backend import (
-    EngineRequest,
-    RayBackend,
-)
+from rlhfless_openrlhf.carried import CarriedWork
+from rlhfless_openrlhf.ray_backend import BackendSettings, EnginePool, EngineRequest, RayBackend
 
 from rlhfless_sdk.api.batch import PromptBatch
 from rlhfless_sdk.api.records import StepPlan
+from rlhfless_sdk.planning.planner import StepPlanner
 from rlhfless_sdk.rollout.controller import StepController
 from rlhfless_sdk.rollout.drivers import Ran
-from rlhfless_sdk.rollout.modes import BATCH_CUT
+from rlhfless_sdk.workloads.replay import LengthReplay
 
-if TYPE_CHECKING:
-    from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
+
+class GeneratorSide(Protocol):
+    """What a driven step reads of the samples generator (``RlhflessSamplesGenerator``): OpenRLHF's args, the
+    engines, the planner, the step count, the length replay, and how it draws, tokenizes and samples prompts."""
+
+    args: Any
+    pool: EnginePool
+    planner: StepPlanner
+    step: int
+    replay: LengthReplay | None
+    backend_settings: BackendSettings
+
+    def take_prompts(self, dataloader_iter: Any, k: int) -> tuple[list[tuple[str, Any, Any]], bool]: ...
+
+    def _prompt_batch(self, prompts: list[str], n: int, taken: set[str] | None = None) -> tuple[list, PromptBatch]: ...
+
+    def _sampling_params(self, **kw: Any) -> Any: ...
 
 
 class EnginesIO:
@@ -30,11 +44,18 @@ class EnginesIO:
     rule; a carried sample's tokens and logprobs kept for its next step."""
 
     def __init__(
-        self, gen: RlhflessSamplesGenerator, kw: dict[str, Any], source: Any = None, dataloader_iter: Any = None
+        self,
+        gen: GeneratorSide,
+        kw: dict[str, Any],
+        source: Any = None,
+        dataloader_iter: Any = None,
+        carried: CarriedWork | None = None,
     ) -> None:
         """``source``: prompt reference -> (prompt, label, image) (tail batching's ``tail_prompts``); default the
-        prompts ``draw`` took from ``dataloader_iter``, by position."""
+        prompts ``draw`` took from ``dataloader_iter``, by position. ``carried``: the work partial rollouts carry
+        between steps (a batch-cut step's; None: nothing is carried)."""
         self.gen, self.kw, self.source, self.dataloader_iter = gen, kw, source, dataloader_iter
+        self.carried = carried
         self.n = int(kw.get("n_samples_per_prompt", gen.args.rollout.n_samples_per_prompt))
         self.exhausted = False
         self.drawn: list[tuple[str, Any, Any]] = []  # prompt, label, image of each prompt drawn this step
@@ -57,8 +78,9 @@ class EnginesIO:
         gen = self.gen
         metas = [self.source[k] for k in prompts]
         taken: set[str] = set()
-        if gen.mode == BATCH_CUT:
-            taken = {p.uid for p in gen.book.carried} | {gen.group_meta[g][3] for g in gen.book.open_group_ids()}
+        if self.carried is not None:
+            work = self.carried
+            taken = {p.uid for p in work.book.carried} | {work.prompts[g][3] for g in work.book.open_group_ids()}
         token_ids, batch = gen._prompt_batch([m[0] for m in metas], self.n, taken)
         self.drawn = [(m[0], m[1], m[2]) for m in metas]
         self.metas = [(m[0], m[1], m[2], ids) for m, ids in zip(metas, token_ids, strict=True)]
@@ -68,17 +90,18 @@ class EnginesIO:
     def execute(self, batch: PromptBatch, plan: StepPlan, stop: Any, observe: bool) -> Ran:
         gen = self.gen
         prefix: dict[int, tuple[list[int], list[float] | None]] = {}
-        if gen.mode == BATCH_CUT:  # the batch: carried samples (one prompt each), then the new groups
-            pieces = gen.book.step_pieces
+        if self.carried is not None:  # the batch: carried samples (one prompt each), then the new groups
+            work = self.carried
+            pieces = work.book.step_pieces
             n_carried = len(pieces) - self.n * len(self.new_uids)
             for i, (prompt, label, image, ids) in enumerate(self.metas):  # the new groups, in launch order
-                gen.group_meta[pieces[n_carried + i * self.n].group] = (prompt, label, image, self.new_uids[i], ids)
+                work.prompts[pieces[n_carried + i * self.n].group] = (prompt, label, image, self.new_uids[i], ids)
             firsts = pieces[:n_carried] + pieces[n_carried :: self.n]
-            self.metas = [(m[0], m[1], m[2], m[4]) for m in (gen.group_meta[p.group] for p in firsts)]
+            self.metas = [(m[0], m[1], m[2], m[4]) for m in (work.prompts[p.group] for p in firsts)]
             prefix = {
-                sid: gen.carry_state[(p.group, p.sample_index)]
+                sid: work.tokens[(p.group, p.sample_index)]
                 for sid, p in enumerate(pieces[:n_carried])
-                if (p.group, p.sample_index) in gen.carry_state
+                if (p.group, p.sample_index) in work.tokens
             }
         if not gen.pool.live():
             raise RuntimeError("every rollout engine has died; cannot generate")
@@ -107,11 +130,11 @@ class EnginesIO:
         replay = self.gen.replay
         if replay is None:
             return {}
-        if self.gen.mode == BATCH_CUT:  # a carried sample is one prompt of its own: its group says which sample
-            meta = self.gen.group_meta
+        if self.carried is not None:  # a carried sample is one prompt of its own: its group says which sample
+            meta = self.carried.prompts
             return {
                 sid: replay.lengths(meta[p.group][3], self.n)[p.sample_index]
-                for sid, p in enumerate(self.gen.book.step_pieces)
+                for sid, p in enumerate(self.carried.book.step_pieces)
             }
         out, sid = {}, 0
         for i, uid in enumerate(batch.uids):
