@@ -142,6 +142,8 @@ class TensorParallel(Record):
     allreduce_gbps: PositiveFloat = Field(description="All-reduce bus bandwidth between the node's GPUs, GB/s.")
 
 
+# design: the fields of a profile file, one flat YAML mapping that `rlhfless profile` writes and users edit (every
+# shipped and user profile has this shape); nested groups would change that format for no gain in the code
 class TimePerTokenProfile(Record):
     """How long a model takes on one actor's hardware; the cost model's input.
 
@@ -500,6 +502,8 @@ class StepProgress(Record):
     )
 
 
+# design: one step report line, the flat JSON record a run writes a step (--scheduler.report) and `rlhfless report`,
+# the results pages and users' own tooling read; nesting its figures would change that format
 class StepReport(Record):
     """What one step cost and how well it was scheduled."""
 

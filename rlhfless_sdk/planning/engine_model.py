@@ -89,6 +89,8 @@ class EngineSamples:
         )
 
 
+# design: one simulated engine's state, read and written as plain attributes by the event loop's hottest lines (the
+# planner's check model runs it for every candidate count); grouping it would add an indirection to each of them
 @dataclass
 class EngineModel:
     """One decode actor's continuous-batching engine (vLLM-like) on a simulated clock."""
