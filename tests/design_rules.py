@@ -8,6 +8,7 @@ A rule broken on purpose says why in a comment on the line of the ``def`` or ``c
 from __future__ import annotations
 
 import ast
+import dataclasses
 import io
 import keyword
 import tokenize
@@ -71,8 +72,9 @@ def instance_attributes(cls: ast.ClassDef) -> set[str]:
 
 
 def measures() -> tuple[list[Place], list[Place]]:
-    """Every function (its lines) and every class (its instance attributes) of the shipped packages."""
-    functions, classes = [], []
+    """Every function (its lines) and every class (its instance attributes, its project bases' too: a mixin's
+    attributes are its host's) of the shipped packages."""
+    functions, classes, own, bases = [], [], {}, {}
     for path in sources():
         text = path.read_text(encoding="utf-8")
         lines, rel = text.splitlines(), str(path.relative_to(ROOT))
@@ -81,8 +83,18 @@ def measures() -> tuple[list[Place], list[Place]]:
                 size = node.end_lineno - node.lineno + 1
                 functions.append(Place(rel, node.lineno, node.name, size, _why(lines, node)))
             elif isinstance(node, ast.ClassDef):
-                size = len(instance_attributes(node))
-                classes.append(Place(rel, node.lineno, node.name, size, _why(lines, node)))
+                own[node.name] = instance_attributes(node)
+                bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
+                classes.append(Place(rel, node.lineno, node.name, 0, _why(lines, node)))
+
+    def attributes(name: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        out = set(own.get(name, ()))
+        for base in bases.get(name, ()):
+            if base in own and base not in seen:
+                out |= attributes(base, seen | {name})
+        return out
+
+    classes = [dataclasses.replace(c, size=len(attributes(c.name))) for c in classes]
     return functions, classes
 
 

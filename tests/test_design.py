@@ -32,8 +32,6 @@ NOT_YET = {
     "functions": {
         "rlhfless_sdk/simulation/stream.py:run_stream",
         "adapters/openrlhf/tools/demo.py:_run",
-        "rlhfless_sdk/rollout/stream.py:run_stream",
-        "adapters/openrlhf/generator.py:__init__",
         "adapters/openrlhf/tools/vllm_profile.py:measure",
         "adapters/openrlhf/stream.py:_generate_stream",
         "adapters/openrlhf/tools/drafter_bench.py:run_bench",

@@ -1081,7 +1081,8 @@ def test_a_launch_validates_its_scheduler_and_loads_its_profile_once_and_patches
     monkeypatch, tmp_path, openrlhf_learning
 ):
     """``--scheduler.config FILE --scheduler.profile NAME`` through ``main`` to the plan OpenRLHF's trainer would be
-    built with: the scheduler config is validated once (reading the file) and the profile loaded once; the launch
+    built with: the scheduler config is validated once (reading the file), the profile loaded once, the mode worked
+    out once for the scheduler and once for its async form; the launch
     changes no module attribute of OpenRLHF (or Ray's ``placement_group``) but the swaps ``SWAPS`` lists, each
     named in docs/openrlhf.md, and puts nothing on OpenRLHF's args."""
     import importlib
@@ -1102,8 +1103,10 @@ def test_a_launch_validates_its_scheduler_and_loads_its_profile_once_and_patches
         "ray.util.placement_group",
     ):
         importlib.import_module(module)  # fmt: skip
-    counts = {"config": 0, "profile": 0}
-    validate, load = SchedulerConfig.model_validate.__func__, profiles.load_profile
+    import rlhfless_sdk.rollout.modes as modes
+
+    counts = {"config": 0, "profile": 0, "mode": 0}
+    validate, load, mode_of = SchedulerConfig.model_validate.__func__, profiles.load_profile, modes.mode_of
 
     def counted_validate(cls, *args, **kwargs):
         counts["config"] += cls is SchedulerConfig
@@ -1114,7 +1117,13 @@ def test_a_launch_validates_its_scheduler_and_loads_its_profile_once_and_patches
         return load(*args, **kwargs)
 
     monkeypatch.setattr(SchedulerConfig, "model_validate", classmethod(counted_validate))
+
+    def counted_mode(*args, **kwargs):
+        counts["mode"] += 1
+        return mode_of(*args, **kwargs)
+
     monkeypatch.setattr(profiles, "load_profile", counted_load)
+    monkeypatch.setattr(modes, "mode_of", counted_mode)
     seen = []
     hierarchize = Launch.hierarchize
     monkeypatch.setattr(Launch, "hierarchize", lambda self, a: seen.append((hierarchize(self, a), self)) or seen[-1][0])
@@ -1126,7 +1135,9 @@ def test_a_launch_validates_its_scheduler_and_loads_its_profile_once_and_patches
         "--actor.model_name_or_path", "m", "--vllm.num_engines", "1", "--reward.remote_url", "reward.py",
     ])  # fmt: skip
     changed = {key for key, ident in _module_attributes().items() if key in before and before[key] != ident}
-    assert counts == {"config": 1, "profile": 1}
+    # the mode is worked out for the scheduler and for its async form (``async_launch``), each once, when the flags
+    # are checked; the plan and the actors take it from there
+    assert counts == {"config": 1, "profile": 1, "mode": 2}
     args, launch = seen[-1]
     assert launch.plan.name == "mine" and launch.plan.profile.name == "qwen2.5-3b-h100"
     assert not any("rlhfless" in name for name in vars(args))

@@ -27,7 +27,7 @@ from typing import Any
 
 from rlhfless_openrlhf.launch_split import flag as _flag
 from rlhfless_openrlhf.launch_split import learner_gpus
-from rlhfless_openrlhf.plan import FellBack, LaunchPlan, LaunchRequest
+from rlhfless_openrlhf.plan import FellBack, LaunchPlan, LaunchRequest, runnable_mode
 
 from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 
@@ -72,7 +72,8 @@ def launched_form(args: Any, plan: LaunchPlan, registry: Registry) -> LaunchPlan
         form.name,
         form.description,
     )
-    return plan.running(form, registry, launched_as=config.name)
+    mode = plan.request.async_mode or runnable_mode(form, registry)  # worked out with the request's
+    return dataclasses.replace(plan, scheduler=form, mode=mode, launched_as=config.name)
 
 
 # -- OpenRLHF modes the adapter refuses: (flag, test on OpenRLHF's hierarchized args, why) ---------------------

@@ -27,7 +27,7 @@ from rlhfless_openrlhf.ray_backend import (
     RolloutEngineLost,
     engine_gpus,
 )
-from rlhfless_openrlhf.stream import EngineStream, StreamGeneration
+from rlhfless_openrlhf.stream import StreamGeneration
 from vllm import SamplingParams
 
 from rlhfless_sdk.api.batch import PromptBatch
@@ -91,39 +91,19 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         0 where a tool stands in for the learner); ``fill_engines``: the stream's fill engines the launcher built
         (``rlhfless_openrlhf.fill``)."""
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
-        registry = registry or get_plugin_manager().registry
-        self.pool = EnginePool(self.vllm_engines)
-        self.pool.drafting = scheduler.policy("drafter").name != "none"  # the engines were built with it
-        n = len(self.vllm_engines)
-        gpa = profile.gpus_per_actor
-        # the engines OpenRLHF created, one decode actor each: never more (real engines do not burst)
-        config = scheduler.derive(burst=1.0, max_actors=min(scheduler.max_actors or n, n))
-        self.cluster = Cluster.of_gpus(n * gpa, gpus_per_node)
-        profile = profile.model_copy(update={"watermark": scheduler.kv_watermark})  # as the engine builder sets it
-        self.planner = planner_for(config, profile, self.cluster, registry, prefill_actor=False)
-        self.planner.warm_actors = n  # OpenRLHF started them before the first step
+        self._plan_on_engines(scheduler, profile, gpus_per_node, registry or get_plugin_manager().registry)
         mode = mode or planned_mode(self.planner)
         self.mode = mode.name  # the step driver, or the stream
-        refused = refusal(config, mode, self.modes, BACKEND)
+        refused = refusal(self.planner.config, mode, self.modes, BACKEND)
         if refused is not None:
             raise RlhflessError(refused)
-        self.profile = profile
         # the step count, the reports and the trace; length replay: each sample stops at a length from a trace, EOS
         # ignored (the scheduler is not told)
         self.log = RunLog(report_path, trace_path, replay)
-        # dedup prefill rides on vLLM's prefix cache; the user's setting holds for every scheduler alike
-        self.prefix_caching = bool(getattr(self.args.vllm, "enable_prefix_caching", True))
-        if not self.prefix_caching:
-            log.info("prefix caching is off (--vllm.enable_prefix_caching): the dedup prefill plan is not applied")
         self.check_interval_s = check_interval_s
         self.carry_timeout_s = carry_timeout_s  # how long a step's end waits for its carried samples' calls
         self.keeps_tokens = mode.keeps_tokens
-        if self.keeps_tokens and self.args.algo.advantage.is_correction_level == "off":
-            log.warning(
-                "rlhfless: scheduler %s trains carried tokens one weight update stale, but importance-sampling "
-                "correction is off (--algo.advantage.is_correction_level): they train without an importance weight",
-                config.name,
-            )
+        self._read_openrlhf_flags()
         # tail batching: rounds of prompts from OpenRLHF's dataloader, the slowest groups' prompts deferred
         self.tail: TailRounds | None = None
         self.tail_session: TailSession | None = None
@@ -136,22 +116,37 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         self.last_trained_groups: list[int] = []  # the groups of the last step's experiences
         self._shared_tokenizer: tuple[Any, SharedTokenizer] | None = None  # (tokenizer, its reference), put once
         self._held: list[tuple[str, Any, Any]] = []  # drawn from a dataloader batch, not yet taken (``take_prompts``)
-        # the streaming pipeline (OpenRLHF's async loop): the epoch's stream, the engines' weights version when the
-        # run's first stream began, and the batches it formed (batch k trains with version base + k)
-        self.stream: EngineStream | None = None
-        self._stream_base: int | None = None
-        self._stream_batches = 0
-        self._stream_mark: tuple[float, dict[int, float]] | None = None  # (time, engine busy s) at the last batch
-        self._stream_began: float | None = None  # wall clock of the stream's start
-        self._stream_handed: list[float] = []  # wall clock each stream batch was handed to OpenRLHF's learner
-        self.fill_engines: list[int] = []  # the stream's fill engines in the pool, until batch 0 (``fill``)
-        self.fill_stopped: dict[str, float] | None = None  # their stop: start, end (wall clock), moved, tokens
         if learner_gpus is None:
             learner_gpus = launch_learner_gpus(self.args) if hasattr(self.args, "actor") else 0
-        self.learner_gpus = learner_gpus
-        self.fill_handles = list(fill_engines or [])  # until the stream attaches them
-        self.last_billing: dict[str, Any] = {}  # what the last stream batch billed, as window_gpu_seconds read it
+        self.init_stream(learner_gpus, fill_engines)
         self._engine_profile: TimePerTokenProfile | None = None  # ``engine_profile``, read from the engines once
+
+    def _plan_on_engines(
+        self, scheduler: SchedulerConfig, profile: TimePerTokenProfile, gpus_per_node: int, registry: Registry
+    ) -> None:
+        """The engine pool and the planner of ``scheduler`` on the engines OpenRLHF created, one decode actor each:
+        never more (real engines do not burst), at the KV watermark the engine builder set."""
+        self.pool = EnginePool(self.vllm_engines)
+        self.pool.drafting = scheduler.policy("drafter").name != "none"  # the engines were built with it
+        n = len(self.vllm_engines)
+        config = scheduler.derive(burst=1.0, max_actors=min(scheduler.max_actors or n, n))
+        self.cluster = Cluster.of_gpus(n * profile.gpus_per_actor, gpus_per_node)
+        self.profile = profile.model_copy(update={"watermark": scheduler.kv_watermark})
+        self.planner = planner_for(config, self.profile, self.cluster, registry, prefill_actor=False)
+        self.planner.warm_actors = n  # OpenRLHF started them before the first step
+
+    def _read_openrlhf_flags(self) -> None:
+        """What OpenRLHF's flags say for every scheduler alike: dedup prefill rides on vLLM's prefix cache (the
+        user's setting holds); a scheduler that trains stale tokens without the importance correction is warned."""
+        self.prefix_caching = bool(getattr(self.args.vllm, "enable_prefix_caching", True))
+        if not self.prefix_caching:
+            log.info("prefix caching is off (--vllm.enable_prefix_caching): the dedup prefill plan is not applied")
+        if self.keeps_tokens and self.args.algo.advantage.is_correction_level == "off":
+            log.warning(
+                "rlhfless: scheduler %s trains carried tokens one weight update stale, but importance-sampling "
+                "correction is off (--algo.advantage.is_correction_level): they train without an importance weight",
+                self.planner.config.name,
+            )
 
     @property
     def step(self) -> int:

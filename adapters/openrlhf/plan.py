@@ -85,6 +85,7 @@ class LaunchRequest:
     node_gpus: int = 8
     force: bool = False
     profile_line: str | None = None
+    async_mode: Mode | None = None  # the mode of the scheduler's async form (``async_launch``), where it has one
 
 
 @dataclass(frozen=True)

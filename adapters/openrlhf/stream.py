@@ -320,6 +320,22 @@ class StreamGeneration:
     """The samples generator's streaming pipeline (a mixin of ``RlhflessSamplesGenerator``): one batch a call of
     OpenRLHF's async loop, its engines fed by an ``EngineStream`` between calls, its report and metrics."""
 
+    def init_stream(self, learner_gpus: int, fill_engines: list | None) -> None:
+        """No stream yet: the epoch's stream, the engines' weights version when the run's first stream began and
+        the batches it formed (batch k trains with version base + k); ``learner_gpus``: the GPUs OpenRLHF's learner
+        holds beside the engines; ``fill_engines``: the fill engines the launcher built (``fill``)."""
+        self.stream: EngineStream | None = None
+        self._stream_base: int | None = None
+        self._stream_batches = 0
+        self._stream_mark: tuple[float, dict[int, float]] | None = None  # (time, engine busy s) at the last batch
+        self._stream_began: float | None = None  # wall clock of the stream's start
+        self._stream_handed: list[float] = []  # wall clock each stream batch was handed to OpenRLHF's learner
+        self.fill_engines: list[int] = []  # the stream's fill engines in the pool, until batch 0 (``fill``)
+        self.fill_stopped: dict[str, float] | None = None  # their stop: start, end (wall clock), moved, tokens
+        self.learner_gpus = learner_gpus
+        self.fill_handles = list(fill_engines or [])  # until the stream attaches them
+        self.last_billing: dict[str, Any] = {}  # what the last stream batch billed, as window_gpu_seconds read it
+
     def _check_stream_loop(self) -> None:
         """The stream runs only where a weight broadcast pauses its running samples (see ``STREAM_NEEDS``)."""
         train, vllm = getattr(self.args, "train", None), getattr(self.args, "vllm", None)

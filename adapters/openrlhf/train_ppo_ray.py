@@ -132,8 +132,7 @@ def resolve(ours: dict[str, str], model: str | None = None) -> LaunchRequest | N
     if "--scheduler.drafter" in ours:
         config = with_drafter(config, ours["--scheduler.drafter"], registry)
     mode = runnable_mode(config, registry)  # refused here, not after OpenRLHF has loaded
-    if config.async_launch is not None:  # so is its async form
-        runnable_mode(config.launched(registry, True), registry)
+    async_mode = None if config.async_launch is None else runnable_mode(config.launched(registry, True), registry)
     split = ours.get("--scheduler.split", "auto")
     if split not in SPLIT_CHOICES and not (split.isdigit() and int(split) > 0):
         raise SystemExit(
@@ -153,6 +152,7 @@ def resolve(ours: dict[str, str], model: str | None = None) -> LaunchRequest | N
         node_gpus=int(node_gpus),
         force=_switch(ours, "--scheduler.force"),
         profile_line=profile_line,
+        async_mode=async_mode,
     )
 
 

@@ -304,91 +304,82 @@ class PluginManager:
                 )
         return reg
 
-    def _register_policies(self, reg: Registry, kind: str) -> None:
-        """Every plugin's policies of ``kind``, through the kind's hook: a ``PolicySpec`` each, names unique."""
+    def _register(
+        self, hook: str, expected: type | tuple[type, ...], what: str, store: Callable[[Any, str], str | None]
+    ) -> None:
+        """Call ``hook`` on each plugin with a ``register`` that checks each record is an ``expected`` (``what``
+        names it) and hands it to ``store(record, plugin)``, which keeps it, or names who registered its name first
+        (a duplicate, refused naming both plugins)."""
 
         def for_plugin(plugin: str) -> Callable[[Any], None]:
-            def register(spec: PolicySpec) -> None:
-                if not isinstance(spec, PolicySpec):
+            def register(record: Any) -> None:
+                if not isinstance(record, expected):
                     raise PluginError(
-                        f"plugin {plugin!r} passed a {type(spec).__name__} to register() in "
-                        f"{KIND[kind].hook}; expected rlhfless_sdk.PolicySpec"
+                        f"plugin {plugin!r} passed a {type(record).__name__} to register() in {hook}; expected {what}"
                     )
-                table = reg.policies[kind]
-                if spec.name in table:
-                    raise PluginError(
-                        f"duplicate {kind} name {spec.name!r}: registered by plugin {table[spec.name].plugin!r} "
-                        f"and by plugin {plugin!r}"
-                    )
-                table[spec.name] = spec.model_copy(update={"kind": kind, "plugin": plugin})
+                taken = store(record, plugin)
+                if taken is not None:
+                    raise PluginError(f"duplicate {taken} and by plugin {plugin!r}")
 
             return register
 
-        self._call_per_plugin(KIND[kind].hook, for_plugin)
+        self._call_per_plugin(hook, for_plugin)
+
+    def _register_policies(self, reg: Registry, kind: str) -> None:
+        """Every plugin's policies of ``kind``, through the kind's hook: a ``PolicySpec`` each, names unique."""
+        table = reg.policies[kind]
+
+        def store(spec: PolicySpec, plugin: str) -> str | None:
+            if spec.name in table:
+                return f"{kind} name {spec.name!r}: registered by plugin {table[spec.name].plugin!r}"
+            table[spec.name] = spec.model_copy(update={"kind": kind, "plugin": plugin})
+            return None
+
+        self._register(KIND[kind].hook, PolicySpec, "rlhfless_sdk.PolicySpec", store)
 
     def _register_modes(self, reg: Registry) -> None:
         """Every plugin's ways of running steps: a ``DriverSpec`` or a ``PipelineSpec`` each, names unique across
         both (and never ``sync``)."""
 
-        def for_plugin(plugin: str) -> Callable[[Any], None]:
-            def register(spec: DriverSpec | PipelineSpec) -> None:
-                if not isinstance(spec, DriverSpec | PipelineSpec):
-                    raise PluginError(
-                        f"plugin {plugin!r} passed a {type(spec).__name__} to register() in {hookspecs.MODE_HOOK}; "
-                        "expected rlhfless_sdk.DriverSpec or rlhfless_sdk.PipelineSpec"
-                    )
-                owner = reg.drivers.get(spec.name) or reg.pipelines.get(spec.name)
-                if owner is not None or spec.name == SYNC:
-                    by = f"plugin {owner.plugin!r}" if owner is not None else "rlhfless (the synchronous loop)"
-                    raise PluginError(f"duplicate mode name {spec.name!r}: registered by {by} and by plugin {plugin!r}")
-                table: dict[str, Any] = reg.drivers if isinstance(spec, DriverSpec) else reg.pipelines
-                table[spec.name] = replace(spec, plugin=plugin)
+        def store(spec: DriverSpec | PipelineSpec, plugin: str) -> str | None:
+            owner = reg.drivers.get(spec.name) or reg.pipelines.get(spec.name)
+            if owner is not None or spec.name == SYNC:
+                by = f"plugin {owner.plugin!r}" if owner is not None else "rlhfless (the synchronous loop)"
+                return f"mode name {spec.name!r}: registered by {by}"
+            table: dict[str, Any] = reg.drivers if isinstance(spec, DriverSpec) else reg.pipelines
+            table[spec.name] = replace(spec, plugin=plugin)
+            return None
 
-            return register
-
-        self._call_per_plugin(hookspecs.MODE_HOOK, for_plugin)
+        what = "rlhfless_sdk.DriverSpec or rlhfless_sdk.PipelineSpec"
+        self._register(hookspecs.MODE_HOOK, (DriverSpec, PipelineSpec), what, store)
 
     def _register_schedulers(self, reg: Registry) -> None:
         """Every plugin's scheduler presets: a ``SchedulerConfig`` each, names unique."""
 
-        def for_plugin(plugin: str) -> Callable[[Any], None]:
-            def register(config: SchedulerConfig) -> None:
-                if not isinstance(config, SchedulerConfig):
-                    raise PluginError(
-                        f"plugin {plugin!r} passed a {type(config).__name__} to register() in "
-                        f"{hookspecs.SCHEDULER_HOOK}; expected rlhfless_sdk.SchedulerConfig"
-                    )
-                if config.name in reg.schedulers:
-                    raise PluginError(
-                        f"duplicate scheduler name {config.name!r}: registered by plugin "
-                        f"{reg.schedulers[config.name].plugin!r} and by plugin {plugin!r}"
-                    )
-                reg.schedulers[config.name] = SchedulerPreset(config=config, plugin=plugin)
+        def store(config: SchedulerConfig, plugin: str) -> str | None:
+            if config.name in reg.schedulers:
+                return f"scheduler name {config.name!r}: registered by plugin {reg.schedulers[config.name].plugin!r}"
+            reg.schedulers[config.name] = SchedulerPreset(config=config, plugin=plugin)
+            return None
 
-            return register
-
-        self._call_per_plugin(hookspecs.SCHEDULER_HOOK, for_plugin)
+        self._register(hookspecs.SCHEDULER_HOOK, SchedulerConfig, "rlhfless_sdk.SchedulerConfig", store)
 
     def _register_commands(self, reg: Registry) -> None:
-        """Every plugin's ``rlhfless`` subcommands: a click command each, names unique."""
+        """Every plugin's ``rlhfless`` subcommands: a click command each (a ``name`` and a ``main``), names unique."""
 
-        def for_plugin(plugin: str) -> Callable[[Any], None]:
-            def register(command: Any) -> None:
-                name = getattr(command, "name", None)
-                if not name or not callable(getattr(command, "main", None)):
-                    raise PluginError(
-                        f"plugin {plugin!r} passed a {type(command).__name__} to register() in "
-                        f"{hookspecs.COMMAND_HOOK}; expected a click command"
-                    )
-                if name in reg.commands:
-                    raise PluginError(
-                        f"duplicate command {name!r}: registered by plugin {reg.commands[name][1]!r} and by {plugin!r}"
-                    )
-                reg.commands[name] = (command, plugin)
+        def store(command: Any, plugin: str) -> str | None:
+            name = getattr(command, "name", None)
+            if not name or not callable(getattr(command, "main", None)):
+                raise PluginError(
+                    f"plugin {plugin!r} passed a {type(command).__name__} to register() in "
+                    f"{hookspecs.COMMAND_HOOK}; expected a click command"
+                )
+            if name in reg.commands:
+                return f"command {name!r}: registered by plugin {reg.commands[name][1]!r}"
+            reg.commands[name] = (command, plugin)
+            return None
 
-            return register
-
-        self._call_per_plugin(hookspecs.COMMAND_HOOK, for_plugin)
+        self._register(hookspecs.COMMAND_HOOK, object, "a click command", store)
 
 
 _manager: PluginManager | None = None

@@ -362,88 +362,124 @@ def run_stream(
             f"rollout_gpus={rollout_gpus} must leave the learner {max(min_learners, 1)} of the {gpus} GPUs (what "
             "its state needs) and run an engine"
         )
-    loop = StreamLoop(book, engines.max_num_seqs, slots)
+    run = _Stream(engines, learner, book, StreamLoop(book, engines.max_num_seqs, slots), gpus, rollout_gpus)
+    run.gpus_per_engine, run.check_s, run.split, run.switch_s = gpus_per_engine, check_s, split, switch_s
+    run.slots, run.min_learners, run.fill_engines, run.fill_switch_s = slots, min_learners, fill_engines, fill_switch_s
+    return run.run()
 
-    def feed(engine: int, in_flight: int) -> list[int]:  # at a finish, on the engines' clock: the same rule
-        return [sid for sid, _ in loop.fill(loop.free({engine: in_flight}), version).sent]
 
-    engines.feeder = feed
-    stats = StreamStats()
-    stats.marks.append((engines.now(), engines.generated_tokens(), 0.0))
-    version, k = 0, 0
-    r = rollout_gpus
-    learners = gpus - r
-    training: tuple[int, float, float] | None = None  # (batch, start, end)
-    learner_free = 0.0
-    changed = True  # a group completed (or the learner freed) since the last try at forming a batch
-    while book.untrained or training is not None:
-        now = engines.now()
-        fill = loop.fill(loop.free(engines.in_flight(loop.held_back())), version)
-        if fill.sent:
-            engines.start([sid for sid, _ in fill.sent], [e for _, e in fill.sent])
-        stats.gated_s += check_s * fill.gated
-        if training is None and book.untrained and now >= learner_free and changed:
-            changed = False
-            chosen = loop.form(k)
-            if chosen is None and book.done_samples == book.samples:
-                raise RlhflessError(f"batch {k} cannot be formed although every sample has finished")
-            if chosen is not None:
-                tokens = learner.tokens(chosen)
-                stats.trained_tokens.append(tokens)
-                stats.lengths.append(engines.lengths([sid for g in chosen for sid in book.groups[g].samples]))
-                stats.running = engines.running_lengths()
-                stats.batches.append(chosen)
-                if slots is not None:
-                    stats.slots.append(loop.limit())
-                stats.marks.append((now, engines.generated_tokens(), stats.gated_s))
-                restart = 0.0
-                if fill_engines and k == 0:  # the fill engines stop: the learner trains on its GPUs
-                    engines.resize(r // gpus_per_engine, now)
-                    restart = fill_switch_s
-                    stats.fill_stop = (now, fill_switch_s)
-                if split is not None:
-                    new = split.split(k, stats, book, r)
-                    if not (gpus_per_engine <= new <= most and new % gpus_per_engine == 0):
-                        raise RlhflessError(
-                            f"the split policy chose {new} rollout GPUs of {gpus}: not a split that leaves the learner "
-                            f"{max(min_learners, 1)}"
-                        )
-                    if new != r:
-                        engines.resize(new // gpus_per_engine, now)
-                        restart = switch_s
-                        stats.restarts.append((k, switch_s))
-                        r = new
-                learners = gpus - r
-                end = now + restart + learner.train_s(tokens, learners)
-                training = (k, now, end)
-                stats.overdue = book.overdue
-                stats.ready.append(max(book.groups[g].completed_at for g in chosen))
-                stats.split.append(r)
-                stats.learners.append(learners)
-        t = now + check_s
-        if training is not None:
-            t = min(t, training[2])
-        elif learner_free > now:
-            t = min(t, learner_free)
+class _Stream:
+    """``run_stream``'s state as it runs: the engines and their feed (``StreamLoop``), the learner, the weights
+    version, the batch under way and the batch in training, the split; its stats."""
+
+    def __init__(
+        self, engines: StreamEngines, learner: Learner, book: GroupBook, loop: StreamLoop, gpus: int, r: int
+    ) -> None:
+        self.engines, self.learner, self.book, self.loop, self.gpus, self.r = engines, learner, book, loop, gpus, r
+        self.gpus_per_engine, self.check_s, self.switch_s, self.min_learners = 1, 1.0, 0.0, 1
+        self.split: SplitPolicy | None = None
+        self.slots: KvSlots | None = None
+        self.fill_engines, self.fill_switch_s = 0, 0.0
+        self.stats = StreamStats()
+        self.version, self.k = 0, 0
+        self.training: tuple[int, float, float] | None = None  # (batch, start, end)
+        self.learner_free = 0.0
+        self.changed = True  # a group completed (or the learner freed) since the last try at forming a batch
+
+    def feed(self, engine: int, in_flight: int) -> list[int]:
+        """At a finish, on the engines' clock: the same rule as every tick."""
+        return [sid for sid, _ in self.loop.fill(self.loop.free({engine: in_flight}), self.version).sent]
+
+    def run(self) -> StreamStats:
+        engines, book, stats = self.engines, self.book, self.stats
+        engines.feeder = self.feed
+        stats.marks.append((engines.now(), engines.generated_tokens(), 0.0))
+        while book.untrained or self.training is not None:
+            now = engines.now()
+            fill = self.loop.fill(self.loop.free(engines.in_flight(self.loop.held_back())), self.version)
+            if fill.sent:
+                engines.start([sid for sid, _ in fill.sent], [e for _, e in fill.sent])
+            stats.gated_s += self.check_s * fill.gated
+            if self.training is None and book.untrained and now >= self.learner_free and self.changed:
+                self.changed = False
+                self.form(now)
+            self.advance(now)
+        unfinished = [g.gid for g in book.groups if g.batch < 0]
+        if unfinished:
+            raise RlhflessError(f"the stream ended with {len(unfinished)} group(s) untrained (first: {unfinished[0]})")
+        return stats
+
+    def form(self, now: float) -> None:
+        """Try to form batch k; formed, it starts training (on a resized learner, where the split changes)."""
+        book, stats, engines = self.book, self.stats, self.engines
+        chosen = self.loop.form(self.k)
+        if chosen is None and book.done_samples == book.samples:
+            raise RlhflessError(f"batch {self.k} cannot be formed although every sample has finished")
+        if chosen is None:
+            return
+        tokens = self.learner.tokens(chosen)
+        stats.trained_tokens.append(tokens)
+        stats.lengths.append(engines.lengths([sid for g in chosen for sid in book.groups[g].samples]))
+        stats.running = engines.running_lengths()
+        stats.batches.append(chosen)
+        if self.slots is not None:
+            stats.slots.append(self.loop.limit())
+        stats.marks.append((now, engines.generated_tokens(), stats.gated_s))
+        restart = self.resize(now)
+        learners = self.gpus - self.r
+        self.training = (self.k, now, now + restart + self.learner.train_s(tokens, learners))
+        stats.overdue = book.overdue
+        stats.ready.append(max(book.groups[g].completed_at for g in chosen))
+        stats.split.append(self.r)
+        stats.learners.append(learners)
+
+    def resize(self, now: float) -> float:
+        """The split as batch k forms: the fill engines stop at batch 0, the split policy may move GPUs between the
+        engines and the learner; the restart the learner pays for it."""
+        restart, gpa, stats = 0.0, self.gpus_per_engine, self.stats
+        if self.fill_engines and self.k == 0:  # the fill engines stop: the learner trains on its GPUs
+            self.engines.resize(self.r // gpa, now)
+            restart = self.fill_switch_s
+            stats.fill_stop = (now, self.fill_switch_s)
+        if self.split is not None:
+            new = self.split.split(self.k, stats, self.book, self.r)
+            most = self.gpus - max(self.min_learners, 1)
+            if not (gpa <= new <= most and new % gpa == 0):
+                raise RlhflessError(
+                    f"the split policy chose {new} rollout GPUs of {self.gpus}: not a split that leaves the learner "
+                    f"{max(self.min_learners, 1)}"
+                )
+            if new != self.r:
+                self.engines.resize(new // gpa, now)
+                restart = self.switch_s
+                stats.restarts.append((self.k, self.switch_s))
+                self.r = new
+        return restart
+
+    def advance(self, now: float) -> None:
+        """The engines run to the next check (or the end of the training, or the learner freed); a batch whose
+        training ends updates the weights."""
+        engines, stats = self.engines, self.stats
+        t = now + self.check_s
+        if self.training is not None:
+            t = min(t, self.training[2])
+        elif self.learner_free > now:
+            t = min(t, self.learner_free)
         finished = engines.advance(t)
         if finished:
-            loop.finished(finished, engines.now(), *engines.lengths(finished))
-            changed = True
-        if training is None and engines.now() >= learner_free > now:
-            changed = True
-        if training is not None and engines.now() >= training[2]:
-            kk, start, end = training
+            self.loop.finished(finished, engines.now(), *engines.lengths(finished))
+            self.changed = True
+        if self.training is None and engines.now() >= self.learner_free > now:
+            self.changed = True
+        if self.training is not None and engines.now() >= self.training[2]:
+            kk, start, end = self.training
             stats.train.append((start, end))
-            version = kk + 1
-            engines.update(end, learner.sync_s, version)
-            stats.updates.append((end, end + learner.sync_s))
+            self.version = kk + 1
+            engines.update(end, self.learner.sync_s, self.version)
+            stats.updates.append((end, end + self.learner.sync_s))
             stats.tokens.append(engines.generated_tokens())
             stats.gated.append(stats.gated_s)
-            learner_free = end + learner.sync_s
-            training = None
-            changed = True
-            k += 1
-    unfinished = [g.gid for g in book.groups if g.batch < 0]
-    if unfinished:
-        raise RlhflessError(f"the stream ended with {len(unfinished)} group(s) untrained (first: {unfinished[0]})")
-    return stats
+            self.learner_free = end + self.learner.sync_s
+            self.training = None
+            self.changed = True
+            self.k += 1
