@@ -31,13 +31,9 @@ rules = _load_rules()
 NOT_YET = {
     "functions": {
         "rlhfless_sdk/simulation/stream.py:run_stream",
-        "adapters/openrlhf/tools/demo.py:_run",
         "adapters/openrlhf/tools/vllm_profile.py:measure",
         "adapters/openrlhf/stream.py:_generate_stream",
         "adapters/openrlhf/tools/drafter_bench.py:run_bench",
-        "adapters/openrlhf/tools/pipeline_demo.py:run_async_loop",
-        "adapters/openrlhf/tools/pipeline_demo.py:_run",
-        "adapters/openrlhf/tools/fidelity.py:run_fidelity",
     },
     "classes": {
         "adapters/openrlhf/generator.py:RlhflessSamplesGenerator",

