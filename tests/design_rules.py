@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import io
 import keyword
+import os
 import tokenize
 from collections import defaultdict
 from dataclasses import dataclass
@@ -83,18 +84,23 @@ def measures() -> tuple[list[Place], list[Place]]:
                 size = node.end_lineno - node.lineno + 1
                 functions.append(Place(rel, node.lineno, node.name, size, _why(lines, node)))
             elif isinstance(node, ast.ClassDef):
-                own[node.name] = instance_attributes(node)
-                bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
+                own[rel, node.name] = instance_attributes(node)
+                bases[rel, node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
                 classes.append(Place(rel, node.lineno, node.name, 0, _why(lines, node)))
+    where = defaultdict(list)  # class name -> the files defining one (two files may each have a class so named)
+    for rel, name in own:
+        where[name].append(rel)
 
-    def attributes(name: str, seen: frozenset[str] = frozenset()) -> set[str]:
-        out = set(own.get(name, ()))
-        for base in bases.get(name, ()):
-            if base in own and base not in seen:
-                out |= attributes(base, seen | {name})
+    def attributes(key: tuple[str, str], seen: frozenset[tuple[str, str]] = frozenset()) -> set[str]:
+        out = set(own.get(key, ()))
+        for base in bases.get(key, ()):
+            # the nearest file defining it: its own, else the one sharing the longest folder path
+            found = sorted(where.get(base, ()), key=lambda r: -len(os.path.commonpath([r, key[0]])))
+            if found and (found[0], base) not in seen:
+                out |= attributes((found[0], base), seen | {key})
         return out
 
-    classes = [dataclasses.replace(c, size=len(attributes(c.name))) for c in classes]
+    classes = [dataclasses.replace(c, size=len(attributes((c.path, c.name)))) for c in classes]
     return functions, classes
 
 

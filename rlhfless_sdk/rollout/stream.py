@@ -32,12 +32,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from rlhfless_sdk.api.errors import RlhflessError
-from rlhfless_sdk.api.records import TimePerTokenProfile
+from rlhfless_sdk.api.records import StepReport, TimePerTokenProfile
 from rlhfless_sdk.planning.engine_model import drain_s, remaining_draw, steady_rate, steady_step
 from rlhfless_sdk.rollout.stream_book import GroupBook, StreamStats
 from rlhfless_sdk.rollout.stream_loop import KvSlots, StreamLoop
@@ -131,6 +131,55 @@ def batch_ages(runs: Iterable[Sequence[tuple[int, int]]], trained_version: int) 
                 stale += tokens
                 oldest = max(oldest, trained_version - version)
     return total, stale, oldest
+
+
+@dataclass(frozen=True)
+class BatchWindow:
+    """What a stream batch's report is built from, on every backend: batch ``step`` of ``scheduler``, the window
+    (``lo``, ``hi``) between the weight updates around it (the adapter's wall clock, the simulator's), the time an
+    engine generated in it, what it bills (GPU-seconds, and serverful: every GPU for the window), the engines' idle
+    share and busy seconds (their spread: the imbalance), the engines running, the samples and response tokens it
+    trains, its token ages (``batch_ages``), its groups and the GPUs it holds at most."""
+
+    step: int
+    scheduler: str
+    lo: float
+    hi: float
+    generation_s: float
+    gpu_seconds: float
+    gpu_seconds_serverful: float
+    idle: float
+    busy: Sequence[float]
+    engines: int
+    samples: int
+    response_tokens: int
+    ages: tuple[int, int, int]
+    groups: int
+    peak_gpus: int
+
+    def report(self, **more: Any) -> StepReport:
+        """The batch's ``StepReport`` (``more``: a backend's own fields: the simulator's learning times, the
+        adapter's busy seconds and samples in flight)."""
+        tokens, stale, oldest = self.ages
+        mean = float(np.mean(self.busy)) if len(self.busy) else 0.0
+        return StepReport(
+            step=self.step,
+            scheduler=self.scheduler,
+            time_s=self.hi - self.lo,
+            generation_s=self.generation_s,
+            gpu_seconds=self.gpu_seconds,
+            gpu_seconds_serverful=self.gpu_seconds_serverful,
+            idle_fraction=min(max(self.idle, 0.0), 1.0),
+            imbalance=max(float(max(self.busy)) / mean, 1.0) if mean > 0 else 1.0,
+            num_actors=max(self.engines, 1),
+            samples=self.samples,
+            response_tokens=self.response_tokens,
+            peak_gpus=self.peak_gpus,
+            stale_token_fraction=stale / tokens if tokens else 0.0,
+            max_token_age_steps=oldest,
+            groups_trained=self.groups,
+            **more,
+        )
 
 
 @dataclass

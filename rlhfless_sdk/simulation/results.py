@@ -47,7 +47,7 @@ class SimulatedStep:
         return cls(report, plan, plan.chosen_candidate(), outcome.usage.extra["preemptions"], frontier, outcome, usage)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SimulationResult:
     scheduler: str
     steps: list[SimulatedStep]

@@ -146,20 +146,22 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         spec = self.speculation(config)
         with isolated_history(), self.drafting(spec, config.kv_watermark):
             result = self._run(config, workload, on_step, frontier)
-        result.workload_steps, result.gpus = len(workload.steps), self.cluster.total_gpus
-        result.work = self.work_bound(workload)
+        drafted = None
         if spec is not None:
-            drafted = work_bound(workload, self.bound_profile.model_copy(update={"speculation": spec}), self.run_algo)
+            bound = work_bound(workload, self.bound_profile.model_copy(update={"speculation": spec}), self.run_algo)
             acc = spec.acceptance
-            result.drafter = {
+            drafted = {
                 "name": config.policy("drafter").name,
                 "acceptance": acc.source,
                 "assumption": acc.assumption,
                 "tokens_per_step": spec.tokens_per_step(),
                 "best_tokens_per_step": spec.best_tokens_per_step(),
-                "bound_gpu_s": drafted.gpu_s,
+                "bound_gpu_s": bound.gpu_s,
             }
-        return result
+        work = self.work_bound(workload)
+        return replace(
+            result, workload_steps=len(workload.steps), gpus=self.cluster.total_gpus, work=work, drafter=drafted
+        )
 
     def speculation(self, config: SchedulerConfig) -> Speculation | None:
         """What ``config``'s drafter does on these engines: its budget for each running count and its acceptance
@@ -276,11 +278,10 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
                 res = self.pipeline_run(mode_for(baseline, self.registry))(
                     baseline, workload, on_step, choice.baseline_split
                 )
-            res.scheduler = config.name
+            res = replace(res, scheduler=config.name)
         else:
             res = self.pipeline_run(mode)(config, workload, on_step, choice.rollout_gpus)
-        res.split_plan = choice.as_dict()
-        return res
+        return replace(res, split_plan=choice.as_dict())
 
     def run_plain(
         self,
@@ -352,8 +353,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         elif on_step is not None:
             for rep in res.reports:
                 on_step(rep)
-        res.split_search = tried
-        return res
+        return replace(res, split_search=tried)
 
     def pipeline_run(self, mode: Mode) -> Callable[[SchedulerConfig, Workload, OnStep, int], SimulationResult]:
         """The run of ``mode``'s pipeline at one split, called with (config, workload, on_step, rollout GPUs)."""

@@ -15,21 +15,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.learner import beside_learner
-from rlhfless_sdk.api.records import (
-    StepPlan,
-    StepReport,
-    TimePerTokenProfile,
-)
+from rlhfless_sdk.api.records import StepPlan, TimePerTokenProfile
 from rlhfless_sdk.planning.engine_model import DONE, QUEUED, EngineModel, EngineSamples
 from rlhfless_sdk.rollout.billing import covered, window_gpu_seconds
 from rlhfless_sdk.rollout.stream import (
     BalancedSplit,
+    BatchWindow,
     Feeder,
     GroupBook,
     KvSlots,
@@ -38,6 +36,7 @@ from rlhfless_sdk.rollout.stream import (
     run_stream,
     version_runs,
 )
+from rlhfless_sdk.rollout.stream_book import StreamStats
 from rlhfless_sdk.simulation.results import OnStep, SimulatedStep, SimulationResult
 from rlhfless_sdk.workloads.traces import Workload
 
@@ -223,6 +222,40 @@ class _StreamLearner:
         return tokens * self.s_per_token / gpus
 
 
+@dataclass(frozen=True)
+class _StreamWork:
+    """A workload as one stream: its samples (group, index, prompt and response lengths), each group's size and
+    tokens (prompt and response: what the learner trains on), B (the first step's batch size)."""
+
+    samples: EngineSamples
+    sizes: list[int]
+    prompt_lengths: list[int]
+    group_tokens: list[float]
+    batch: int
+
+    @classmethod
+    def of(cls, workload: Workload, max_tokens: int | None) -> _StreamWork:
+        sizes: list[int] = []
+        gid, index, plen, target, group_tokens = [], [], [], [], []
+        for ws in workload.steps:
+            b, lengths = ws.batch, np.asarray(ws.lengths, dtype=np.int64)
+            if max_tokens is not None:
+                lengths = np.minimum(lengths, max_tokens)
+            for i in range(len(b)):
+                lo, hi = int(b.sample_offsets[i]), int(b.sample_offsets[i + 1])
+                n, p = hi - lo, int(b.prompt_lengths[i])
+                gid += [len(sizes)] * n
+                index += list(range(n))
+                plen += [p] * n
+                target += lengths[lo:hi].tolist()
+                group_tokens.append(float(p * n + lengths[lo:hi].sum()))
+                sizes.append(n)
+        n_samples = len(target)
+        samples = EngineSamples(gid, index, plen, [0] * n_samples, target, [0.0] * n_samples, [0] * n_samples)
+        batch = max((len(ws.batch) for ws in workload.steps), default=0)
+        return cls(samples, sizes, plen, group_tokens, max(batch, 1))
+
+
 class StreamRun:
     """The ``Simulator``'s run of the streaming pipeline (a mixin over the simulator's engines and learner)."""
 
@@ -238,132 +271,115 @@ class StreamRun:
         own (dedicated memory). Batch k's report spans the time between updates k - 1 and k and bills what
         happened in it: each engine while held (from its start, start-up included, to its last token or its
         stop), the learner GPUs while they train, every GPU during an update."""
-        self.warm, self.warm_prefill = frozenset(), False
-        self.run_algo = self.algo or workload.algo
-        pipe = config.pipeline
-        g, prof = self.cluster.total_gpus, self.dedicated
-        gpa = prof.gpus_per_actor
-        sizes: list[int] = []
-        gid, index, plen, target, group_tokens = [], [], [], [], []
-        for ws in workload.steps:
-            b, lengths = ws.batch, np.asarray(ws.lengths, dtype=np.int64)
-            if self.max_tokens is not None:
-                lengths = np.minimum(lengths, self.max_tokens)
-            for i in range(len(b)):
-                lo, hi = int(b.sample_offsets[i]), int(b.sample_offsets[i + 1])
-                n, p = hi - lo, int(b.prompt_lengths[i])
-                gid += [len(sizes)] * n
-                index += list(range(n))
-                plen += [p] * n
-                target += lengths[lo:hi].tolist()
-                group_tokens.append(float(p * n + lengths[lo:hi].sum()))
-                sizes.append(n)
-        n_samples = len(target)
-        samples = EngineSamples(gid, index, plen, [0] * n_samples, target, [0.0] * n_samples, [0] * n_samples)
-        b_size = max((len(ws.batch) for ws in workload.steps), default=0)
-        book = GroupBook(sizes, max(b_size, 1), pipe.max_age)
+        self.begin(workload)
+        pipe, prof, g = config.pipeline, self.dedicated, self.cluster.total_gpus
+        work = _StreamWork.of(workload, self.max_tokens)
+        book = GroupBook(work.sizes, work.batch, pipe.max_age)
         rates = prof.learner_rates(self.run_algo)
-        learner = _StreamLearner(group_tokens, rates[0] + rates[1], prof.weight_sync_s)
-        split: BalancedSplit | None = None
-        policy: BalancedSplit | PinnedSplit | None = None
         slots = KvSlots(prof, pipe.kv_slots) if pipe.kv_slots is not None else None
-        floor, restart = self.learner_floor(), self.restart_s()
-        if pipe.elastic:
-            split = policy = BalancedSplit(
-                prof, g, rates[0] + rates[1], switch_s=restart, min_learners=floor, slots=slots
-            )
-            cap = workload.cap if self.max_tokens is None else min(workload.cap, self.max_tokens)
-            first = sizes[: book.B]
-            r = split.first(sum(first), float(np.mean(plen)) if plen else 0.0, cap)
-            if pipe.split_schedule is not None:
-                bad = [x for x in pipe.split_schedule if x and (x % gpa or not gpa <= x <= g - floor)]
-                if bad:
-                    raise RlhflessError(
-                        f"scheduler {config.name!r}: split_schedule entry {bad[0]} is not a split of {g} GPUs (a "
-                        f"multiple of {gpa} GPUs per engine, {floor} left to learn; 0: the planner's)"
-                    )
-                policy = PinnedSplit(split, pipe.split_schedule)
-        if r is None:
-            raise RlhflessError(f"scheduler {config.name!r}: a stream with a fixed split needs its rollout GPUs")
-        engines = SimulatedStream(prof, samples, r // gpa)
+        split, policy, r = self._stream_split(config, workload, work, r, slots)
+        engines = SimulatedStream(prof, work.samples, r // prof.gpus_per_actor)
         beside = beside_learner(prof, self.run_algo, g - r) if pipe.fill_engines else None
-        fill = (g - r) // gpa if beside is not None else 0
+        fill = (g - r) // prof.gpus_per_actor if beside is not None else 0
         if fill:
             engines.lend(fill, beside)
         stats = run_stream(
             engines,
-            learner,
+            _StreamLearner(work.group_tokens, rates[0] + rates[1], prof.weight_sync_s),
             book,
             gpus=g,
             rollout_gpus=r,
-            gpus_per_engine=gpa,
+            gpus_per_engine=prof.gpus_per_actor,
             split=policy,
-            switch_s=restart,
+            switch_s=self.restart_s(),
             slots=slots,
-            min_learners=floor,
+            min_learners=self.learner_floor(),
             fill_engines=fill,
             fill_switch_s=FILL_SWITCH_S if fill else 0.0,
         )
+        steps = self._stream_steps(config, engines, book, stats, on_step)
+        summary = _stream_summary(stats, engines, split, r, self.learner_floor(), fill)
+        return SimulationResult(config.name, steps, rollout_gpus=r, stream=summary)
+
+    def _stream_split(
+        self, config: SchedulerConfig, workload: Workload, work: _StreamWork, r: int | None, slots: KvSlots | None
+    ) -> tuple[BalancedSplit | None, BalancedSplit | PinnedSplit | None, int]:
+        """The stream's first split and, for an elastic one, the policy that re-plans it between batches (a pinned
+        schedule over the balanced split, where the config pins one)."""
+        pipe, prof, g = config.pipeline, self.dedicated, self.cluster.total_gpus
+        if not pipe.elastic:
+            if r is None:
+                raise RlhflessError(f"scheduler {config.name!r}: a stream with a fixed split needs its rollout GPUs")
+            return None, None, r
+        gpa, floor, rates = prof.gpus_per_actor, self.learner_floor(), prof.learner_rates(self.run_algo)
+        split = BalancedSplit(prof, g, rates[0] + rates[1], switch_s=self.restart_s(), min_learners=floor, slots=slots)
+        cap = workload.cap if self.max_tokens is None else min(workload.cap, self.max_tokens)
+        plen = work.prompt_lengths
+        r = split.first(sum(work.sizes[: work.batch]), float(np.mean(plen)) if plen else 0.0, cap)
+        if pipe.split_schedule is None:
+            return split, split, r
+        bad = [x for x in pipe.split_schedule if x and (x % gpa or not gpa <= x <= g - floor)]
+        if bad:
+            raise RlhflessError(
+                f"scheduler {config.name!r}: split_schedule entry {bad[0]} is not a split of {g} GPUs (a multiple of "
+                f"{gpa} GPUs per engine, {floor} left to learn; 0: the planner's)"
+            )
+        return split, PinnedSplit(split, pipe.split_schedule), r
+
+    def _stream_steps(
+        self, config: SchedulerConfig, engines: SimulatedStream, book: GroupBook, stats: StreamStats, on_step: OnStep
+    ) -> list[SimulatedStep]:
+        """Each batch's report (``BatchWindow``, the adapter's stream builds its own the same way): the window
+        between the updates around it and what it billed there."""
+        prof, g = self.dedicated, self.cluster.total_gpus
+        gpa, rates = prof.gpus_per_actor, prof.learner_rates(self.run_algo)
         held = engines.held()
         busy = [a.busy for a in engines.actors]
         idle = 1.0 - (sum(busy) + engines.busy) / max(sum(hi - lo for lo, hi in held.values()), 1e-9)
-        imbalance = float(max(busy) / np.mean(busy)) if busy and np.mean(busy) > 0 else 1.0
         steps = []
         for k, chosen in enumerate(stats.batches):
             lo, hi = (stats.updates[k - 1][1] if k else 0.0), stats.updates[k][1]
-            learners = stats.learners[k]
-            trained = stats.trained_tokens[k]
-            prepare_s, learn_s = trained * rates[0] / learners, trained * rates[1] / learners
+            learners, trained = stats.learners[k], stats.trained_tokens[k]
             trains = [(g - stats.split[j], t) for j, t in enumerate(stats.train)]
             billed = window_gpu_seconds(lo, hi, [[s] for s in held.values()], gpa, trains, (learners, stats.updates))
             sids = [sid for c in chosen for sid in book.groups[c].samples]
-            responses = len(sids)
-            total, stale, oldest = batch_ages((engines.tokens_by_version(sid) for sid in sids), k)
-            report = StepReport(
-                step=k,
-                scheduler=config.name,
-                time_s=hi - lo,
-                generation_s=covered(list(held.values()), lo, hi),
-                prepare_s=prepare_s,
-                learn_s=learn_s,
-                gpu_seconds=billed,
-                gpu_seconds_serverful=g * (hi - lo),
-                idle_fraction=min(max(idle, 0.0), 1.0),
-                imbalance=max(imbalance, 1.0),
-                num_actors=max(stats.split[k] // gpa, 1),
-                samples=responses,
-                response_tokens=total,
-                peak_gpus=g,
-                stale_token_fraction=stale / total if total else 0.0,
-                max_token_age_steps=oldest,
-                groups_trained=len(chosen),
-            )
+            ages = batch_ages((engines.tokens_by_version(sid) for sid in sids), k)
+            window = BatchWindow(
+                k, config.name, lo, hi, covered(list(held.values()), lo, hi), billed, g * (hi - lo), idle, busy,
+                stats.split[k] // gpa, len(sids), ages[0], ages, len(chosen), g,
+            )  # fmt: skip
+            report = window.report(prepare_s=trained * rates[0] / learners, learn_s=trained * rates[1] / learners)
             plan = StepPlan(
                 step=k, scheduler=config.name, num_actors=report.num_actors, assignment=[], predicted_lengths=[]
             )
             steps.append(SimulatedStep(report, plan, None))
             if on_step is not None:
                 on_step(report)
-        result = SimulationResult(config.name, steps, rollout_gpus=r)
-        result.stream = {
-            "batches": len(stats.batches),
-            "overdue_groups": stats.overdue,
-            "gated_s": stats.gated_s,
-            "splits": stats.split,
-            "resizes": engines.resizes,
-            "moved_samples": engines.moved,
-            "replans": split.choices if split is not None else [],
-            "slots": stats.slots,  # samples an engine ran at most as each batch formed (empty: max_num_seqs)
-            "preemptions": sum(a.preemptions for a in engines.actors) + engines.preemptions,
-            # the first split, and the first batch's time at the fill with every sample at the cap (what chose it)
-            "first_split": r,
-            "learner_floor": floor,  # the fewest GPUs the learner's state fits on
-            "restarts": [{"batch": k, "restart_s": s} for k, s in stats.restarts],  # each resize, a restart
-            "fill_bound_s": split.fill_bound_s if split is not None else None,
-            # engines on the learner's GPUs until the first batch, when they stopped, and what moving their samples
-            # (prompt and tokens re-prefilled on the rollout engines) delayed its training
-            "fill_engines": fill,
-            "fill_stopped_at_s": stats.fill_stop[0] if stats.fill_stop else None,
-            "fill_switch_s": stats.fill_stop[1] if stats.fill_stop else None,
-        }
-        return result
+        return steps
+
+
+def _stream_summary(
+    stats: StreamStats, engines: SimulatedStream, split: BalancedSplit | None, r: int, floor: int, fill: int
+) -> dict[str, Any]:
+    """What a stream run did, beside its batches' reports (``SimulationResult.stream``)."""
+    return {
+        "batches": len(stats.batches),
+        "overdue_groups": stats.overdue,
+        "gated_s": stats.gated_s,
+        "splits": stats.split,
+        "resizes": engines.resizes,
+        "moved_samples": engines.moved,
+        "replans": split.choices if split is not None else [],
+        "slots": stats.slots,  # samples an engine ran at most as each batch formed (empty: max_num_seqs)
+        "preemptions": sum(a.preemptions for a in engines.actors) + engines.preemptions,
+        # the first split, and the first batch's time at the fill with every sample at the cap (what chose it)
+        "first_split": r,
+        "learner_floor": floor,  # the fewest GPUs the learner's state fits on
+        "restarts": [{"batch": k, "restart_s": s} for k, s in stats.restarts],  # each resize, a restart
+        "fill_bound_s": split.fill_bound_s if split is not None else None,
+        # engines on the learner's GPUs until the first batch, when they stopped, and what moving their samples
+        # (prompt and tokens re-prefilled on the rollout engines) delayed its training
+        "fill_engines": fill,
+        "fill_stopped_at_s": stats.fill_stop[0] if stats.fill_stop else None,
+        "fill_switch_s": stats.fill_stop[1] if stats.fill_stop else None,
+    }
