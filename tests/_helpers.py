@@ -13,6 +13,7 @@ and ``H.sibling("strategies")`` loads another shared module of this folder the s
 from __future__ import annotations
 
 import importlib.util
+import os
 import sqlite3
 import sys
 from collections.abc import Callable, Sequence
@@ -32,6 +33,30 @@ def sibling(name: str) -> ModuleType:
     sys.modules[spec.name] = module  # a dataclass in it looks its module up there
     spec.loader.exec_module(module)
     return module
+
+
+def toy_mode() -> ModuleType:
+    """The toy mode plugin (``rlhfless_toy_mode.py``: a straggler policy, its driver and a preset, in one file),
+    loaded by path under its own name, as an installed plugin's module is imported."""
+    if "rlhfless_toy_mode" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "rlhfless_toy_mode", Path(__file__).with_name("rlhfless_toy_mode.py")
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["rlhfless_toy_mode"]
+
+
+def install_toy_mode(folder: Path) -> dict[str, str]:
+    """Install the toy mode plugin as pip would (an ``rlhfless`` entry point in a ``.dist-info`` under ``folder``)
+    for the processes started with the environment returned: ``folder`` and this folder on ``PYTHONPATH``."""
+    info = Path(folder) / "rlhfless_toy_mode-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlhfless-toy-mode\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[rlhfless]\ntoy-mode = rlhfless_toy_mode\n")
+    paths = [str(folder), str(Path(__file__).parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"PYTHONPATH": os.pathsep.join(paths)}
 
 
 def _hookimpl(body: Callable[[Callable[[Any], None]], None]) -> Callable[..., None]:

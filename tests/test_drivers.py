@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhfless_sdk import NoParams, PolicySpec
+from rlhfless_sdk.api.errors import UnknownPolicyError
 from rlhfless_sdk.api.records import Cluster
 from rlhfless_sdk.cli.main import main
 from rlhfless_sdk.planning.planner import planner_for
@@ -162,52 +163,53 @@ def test_a_toy_pipeline_registered_in_one_file_runs_on_the_simulator_and_openrlh
 
 
 def test_a_new_straggler_behaviour_is_its_policy_and_its_driver(registry_with):
-    """A straggler behaviour with a driver of its own: the policy and the driver, both registered by one plugin
-    through pluggy (what the driver claims, its session), nothing else. The simulator runs its steps through the
-    session; the OpenRLHF adapter refuses it in one line naming the policy."""
+    """A straggler behaviour with a driver of its own (``tests/rlhfless_toy_mode.py``, one file): the policy, the
+    driver and a preset, registered by one plugin through pluggy, nothing else. The simulator runs its steps through
+    the session; the OpenRLHF adapter offers it (a session that carries no tokens runs there as rounds). Without the
+    plugin, its preset is unknown and its policy's claim falls to the built-in drivers."""
+    from rlhfless_openrlhf.capabilities import adapter_refusal, runs
+
+    toy = H.toy_mode()
+
+    registry = registry_with(toy=toy)
+    config = registry.scheduler(toy.NAME)
+    assert mode_for(config, registry).name == toy.NAME and registry.drivers[toy.NAME].plugin == "toy"
+    sim = Simulator(_profile(), Cluster.of_gpus(8, 8), registry=registry)
+    result = sim.run(config, synthetic_workload(SyntheticWorkload(16, 4, seed=0), 3))
+    assert len(result.reports) == 3 and [r.samples for r in result.reports] == [64, 64, 64]
+    assert toy.NAME in runs(registry) and adapter_refusal(config, registry) is None
+    assert toy.NAME not in runs(registry_with())
+    with pytest.raises(UnknownPolicyError, match=toy.NAME):
+        registry_with().scheduler(toy.NAME)
+
+
+def test_a_driver_that_carries_tokens_is_refused_by_the_adapter_in_one_line(registry_with):
+    """A plugin's driver whose session keeps tokens between steps needs a carry of its own on OpenRLHF: the
+    adapter refuses it in one line naming the policy and the driver."""
     from rlhfless_openrlhf.capabilities import adapter_refusal
 
     from rlhfless_sdk import DriverSpec
-    from rlhfless_sdk.rollout.drivers import PlainStep
+    from rlhfless_sdk.rollout.drivers import budget_session
 
-    class Halves:  # the toy behaviour: each step trains every group, drawn as the source gives them
+    class Keeps:
         def __init__(self, params=None) -> None:
             pass
 
         def segment_tokens(self, step):
-            return None
+            return 64
 
-    class HalvesSession:
-        mode = "halves"
-
-        def __init__(self, planner, b, stream):
-            self.planner, self.steps, self.book = planner, 0, None  # it carries nothing
-
-        def next(self, io, step):
-            prompts = io.draw(None)
-            if not prompts:
-                return None
-            self.steps += 1
-            return PlainStep(self.planner, io.step_number(step)).run(io, io.batch(prompts))
-
-    sessions = []
-
-    def session(planner, b, stream):
-        sessions.append(HalvesSession(planner, b, stream))
-        return sessions[-1]
-
-    claims = lambda config, straggler, ask: isinstance(straggler, Halves)  # noqa: E731
-    policies = H.policy_plugin(straggler=[PolicySpec(name="halves", factory=Halves, params=NoParams)])
-    driver = H.plugin(rlhfless_register_modes=lambda register: register(DriverSpec("halves", claims, session=session)))
-    registry = registry_with(mine=policies, mine_driver=driver)
-    config = registry.scheduler("openrlhf").derive(name="halved", straggler={"name": "halves"})
-    assert mode_for(config, registry).name == "halves"
-    result = Simulator(_profile(), Cluster.of_gpus(8, 8), registry=registry).run(
-        config, synthetic_workload(SyntheticWorkload(16, 4, seed=0), 3)
+    claims = lambda config, straggler, ask: isinstance(straggler, Keeps)  # noqa: E731
+    policies = H.policy_plugin(straggler=[PolicySpec(name="keeps", factory=Keeps, params=NoParams)])
+    driver = H.plugin(
+        rlhfless_register_modes=lambda register: register(
+            DriverSpec("keeps", claims, keeps_tokens=True, session=budget_session)
+        )
     )
-    assert len(result.reports) == 3 and sessions and sessions[0].steps == 3
+    registry = registry_with(mine=policies, mine_driver=driver)
+    config = registry.scheduler("openrlhf").derive(name="kept", straggler={"name": "keeps"})
+    assert mode_for(config, registry).name == "keeps"
     why = adapter_refusal(config, registry)
-    assert why is not None and "'halves'" in why and "halves step driver" in why
+    assert why is not None and "\n" not in why and "'keeps'" in why and "keeps step driver" in why
     without = registry_with(mine=policies)  # the driver's plugin not loaded: the built-in claim for a non-baseline
     assert mode_for(config, without).name == TOKEN_BUDGET
 

@@ -207,7 +207,7 @@ ADAPTER_LAYERS: list[tuple[str, set[str]]] = [
         },
     ),
     ("engines", {"engine_actor", "engine_factory", "fill", "ray_backend"}),
-    ("generator", {"generator", "rollout_actor", "step_io", "stream"}),
+    ("generator", {"generator", "rollout_actor", "step_io", "run_modes", "stream"}),
     ("launch", {"decide", "internals", "launch", "train_ppo_ray", "trainer"}),
 ]
 

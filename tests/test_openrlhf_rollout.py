@@ -892,7 +892,7 @@ def _run_carrying(gen, prompts, b, max_len, on_step=None):
         if on_step is not None:
             on_step(k)
         experiences, consumed, exhausted = gen._generate_vllm(stream, b, False, **kwargs)
-        pieces = gen.carried.book.step_pieces
+        pieces = gen.run.carried.book.step_pieces
         steps.append(
             {
                 "experiences": experiences,
@@ -1098,7 +1098,32 @@ def test_tail_batching_trains_the_first_b_groups_and_re_runs_the_rest_from_scrat
         assert all(h.progress == {} and h.running == 0 for h in st["held"])  # nothing still generating
     assert all(len(st["experiences"]) == b * N_SAMPLES for st in steps[:-1])  # exactly B groups but the last
     assert any(st["report"].deferred_prompts > 0 for st in steps)  # some groups really were aborted and re-run
-    assert gen.tail_prompts == {}  # nothing drawn is left untrained
+    assert gen.run.prompts.table == {}  # nothing drawn is left untrained
+
+
+def test_a_plugins_driver_runs_on_the_engines_through_its_session(stack, registry_with, capsys):
+    """The toy mode (``tests/rlhfless_toy_mode.py``, one file, registered through pluggy) on real engines: the
+    generator picks a ``RoundsRun`` for its driver once, and the plugin's session runs every step (its own line a
+    step), B groups a step from OpenRLHF's dataloader, every prompt trained once, n samples each, in order; nothing
+    is left for a checkpoint."""
+    from rlhfless_openrlhf.run_modes import RoundsRun
+
+    toy = H.toy_mode()
+    b, prompts, max_len = 2, VARIED[:5], 240
+    stream = iter([([i], [p], ["0"], [None]) for i, p in enumerate(prompts)])
+    gen = make_generator(stack, toy.NAME, registry=registry_with(toy=toy), prompts=prompts)
+    assert isinstance(gen.run, RoundsRun) and gen.run.name == toy.NAME
+    steps = _run_tail(gen, stream, b, max_len)
+    assert [len(st["experiences"]) // N_SAMPLES for st in steps] == [2, 2, 1]
+    assert sum(st["consumed"] for st in steps) == len(prompts)  # a prompt drawn to see the data is not dry counts
+    for st in steps:
+        assert_groups(st["experiences"], [e.prompts[0] for e in st["experiences"][::N_SAMPLES]], N_SAMPLES, max_len)
+    trained = [e.prompts[0] for st in steps for e in st["experiences"]]
+    assert sorted(trained) == sorted(p for p in prompts for _ in range(N_SAMPLES))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"{toy.NAME}: step")]
+    assert lines == [f"{toy.NAME}: step 1 runs 2 prompts", f"{toy.NAME}: step 2 runs 2 prompts",
+                     f"{toy.NAME}: step 3 runs 1 prompts"]  # fmt: skip
+    assert gen.carry_snapshot() is None and gen.last_report.samples == N_SAMPLES
 
 
 def test_deferred_prompts_survive_a_checkpoint(stack, caplog):
@@ -1463,7 +1488,8 @@ def test_partial_rollouts_run_in_openrlhfs_async_loop_with_a_broadcast_between_b
             if payload == "done":
                 break
             samples, states, _rate, _seconds = payload
-            pieces = gen.carried.book.step_pieces  # read before the slot frees: the generator waits for it
+            # read before the slot frees: the generator waits for it
+            pieces = gen.run.carried.book.step_pieces if kind == "partial-batch" else []
             batches.append(
                 {
                     "experiences": samples,
@@ -1546,8 +1572,8 @@ def _stream_in_async_loop(stack, prompts, b, *, queue_size=1, episodes=1, learn_
             break
         samples, states, _rate, _seconds = payload
         held = states["data_loader_state_dict"].get(CARRY_KEY)
-        in_flight = [g.prompt for g in gen.stream.prompts.values()] if gen.stream is not None else []
-        book = gen.stream.book if gen.stream is not None else None
+        in_flight = [g.prompt for g in gen.run.stream.prompts.values()] if gen.run.stream is not None else []
+        book = gen.run.stream.book if gen.run.stream is not None else None
         batches.append(
             {
                 "admitted": 0 if book is None else book.started - book.trained,  # groups started, not trained
@@ -1556,7 +1582,7 @@ def _stream_in_async_loop(stack, prompts, b, *, queue_size=1, episodes=1, learn_
                 "held": held,
                 "in_flight": in_flight,
                 "episode": states["episode"],
-                "billing": dict(gen.last_billing),
+                "billing": dict(gen.run.last_billing),
             }
         )
         slots.put(len(batches))  # the learner took the batch: the generator may form the next one
@@ -1579,7 +1605,7 @@ def test_a_real_stream_batch_bills_by_the_formula_the_simulated_stream_uses(stac
     from rlhfless_sdk.rollout.billing import window_gpu_seconds
 
     def prepare(gen):
-        gen.learner_gpus = 2
+        gen.run.learner_gpus = 2
 
     gen, batches = _stream_in_async_loop(stack, VARIED[:4], 1, prepare=prepare)
     assert len(batches) == 4
@@ -1716,7 +1742,7 @@ def test_the_stream_runs_in_openrlhfs_async_loop_generating_through_each_weight_
         assert [d[0] for d in st["held"]["deferred"]] == st["in_flight"]
     fresh = make_generator(stack, "rlhfless-stream", prompts=prompts, args={"batch_size": b})
     assert fresh.restore_carry(held[0]["held"]) == len(held[0]["in_flight"])
-    assert [fresh.tail_prompts[k][0] for k in fresh._tail_pending] == held[0]["in_flight"]
+    assert [fresh.run.prompts.table[k][0] for k in fresh.run.prompts.pending] == held[0]["in_flight"]
 
 
 def test_the_stream_forms_b_group_batches_in_every_epoch(stack, openrlhf_learning):
@@ -1850,7 +1876,7 @@ def test_the_stream_and_the_kv_moves_size_by_the_engines_own_kv_cache(stack):
     assert gen.engine_profile.max_num_seqs == seqs
     assert gen.backend_settings.kv_capacity_tokens == kv and gen.backend_settings.max_num_seqs == seqs
     source = iter([([0], [VARIED[0]], ["0"], [None])])
-    st = gen._stream_for(source, 1, N_SAMPLES)
+    st = gen.run.stream_for(source, 1, N_SAMPLES)
     assert st.slots == seqs and st.kv.profile.kv_capacity_tokens == kv
 
 
@@ -1870,7 +1896,7 @@ def test_the_stream_holds_each_engine_to_its_kv_slots(stack):
     gen._engine_profile = profile  # stands in for engines whose KV holds a few samples (these hold 1 GiB of KV)
     gen.args.train = SimpleNamespace(async_enable=True, async_queue_size=1, partial_rollout_enable=True)
     source = iter([([i], [p], ["0"], [None]) for i, p in enumerate(prompts)])
-    st = gen._stream_for(source, b, N_SAMPLES)
+    st = gen.run.stream_for(source, b, N_SAMPLES)
     assert isinstance(st.kv, KvSlots) and st.kv.fill == 0.9  # the preset's kv_slots reach the real stream
     st.kv = KvSlots(profile, 0.9, first=4, every=4)
     seen = []
@@ -1954,7 +1980,7 @@ def test_fill_engines_generate_until_batch_0_then_end_and_their_samples_go_on_wi
         replay = fill_replay("fill-stream", FILL_STREAM)
 
         def prepare(gen):
-            gen.fill_handles = [fill]
+            gen.run.fill_handles = [fill]
             same_weights(ray, stack.engines[0], fill)
 
         gen, batches = _stream_in_async_loop(stack, FILL_PROMPTS, 1, learn_s=0.3, replay=replay, prepare=prepare)
@@ -1962,8 +1988,8 @@ def test_fill_engines_generate_until_batch_0_then_end_and_their_samples_go_on_wi
         for st in batches:
             for e in st["experiences"]:  # each sample stopped at its forced length, moved or not
                 assert int(e.response_length[0]) == FILL_STREAM[FILL_PROMPTS.index(e.prompts[0])]
-        assert gen.fill_engines == [2] and gen.pool.retired == {2} and 2 not in gen.pool.live()
-        stop = gen.fill_stopped
+        assert gen.run.fill_engines == [2] and gen.pool.retired == {2} and 2 not in gen.pool.live()
+        stop = gen.run.fill_stopped
         assert stop is not None and stop["moved"] >= 1 and stop["tokens"] > 0, stop
         assert stop["end"] <= batches[0]["billing"]["hi"] + 1e-6  # stopped before batch 0 was handed over
         with pytest.raises(ray.exceptions.RayActorError):  # ended: its actor is gone
@@ -1983,7 +2009,7 @@ def test_a_fill_engine_that_dies_before_batch_0_loses_no_sample(stack, openrlhf_
     replay = fill_replay("fill-dies", FILL_DIES)
 
     def prepare(gen):
-        gen.fill_handles = [fill]
+        gen.run.fill_handles = [fill]
         same_weights(ray, stack.engines[0], fill)
         mid_step(ray, fill, 8, lambda: ray.kill(fill))
 
@@ -1992,7 +2018,7 @@ def test_a_fill_engine_that_dies_before_batch_0_loses_no_sample(stack, openrlhf_
     for st in batches:
         for e in st["experiences"]:
             assert int(e.response_length[0]) == FILL_DIES[FILL_PROMPTS.index(e.prompts[0])]
-    assert 2 in gen.pool.dead and 2 not in gen.pool.live() and gen.fill_stopped is not None
+    assert 2 in gen.pool.dead and 2 not in gen.pool.live() and gen.run.fill_stopped is not None
 
 
 def test_fill_engines_at_other_weights_than_the_rollout_engines_are_ended_unused(stack, openrlhf_learning, caplog):
@@ -2011,12 +2037,12 @@ def test_fill_engines_at_other_weights_than_the_rollout_engines_are_ended_unused
         ray.get(fill.resume_generation.remote())
 
         def prepare(gen):
-            gen.fill_handles = [fill]
+            gen.run.fill_handles = [fill]
 
         with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
             gen, batches = _stream_in_async_loop(stack, VARIED[:3], 1, prepare=prepare)
         _check_stream_batches(batches, VARIED[:3], 1)
-        assert gen.fill_engines == [] and gen.fill_stopped is None and 2 in gen.pool.retired
+        assert gen.run.fill_engines == [] and gen.run.fill_stopped is None and 2 in gen.pool.retired
         assert any("the fill engines are ended unused" in r.getMessage() for r in caplog.records)
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(fill.rl_stats.remote(), timeout=60)
@@ -2039,7 +2065,7 @@ def test_a_fill_engine_that_fails_to_wake_is_ended_and_the_stream_runs_without_i
     try:
 
         def prepare(gen):
-            gen.fill_handles = [fill]
+            gen.run.fill_handles = [fill]
             same_weights(ray, stack.engines[0], fill)
             real = gen.pool.call
 
@@ -2053,7 +2079,7 @@ def test_a_fill_engine_that_fails_to_wake_is_ended_and_the_stream_runs_without_i
         with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
             gen, batches = _stream_in_async_loop(stack, VARIED[:3], 1, prepare=prepare)
         _check_stream_batches(batches, VARIED[:3], 1)
-        assert gen.fill_engines == [] and 2 in gen.pool.retired and 2 not in gen.pool.live()
+        assert gen.run.fill_engines == [] and 2 in gen.pool.retired and 2 not in gen.pool.live()
         assert any("fill engine 2 failed to wake" in r.getMessage() for r in caplog.records)
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(fill.rl_stats.remote(), timeout=60)
@@ -2141,7 +2167,7 @@ def test_partial_rollouts_lose_nothing_when_an_engine_dies_in_step_two(stack, op
     assert gen.dead == {1}
     assert len(steps) >= 3
     _check_every_group_trained_once(steps, prompts, b, max_len)
-    assert not gen.carried.book.open_group_ids() and not gen.carried.tokens and not gen.carried.ended
+    assert not gen.run.carried.book.open_group_ids() and not gen.run.carried.tokens and not gen.run.carried.ended
 
 
 @pytest.mark.parametrize("death", ["actor", "engine-core"])

@@ -347,6 +347,24 @@ def _syncs_hold_the_learners_weights(folder: Path) -> list[int]:
 
 
 @pytest.mark.slow
+def test_a_plugins_driver_trains_through_the_cpu_launch(tmp_path):
+    """The toy mode (``tests/rlhfless_toy_mode.py``: a straggler policy, its driver and a preset, in one file),
+    installed as pip installs a plugin (an ``rlhfless`` entry point) and nothing else changed: ``--scheduler
+    toy-plain`` trains through OpenRLHF's own loop, its launch path the presets' (the generator swapped in the
+    actor that generates, built through Ray), each step run by the plugin's session (its line, once a step, from
+    the actor), every prompt trained n times, the engines holding the learner's weights after each sync."""
+    row = Row(H.toy_mode().NAME)
+    prompts = 8  # two steps of B = 4 groups
+    run = _launch(tmp_path, row, "run", prompts, **H.install_toy_mode(tmp_path / "site"))
+    out = run.stdout + run.stderr
+    assert run.returncode == 0 and "rlhfless-cpu-train: train() returned" in out, out[-4000:]
+    check_launch_path(out, row)
+    steps = [line for line in out.splitlines() if f"{row.scheduler}: step" in line]
+    assert [line.split(f"{row.scheduler}: ")[1] for line in steps] == ["step 1 runs 4 prompts", "step 2 runs 4 prompts"]
+    check_training(tmp_path / "run" / "probe", row, prompts // 4, prompts)
+
+
+@pytest.mark.slow
 def test_a_run_resumed_from_its_step_2_checkpoint_trains_what_the_unbroken_run_trained(tmp_path):
     """``rlhfless-fast`` (partial rollouts: cut samples carried into the next step, and into each checkpoint) for 4
     steps, a checkpoint every 2; then from the step-2 checkpoint (``latest`` set back to it) with

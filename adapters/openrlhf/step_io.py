@@ -6,7 +6,7 @@ for its next step."""
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
 from rlhfless_openrlhf.carried import CarriedWork
@@ -50,12 +50,15 @@ class EnginesIO:
         source: Any = None,
         dataloader_iter: Any = None,
         carried: CarriedWork | None = None,
+        draw: Callable[[int | None], list[Hashable]] | None = None,
     ) -> None:
-        """``source``: prompt reference -> (prompt, label, image) (tail batching's ``tail_prompts``); default the
-        prompts ``draw`` took from ``dataloader_iter``, by position. ``carried``: the work partial rollouts carry
-        between steps (a batch-cut step's; None: nothing is carried)."""
+        """``source``: prompt reference -> (prompt, label, image) (a session's ``DrawnPrompts``); ``draw``: the
+        driver's ``draw`` (k prompts, None: a batch's worth) as references into it; default the prompts taken from
+        ``dataloader_iter``, by position. ``carried``: the work partial rollouts carry between steps (a batch-cut
+        step's; None: nothing is carried)."""
         self.gen, self.kw, self.source, self.dataloader_iter = gen, kw, source, dataloader_iter
-        self.carried = carried
+        self.carried, self._draw = carried, draw
+        self.refs: list[Hashable] = []  # the references of the last batch's prompts, by position
         self.n = int(kw.get("n_samples_per_prompt", gen.args.rollout.n_samples_per_prompt))
         self.exhausted = False
         self.drawn: list[tuple[str, Any, Any]] = []  # prompt, label, image of each prompt drawn this step
@@ -65,8 +68,10 @@ class EnginesIO:
         self.t_start = time.time()
 
     # -- the driver's calls -----------------------------------------------------------------------------------
-    def draw(self, k: int) -> list[Hashable]:
-        if k <= 0:
+    def draw(self, k: int | None) -> list[Hashable]:
+        if self._draw is not None:
+            return self._draw(k)
+        if k is None or k <= 0:
             return []
         self.drawn, self.exhausted = self.gen.take_prompts(self.dataloader_iter, k)
         self.source = self.drawn
@@ -77,6 +82,7 @@ class EnginesIO:
         carrying step's) too."""
         gen = self.gen
         metas = [self.source[k] for k in prompts]
+        self.refs = list(prompts)
         taken: set[str] = set()
         if self.carried is not None:
             work = self.carried
@@ -153,6 +159,9 @@ class EnginesIO:
             made.append(s.response_length if kept else 0)
             ended.append(sid not in carried)
         return made, ended
+
+    def step_number(self, step: int) -> int:
+        return step  # the generator's count: OpenRLHF's dataloader has no step numbers of its own
 
     def history_key(self, uid: str) -> str:
         return uid.split("#")[0]

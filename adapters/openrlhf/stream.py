@@ -25,6 +25,7 @@ launched; an elastic split is research, simulated only (``research-elastic-strea
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -38,12 +39,13 @@ import ray
 from rlhfless_openrlhf import fill
 from rlhfless_openrlhf.capabilities import STREAM_NEEDS
 from rlhfless_openrlhf.ray_backend import ENGINE_ERRORS, EnginePool, engine_gpus, engine_lost
+from rlhfless_openrlhf.run_modes import Batch, DrawnPrompts, ModeRun
 
 from rlhfless_sdk.api.errors import RlhflessError
-from rlhfless_sdk.api.records import StepReport
 from rlhfless_sdk.rollout.billing import window_gpu_seconds
+from rlhfless_sdk.rollout.modes import STREAM
 from rlhfless_sdk.rollout.run_log import fresh_uid
-from rlhfless_sdk.rollout.stream import batch_ages, version_runs
+from rlhfless_sdk.rollout.stream import BatchWindow, batch_ages, version_runs
 from rlhfless_sdk.rollout.stream_book import GroupBook
 from rlhfless_sdk.rollout.stream_loop import KvSlots, StreamLoop
 
@@ -288,10 +290,6 @@ class EngineStream:
         """Samples in flight on the engines (or waiting to be regenerated)."""
         return len(self.pending) + len(self.loop.retry)
 
-    def untrained_prompts(self) -> list[int]:
-        """The prompt ids of every group drawn and not trained yet, in stream order (what a checkpoint keeps)."""
-        return [self.prompts[g].prompt_id for g in sorted(self.prompts)]
-
 
 def response_tokens(response: dict[str, Any]) -> int:
     """A finished response's length in tokens (its action ranges' span)."""
@@ -316,38 +314,67 @@ def stall_error(waited_s: float, version: int, book: GroupBook, batch: int) -> R
     )
 
 
-class StreamGeneration:
-    """The samples generator's streaming pipeline (a mixin of ``RlhflessSamplesGenerator``): one batch a call of
-    OpenRLHF's async loop, its engines fed by an ``EngineStream`` between calls, its report and metrics."""
+class StreamRun(ModeRun):
+    """The streaming pipeline as the samples generator's mode (``rlhfless_openrlhf.run_modes``): one batch a call of
+    OpenRLHF's async loop (its ``generate_samples``: B groups, never more, ``GroupBook.form``), its engines fed by
+    an ``EngineStream`` between calls, its report and metrics; what a checkpoint keeps: the prompts of the groups not
+    trained yet (their tokens are not kept: a resumed run re-runs them from scratch under the restored weights)."""
 
-    def init_stream(self, learner_gpus: int, fill_engines: list | None) -> None:
+    name = STREAM
+
+    def __init__(self, gen: Any, learner_gpus: int = 0, fill_engines: list | None = None) -> None:
         """No stream yet: the epoch's stream, the engines' weights version when the run's first stream began and
         the batches it formed (batch k trains with version base + k); ``learner_gpus``: the GPUs OpenRLHF's learner
         holds beside the engines; ``fill_engines``: the fill engines the launcher built (``fill``)."""
+        super().__init__(gen)
+        self.prompts = DrawnPrompts(gen.take_prompts)  # the groups' prompts, drawn one at a time, until they train
+        self.dataloader_iter: Any = None  # the epoch's, from OpenRLHF's prompts dataloader
         self.stream: EngineStream | None = None
-        self._stream_base: int | None = None
-        self._stream_batches = 0
-        self._stream_mark: tuple[float, dict[int, float]] | None = None  # (time, engine busy s) at the last batch
-        self._stream_began: float | None = None  # wall clock of the stream's start
-        self._stream_handed: list[float] = []  # wall clock each stream batch was handed to OpenRLHF's learner
+        self.base: int | None = None
+        self.batches = 0
+        self.mark: tuple[float, dict[int, float]] | None = None  # (time, engine busy s) at the last batch
+        self.began: float | None = None  # wall clock of the stream's start
+        self.handed: list[float] = []  # wall clock each stream batch was handed to OpenRLHF's learner
         self.fill_engines: list[int] = []  # the stream's fill engines in the pool, until batch 0 (``fill``)
         self.fill_stopped: dict[str, float] | None = None  # their stop: start, end (wall clock), moved, tokens
         self.learner_gpus = learner_gpus
         self.fill_handles = list(fill_engines or [])  # until the stream attaches them
         self.last_billing: dict[str, Any] = {}  # what the last stream batch billed, as window_gpu_seconds read it
 
-    def _check_stream_loop(self) -> None:
+    def own_batches(self, kw: dict[str, Any]) -> tuple[list, float | None, int, bool]:
+        """OpenRLHF's ``generate_samples`` for the stream: (experiences, filter pass rate, prompts consumed,
+        exhausted), one stream batch as it is: B groups (the last one: what is left)."""
+        if self.dataloader_iter is None:
+            self.dataloader_iter = iter(self.gen.prompts_dataloader)
+        experiences, consumed, exhausted = self.batch(
+            self.dataloader_iter, int(self.gen.args.rollout.batch_size), False, kw
+        )
+        if exhausted:
+            self.dataloader_iter = None
+        return experiences, None, consumed, exhausted
+
+    def snapshot(self) -> dict[str, Any]:
+        lock = self.stream.cond if self.stream is not None else contextlib.nullcontext()
+        with lock:  # its feeder draws nothing between the generator's calls; held all the same
+            return {"deferred": self.prompts.rows()} if self.prompts.table else {}
+
+    def restore_deferred(self, deferred: list, step: int) -> int:
+        self.gen.step = step
+        log.info("rlhfless: restored %d deferred prompt(s) from the checkpoint", len(deferred))
+        return self.prompts.restore(deferred)
+
+    def check_loop(self) -> None:
         """The stream runs only where a weight broadcast pauses its running samples (see ``STREAM_NEEDS``)."""
-        train, vllm = getattr(self.args, "train", None), getattr(self.args, "vllm", None)
+        train, vllm = getattr(self.gen.args, "train", None), getattr(self.gen.args, "vllm", None)
         if not (getattr(train, "async_enable", False) and getattr(train, "partial_rollout_enable", False)):
-            raise RlhflessError(f"rlhfless: scheduler {self.planner.config.name!r} {STREAM_NEEDS}")
+            raise RlhflessError(f"rlhfless: scheduler {self.gen.planner.config.name!r} {STREAM_NEEDS}")
         if getattr(vllm, "enable_sleep", False):
             raise RlhflessError(
-                f"rlhfless: scheduler {self.planner.config.name!r} streams: --vllm.enable_sleep would free the KV "
+                f"rlhfless: scheduler {self.gen.planner.config.name!r} streams: --vllm.enable_sleep would free the KV "
                 "cache of its running samples between batches; run it without"
             )
 
-    def _stream_for(self, dataloader_iter: Any, b: int, n: int) -> EngineStream:
+    def stream_for(self, dataloader_iter: Any, b: int, n: int) -> EngineStream:
         """The epoch's stream: the one running, or a new one over ``dataloader_iter`` (a new epoch, or a resumed run,
         whose restored prompts come first)."""
         st = self.stream
@@ -355,39 +382,35 @@ class StreamGeneration:
             return st
         if st is not None:
             st.stop()
-        left = list(self._tail_pending) + ([] if st is None else st.untrained_prompts())
-        self._tail_pending = []
-        prompts = iter(left)
-        fresh = self._prompt_stream(dataloader_iter)
+        self.prompts.restart()  # what was drawn and not trained first (a resumed run's, or the last epoch's)
+        ids = self.prompts.ids(dataloader_iter)
         taken: set[str] = set()
 
         def draw() -> StreamPrompt | None:
-            pid = next(prompts, None)
-            if pid is None:
-                pid = next(fresh, None)
+            pid = next(ids, None)
             if pid is None:
                 return None
-            prompt, label, image = self.tail_prompts[pid]
-            return StreamPrompt(pid, prompt, label, image, fresh_uid(prompt, taken), self._tokenize(prompt))
+            prompt, label, image = self.prompts.table[pid]
+            return StreamPrompt(pid, prompt, label, image, fresh_uid(prompt, taken), self.gen._tokenize(prompt))
 
-        pipeline = self.planner.config.pipeline
-        if self._stream_base is None:
+        pipeline = self.gen.planner.config.pipeline
+        if self.base is None:
             self._attach_fill()
-            stats = self.pool.stats(self.pool.live())
-            self._stream_base = min((s.weights_version for s in stats.values()), default=0)
-            self._stream_mark = (time.time(), {e: s.busy_s for e, s in stats.items()})
-            self._stream_began = self._stream_mark[0]
-        book = GroupBook([], b, int(pipeline.max_age), closed=False, first_batch=self._stream_batches)
+            stats = self.gen.pool.stats(self.gen.pool.live())
+            self.base = min((s.weights_version for s in stats.values()), default=0)
+            self.mark = (time.time(), {e: s.busy_s for e, s in stats.items()})
+            self.began = self.mark[0]
+        book = GroupBook([], b, int(pipeline.max_age), closed=False, first_batch=self.batches)
         self.stream = st = EngineStream(
-            self.pool,
+            self.gen.pool,
             book,
             draw,
             n=n,
-            slots=self.engine_profile.max_num_seqs,
-            base=self._stream_base,
+            slots=self.gen.engine_profile.max_num_seqs,
+            base=self.base,
             source=dataloader_iter,
             uids=taken,
-            kv=KvSlots(self.engine_profile, pipeline.kv_slots) if pipeline.kv_slots is not None else None,
+            kv=KvSlots(self.gen.engine_profile, pipeline.kv_slots) if pipeline.kv_slots is not None else None,
         )
         return st
 
@@ -395,13 +418,13 @@ class StreamGeneration:
         """The fill engines the launcher built on the learner's GPUs (``fill.build``), into the pool after the
         rollout engines, awake (OpenRLHF builds sleep-mode engines asleep), for a run's first stream only."""
         handles = list(self.fill_handles)
-        if not handles or self._stream_batches:
+        if not handles or self.batches:
             return
-        first = len(self.pool.handles)
-        rollout = {s.weights_version for s in self.pool.stats(self.pool.live()).values()}
-        self.pool.handles = list(self.pool.handles) + handles
+        first = len(self.gen.pool.handles)
+        rollout = {s.weights_version for s in self.gen.pool.stats(self.gen.pool.live()).values()}
+        self.gen.pool.handles = list(self.gen.pool.handles) + handles
         fills = list(range(first, first + len(handles)))
-        versions = {s.weights_version for s in self.pool.stats(fills).values()}
+        versions = {s.weights_version for s in self.gen.pool.stats(fills).values()}
         if versions != rollout or len(rollout) != 1:  # e.g. a resumed run whose engines got the checkpoint's weights
             log.info(
                 "rlhfless: the fill engines are ended unused: the rollout engines hold weights version(s) %s, the "
@@ -409,15 +432,15 @@ class StreamGeneration:
                 sorted(rollout),
                 sorted(versions),
             )
-            fill.end(self.pool, fills)
+            fill.end(self.gen.pool, fills)
             return
-        self.fill_engines = fill.wake(self.pool, fills)
+        self.fill_engines = fill.wake(self.gen.pool, fills)
 
     def _stop_fill(self, st: EngineStream) -> None:
         """Batch 0 formed: the fill engines stop before the learner takes it (``fill.stop``), one line says what
         moved."""
         t0 = time.time()
-        moved, tokens = fill.stop(st, self.fill_engines, st.key_of, self.carry_timeout_s)
+        moved, tokens = fill.stop(st, self.fill_engines, st.key_of, self.gen.carry_timeout_s)
         self.fill_stopped = {"start": t0, "end": time.time(), "moved": moved, "tokens": tokens}
         log.info(
             "rlhfless: batch 0 is complete: %d fill engine(s) on the learner's GPUs stopped and sleep (%.1f s); %d "
@@ -428,7 +451,7 @@ class StreamGeneration:
             tokens,
         )
 
-    def _generate_stream(self, dataloader_iter, b: int, **kw: Any) -> tuple[list, int, bool]:
+    def batch(self, dataloader_iter: Any, b: int, dynamic_filtering: bool, kw: dict[str, Any]) -> Batch:
         """One batch of the streaming pipeline (the SDK's ``GroupBook`` on ``EngineStream``): the engines keep
         every free slot busy with the stream's next sample, new groups as the age bound allows, and the call returns
         as soon as the book forms batch k: the groups too old to wait for the next batch, then the earliest-started
@@ -438,85 +461,98 @@ class StreamGeneration:
         produced it, and the importance correction weighs them. Every token's age is measured from the engines'
         update counts and never exceeds the pipeline's ``max_age``. Returns (experiences, prompts taken from the
         dataloader, exhausted: the dataloader is dry and every group trained)."""
-        self._check_stream_loop()
-        n = int(kw.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt))
-        st = self._stream_for(dataloader_iter, b, n)
-        book, k = st.book, self._stream_batches
-        drawn = self._tail_drawn
-        params, max_len, tokenizer = self._sampling_params(**kw), kw.get("max_len", 2048), self.shared_tokenizer()
-        replay = self.replay
-
-        def submit(engine: int, prompt: StreamPrompt, j: int, carried: Any = None) -> Any:
-            key = f"{prompt.uid}/{j}"
-            forced = None if replay is None else {key: replay.lengths(prompt.uid, n)[j]}
-            handle = self.pool.handles[engine]
-            had = None if carried is None else {key: carried}
-            return handle.generate_group.remote(
-                prompt.prompt, prompt.label, params, max_len, tokenizer, [key], prompt.image, had, forced
-            )
-
+        self.refuse_filtering(dynamic_filtering)
+        self.check_loop()
+        gen = self.gen
+        n = int(kw.get("n_samples_per_prompt", gen.args.rollout.n_samples_per_prompt))
+        st = self.stream_for(dataloader_iter, b, n)
+        book, k, drawn = st.book, self.batches, self.prompts.count
         t0 = time.time()
-        told = False
-        st.feed(submit, self.check_interval_s)  # the feeder keeps the engines busy, in and between these calls
+        st.feed(self.submitter(n, kw), gen.check_interval_s)  # the feeder keeps the engines busy, in and between calls
         with st.cond:
             st.drawing = True
-            while True:
-                st.check()
-                chosen = st.loop.form(k)
-                if chosen is not None:
-                    break
-                if book.closed and not book.untrained:
-                    st.stop()
-                    self.stream = None
-                    return [], self._tail_drawn - drawn, True
-                if not st.running() and time.time() - st.quiet_since > self.carry_timeout_s:
-                    version = st.version()
-                    if version >= k:  # every batch handed to training has updated the weights: nothing will come
-                        raise stall_error(time.time() - st.quiet_since, version, book, k)
-                    if not told:  # batches wait for (or are in) training: its next update lets new groups start
-                        told = True
-                        log.info(
-                            "rlhfless: the stream waits for the learner: batch %d may take only groups that start "
-                            "after its next weight update (engines at version %d, %d batch(es) handed to training, "
-                            "at most %d update(s) old)",
-                            k,
-                            version,
-                            k,
-                            book.max_age,
-                        )
-                st.cond.wait(self.check_interval_s)
-            if self.fill_engines and not self.pool.retired.issuperset(self.fill_engines):
+            chosen = self.wait_for_batch(st, k)
+            if chosen is None:  # the epoch is over: every group trained
+                st.stop()
+                self.stream = None
+                return [], self.prompts.count - drawn, True
+            if self.fill_engines and not gen.pool.retired.issuperset(self.fill_engines):
                 self._stop_fill(st)  # before the learner takes batch 0: it needs the memory they hold
             taken = [
                 (st.prompts.pop(gid), [st.responses.pop(sid) for sid in book.groups[gid].samples]) for gid in chosen
             ]
             for prompt, _ in taken:
                 st.uids.discard(prompt.uid)
-                del self.tail_prompts[prompt.prompt_id]
+                del self.prompts.table[prompt.prompt_id]
             # until the next call the feeder draws nothing from the dataloader (a checkpoint's dataloader state and
             # the prompts it keeps must agree): the groups that may start before then (the engines reach at most
             # version k + 1 meanwhile: batch k trained) are drawn now
             st.draw_ahead(k + 1)
             st.drawing = False
-            consumed = self._tail_drawn - drawn
+            consumed = self.prompts.count - drawn
         experiences, runs, groups = [], [], []
         for prompt, responses in taken:
             for response in responses:
                 runs.append(response_runs(response))
-                experiences.append(self._process_response_into_experience(response, **kw))
-            lengths = [response_tokens(r) for r in responses]
-            groups.append((prompt.uid, prompt.token_ids, lengths))
-        self.log.trace(groups)
-        self._stream_batches += 1
-        self._finish_stream_batch(st, chosen, groups, batch_ages(runs, st.base + k), t0)
-        self._stream_handed.append(time.time())
+                experiences.append(gen._process_response_into_experience(response, **kw))
+            groups.append((prompt.uid, prompt.token_ids, [response_tokens(r) for r in responses]))
+        gen.log.trace(groups)
+        self.batches += 1
+        self.finish_batch(st, chosen, groups, batch_ages(runs, st.base + k), t0)
+        self.handed.append(time.time())
         exhausted = book.closed and not book.untrained
         if exhausted:
             st.stop()
             self.stream = None
         return experiences, consumed, exhausted
 
-    def _stream_billing(self, lo: float, hi: float, engines: int, gpus: int, stats: dict[int, Any]) -> dict[str, Any]:
+    def submitter(self, n: int, kw: dict[str, Any]) -> Submit:
+        """How the stream's sample ``j`` of a group goes to an engine: one Ray call, under OpenRLHF's sampling
+        parameters (a length replay forcing its length)."""
+        gen = self.gen
+        params, max_len, tokenizer = gen._sampling_params(**kw), kw.get("max_len", 2048), gen.shared_tokenizer()
+        replay = gen.replay
+
+        def submit(engine: int, prompt: StreamPrompt, j: int, carried: Any = None) -> Any:
+            key = f"{prompt.uid}/{j}"
+            forced = None if replay is None else {key: replay.lengths(prompt.uid, n)[j]}
+            had = None if carried is None else {key: carried}
+            return gen.pool.handles[engine].generate_group.remote(
+                prompt.prompt, prompt.label, params, max_len, tokenizer, [key], prompt.image, had, forced
+            )
+
+        return submit
+
+    def wait_for_batch(self, st: EngineStream, k: int) -> list[int] | None:
+        """Batch ``k``'s groups, once the book forms it (under ``st.cond``); None: the epoch is over. A stream
+        whose engines have all been quiet for the carry timeout after every batch updated the weights is stalled
+        (an error naming why); one waiting for the learner's next update says so once."""
+        book, told = st.book, False
+        while True:
+            st.check()
+            chosen = st.loop.form(k)
+            if chosen is not None:
+                return chosen
+            if book.closed and not book.untrained:
+                return None
+            if not st.running() and time.time() - st.quiet_since > self.gen.carry_timeout_s:
+                version = st.version()
+                if version >= k:  # every batch handed to training has updated the weights: nothing will come
+                    raise stall_error(time.time() - st.quiet_since, version, book, k)
+                if not told:  # batches wait for (or are in) training: its next update lets new groups start
+                    told = True
+                    log.info(
+                        "rlhfless: the stream waits for the learner: batch %d may take only groups that start after "
+                        "its next weight update (engines at version %d, %d batch(es) handed to training, at most %d "
+                        "update(s) old)",
+                        k,
+                        version,
+                        k,
+                        book.max_age,
+                    )
+            st.cond.wait(self.gen.check_interval_s)
+
+    def billing(self, lo: float, hi: float, engines: int, gpus: int, stats: dict[int, Any]) -> dict[str, Any]:
         """What the window [lo, hi] of a stream batch bills, by the formula the simulated stream bills with
         (``rlhfless_sdk.rollout.billing.window_gpu_seconds``): each live engine held for the whole window (real
         engines are never stopped), the learner's GPUs while they train each batch handed to them (from its
@@ -526,15 +562,15 @@ class StreamGeneration:
         per_engine = [s.updates for s in stats.values()]
         count = min((len(u) for u in per_engine), default=0)
         updates = [(min(u[i][0] for u in per_engine), max(u[i][1] for u in per_engine)) for i in range(count)]
-        updates = [u for u in updates if u[0] >= (self._stream_began or lo)]  # those since the stream began
+        updates = [u for u in updates if u[0] >= (self.began or lo)]  # those since the stream began
         trains = []
-        for j, handed in enumerate(self._stream_handed):
+        for j, handed in enumerate(self.handed):
             if j > len(updates):  # batch j - 1 has not updated the weights yet: the learner has not taken batch j
                 break
             start = handed if j == 0 else max(handed, updates[j - 1][1])
             trains.append((self.learner_gpus, (start, updates[j][0] if j < len(updates) else hi)))
         spans = [[(lo, hi)]] * engines
-        began, stopped = self._stream_began or lo, (self.fill_stopped or {"end": hi})["end"]
+        began, stopped = self.began or lo, (self.fill_stopped or {"end": hi})["end"]
         if self.fill_engines and min(stopped, hi) > max(lo, began):  # the fill engines, held until their stop
             spans = spans + [[(max(lo, began), min(stopped, hi))]] * len(self.fill_engines)
         learner_updates = (self.learner_gpus, updates)
@@ -552,47 +588,32 @@ class StreamGeneration:
             "gpu_seconds_serverful": (engines * gpus + self.learner_gpus) * (hi - lo),
         }
 
-    def _finish_stream_batch(
+    def finish_batch(
         self, st: EngineStream, chosen: list[int], groups: list, ages: tuple[int, int, int], t0: float
     ) -> None:
         """A stream batch's report and metrics: wall time since the last batch, the engines' busy share of it, the
         token ages measured (``batch_ages``: tokens, those older than the weights that train them, the largest
         age)."""
-        self.pool.share_history()  # the drafters' history, once a batch (the stream has no step start)
+        self.gen.pool.share_history()  # the drafters' history, once a batch (the stream has no step start)
         now = time.time()
-        live = self.pool.live()
-        stats = self.pool.stats(live)
+        live = self.gen.pool.live()
+        stats = self.gen.pool.stats(live)
         busy = {e: s.busy_s for e, s in stats.items()}
-        since, before = self._stream_mark if self._stream_mark is not None else (t0, {})
-        self._stream_mark = (now, busy)
+        since, before = self.mark if self.mark is not None else (t0, {})
+        self.mark = (now, busy)
         window = max(now - since, 1e-9)
         used = [max(busy[e] - before.get(e, 0.0), 0.0) for e in busy]
-        gpus = engine_gpus(self.args)
-        tokens, stale, oldest = ages
-        mean = sum(used) / len(used) if used else 0.0
+        gpus = engine_gpus(self.gen.args)
         lengths = [x for _, _, ls in groups for x in ls]
-        billed = self._stream_billing(since, now, len(live), gpus, stats)
-        report = StepReport(
-            step=self.step,
-            scheduler=self.planner.config.name,
-            time_s=window,
-            generation_s=window,
-            gpu_seconds=billed["gpu_seconds"],
-            gpu_seconds_serverful=billed["gpu_seconds_serverful"],
-            idle_fraction=min(max(1.0 - sum(used) / (window * max(len(used), 1)), 0.0), 1.0),
-            imbalance=max(max(used) / mean, 1.0) if mean > 0 else 1.0,
-            num_actors=max(len(live), 1),
-            samples=len(lengths),
-            response_tokens=int(sum(lengths)),
-            actor_busy_s=used,
-            peak_gpus=len(live) * gpus + self.learner_gpus,
-            stale_token_fraction=stale / tokens if tokens else 0.0,
-            max_token_age_steps=oldest,
-            groups_trained=len(chosen),
-            carried_samples=st.running(),
-        )
-        report = self.log.replayed(report)
-        self.log.record(
+        billed = self.billing(since, now, len(live), gpus, stats)
+        batch = BatchWindow(
+            self.gen.step, self.gen.planner.config.name, since, since + window, window, billed["gpu_seconds"],
+            billed["gpu_seconds_serverful"], 1.0 - sum(used) / (window * max(len(used), 1)), used, len(live),
+            len(lengths), int(sum(lengths)), ages, len(chosen), len(live) * gpus + self.learner_gpus,
+        )  # fmt: skip
+        report = batch.report(actor_busy_s=used, carried_samples=st.running())
+        report = self.gen.log.replayed(report)
+        self.gen.log.record(
             report,
             {
                 "rlhfless/actual_length_mean": float(np.mean(lengths)) if lengths else 0.0,
