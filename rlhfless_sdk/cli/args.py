@@ -173,6 +173,20 @@ def model_options(*, algo: bool = True) -> Any:
     return wrap
 
 
+def engine_profiles(
+    profile: str,
+    dedicated_kv_tokens: int | None,
+    colocated_kv_tokens: int | None,
+    memory: str,
+    tensor_parallel: int = 1,
+) -> tuple[Any, Any]:
+    """From the same flags: the profile on engines of their own (dedicated memory: async and burst engines), and a
+    synchronous engine's (``memory``), each through ``run_profile``."""
+    kv = (dedicated_kv_tokens, colocated_kv_tokens)
+    dedicated = run_profile(profile, *kv, tensor_parallel=tensor_parallel)
+    return dedicated, run_profile(profile, *kv, memory, tensor_parallel)
+
+
 def run_profile(
     profile: str,
     dedicated_kv_tokens: int | None = None,

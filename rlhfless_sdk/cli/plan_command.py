@@ -11,7 +11,7 @@ import click
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import Cluster, TimePerTokenProfile, dumps
-from rlhfless_sdk.cli.args import BYTES_PER_PLANNED_SAMPLE, check_samples, run_profile
+from rlhfless_sdk.cli.args import BYTES_PER_PLANNED_SAMPLE, check_samples, engine_profiles
 from rlhfless_sdk.cli.plan_report import pick_split, plan_synthetic, summary
 from rlhfless_sdk.cli.simulate import check_capacity, comparable_configs, kv_flag
 from rlhfless_sdk.planning.planner import StepPlanner, planner_for, rollout_planner_for
@@ -45,8 +45,7 @@ class PlanRequest:
 
     def profiles(self) -> tuple[TimePerTokenProfile, TimePerTokenProfile]:
         """The profile on engines of their own (dedicated memory), and a synchronous engine's (``memory``)."""
-        kv = (self.dedicated_kv_tokens, self.colocated_kv_tokens)
-        return run_profile(self.profile, *kv), run_profile(self.profile, *kv, self.memory)
+        return engine_profiles(self.profile, self.dedicated_kv_tokens, self.colocated_kv_tokens, self.memory)
 
 
 def plan_results(registry: Registry, request: PlanRequest) -> list[dict[str, Any]]:

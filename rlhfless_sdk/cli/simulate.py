@@ -391,10 +391,6 @@ def check_split_takers(value: str, configs: Sequence[SchedulerConfig], modes: Se
     )
 
 
-def _tokens(n: int | None) -> str:
-    return "unknown" if n is None else f"{n:,}"
-
-
 def parse_rollout_gpus(value: str | None) -> int | str | None:
     """``--rollout-gpus``: a number of GPUs, ``best`` (every split run on the whole workload, the fastest kept),
     or None (every split tried on the first 3 steps, the fastest run on the whole workload)."""

@@ -17,12 +17,11 @@ import click
 from rlhfless_sdk.api.config import SchedulerConfig
 from rlhfless_sdk.api.plugins import Registry
 from rlhfless_sdk.api.records import TimePerTokenProfile, dumps
-from rlhfless_sdk.cli.args import run_profile
+from rlhfless_sdk.cli.args import engine_profiles, run_profile
 from rlhfless_sdk.cli.drafting import acceptance_arg, drafter_arg, drafter_lines, with_drafter
 from rlhfless_sdk.cli.plots import plot, plot_frontier
 from rlhfless_sdk.cli.simulate import (
     ABLATION,
-    _tokens,
     check_split_takers,
     check_workload_flags,
     comparable_configs,
@@ -152,11 +151,10 @@ class Profiles:
     @classmethod
     def of(cls, c: ClusterRequest) -> Profiles:
         kv = (c.dedicated_kv_tokens, c.colocated_kv_tokens)
-        dedicated = run_profile(c.profile, *kv, tensor_parallel=c.tensor_parallel)
+        dedicated, sync = engine_profiles(c.profile, *kv, c.memory, c.tensor_parallel)
         # the work bound is on one-GPU engines whatever the engines run: sharding only adds GPU work (all-reduces,
         # each shard below one GPU's bandwidth), so no schedule at any tensor-parallel size beats it
         one_gpu = run_profile(c.profile, None, None) if c.tensor_parallel > 1 else None
-        sync = run_profile(c.profile, *kv, c.memory, c.tensor_parallel)
         if c.gpus < sync.gpus_per_actor:
             raise click.ClickException(f"--gpus {c.gpus} is fewer than one actor of profile {c.profile} needs")
         return cls(dedicated, sync, one_gpu)
@@ -356,7 +354,7 @@ def header_lines(prepared: Prepared, outcome: Outcome) -> list[str]:
         f"{c.gpus} GPUs ({burst})",
         f"memory: synchronous engines {c.memory} ({p.sync.kv_capacity_tokens:,} KV tokens each); async and burst "
         f"engines dedicated ({p.dedicated.kv_capacity_tokens:,}); the profile's colocated capacity "
-        f"{_tokens(p.dedicated.colocated_kv_capacity_tokens)}, dedicated {p.dedicated.kv_capacity_tokens:,}; "
+        f"{_count(p.dedicated.colocated_kv_capacity_tokens)}, dedicated {p.dedicated.kv_capacity_tokens:,}; "
         f"engine start-up {p.dedicated.cold_start_s:g} s",
     ]
     work = outcome.work
@@ -373,3 +371,7 @@ def simulate_main(registry: Registry, **options: Any) -> None:
     """``rlhfless simulate`` with these options (the command's parameters, by name)."""
     prepared = prepare(registry, SimulateRequest.of(**options))
     render(prepared, run(prepared))
+
+
+def _count(n: int | None) -> str:
+    return "unknown" if n is None else f"{n:,}"

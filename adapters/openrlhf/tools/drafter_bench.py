@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,11 +99,8 @@ def run_bench(settings: BenchSettings, say=print) -> dict[str, Any]:
     """Run every drafter and the plain engine; returns the report (acceptance files written when asked)."""
     import gc
 
-    import yaml
-    from rlhfless_openrlhf import drafting
     from rlhfless_openrlhf.tools.workbench import chat_prompts, default_cache, smollm2_model
     from transformers import AutoTokenizer
-    from vllm import SamplingParams
 
     model = smollm2_model(settings.cache or default_cache(), say)
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -113,74 +111,94 @@ def run_bench(settings: BenchSettings, say=print) -> dict[str, Any]:
     report: dict[str, Any] = {"source": source, "settings": {k: str(v) for k, v in vars(settings).items()}, "runs": {}}
     greedy: dict[str, list[list[list[int]]]] = {}
     for name in ("none", *settings.drafters):
-        earlier: list[tuple[list[int], list[list[int]]]] = []  # the history a drafter held before the last epoch
-        say(f"{name}: starting a vLLM engine (CPU) ...")
-        llm = _engine(model, name, settings.seed, max_len)
-        inputs = [{"prompt_token_ids": p} for p in ids]
-        if name != "none" and name not in ("ngram",):
-            drafting.expect(llm, ids)
-        epochs = []
-        for epoch in range(settings.epochs):
-            params = SamplingParams(
-                temperature=settings.temperature,
-                max_tokens=settings.max_new_tokens,
-                n=settings.samples,
-            )  # no per-request seed: vLLM's CPU sampler refuses a seeded generator mid-prefill; the engine's seed holds
-            before = _metrics(llm)
-            t0 = time.perf_counter()
-            outs = llm.generate(inputs, params, use_tqdm=False)
-            wall = time.perf_counter() - t0
-            spec = _delta(_metrics(llm), before)
-            tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
-            if name != "none":
-                done = [(ids[i], [list(c.token_ids) for c in o.outputs]) for i, o in enumerate(outs)]
-                drafting.observe(llm, done)
-                if epoch + 1 < settings.epochs:
-                    earlier.extend(done)
-            accepted = spec.get("num_accepted_tokens", 0) or 0
-            epochs.append(
-                {
-                    "epoch": epoch + 1,
-                    "wall_s": wall,
-                    "tokens": tokens,
-                    "spec": spec,
-                    "tokens_per_step": tokens / max(tokens - accepted, 1),
-                }
-            )
-            say(
-                f"{name}: epoch {epoch + 1}: {tokens} tokens in {wall:.1f} s, {tokens / max(tokens - accepted, 1):.2f} "
-                "tokens a verification step"
-            )
-        if settings.check_greedy:
-            check = SamplingParams(temperature=0.0, max_tokens=settings.max_new_tokens)
-            runs = [
-                llm.generate(inputs[: settings.check_greedy], check, use_tqdm=False)
-                for _ in range(2 if name == "none" else 1)
-            ]
-            greedy[name] = [[list(o.outputs[0].token_ids) for o in r] for r in runs]
-        report["runs"][name] = {"epochs": epochs, "proposer": drafting.proposer_stats(llm) if name != "none" else None}
-        if name != "none":  # the proposer's host time, on this run's last rollouts (``done``: its last epoch)
-            unit, cost = search_cost(name, done, earlier)
-            report["runs"][name]["search"] = {unit: cost}
-            took = (
-                f"{cost * 1e9:.1f} ns a context token" if unit.endswith("token") else f"{cost * 1e6:.0f} us a sequence"
-            )
-            say(f"{name}: the proposer takes {took} a step")
-        del llm
-        gc.collect()
+        report["runs"][name], checked = _bench_one(model, name, ids, max_len, settings, say)
+        if checked is not None:
+            greedy[name] = checked
+        gc.collect()  # the engine, before the next one starts
     report["lossless"] = _lossless(greedy)
-    report["acceptance"] = {}
-    for name in settings.drafters:
-        acc = acceptance_of(
-            name, report["runs"][name]["epochs"][1:] or report["runs"][name]["epochs"], settings, source
+    report["acceptance"] = _acceptances(report, settings, source)
+    return report
+
+
+def _bench_one(
+    model: Path, name: str, ids: list[list[int]], max_len: int, settings: BenchSettings, say: Callable[[str], None]
+) -> tuple[dict[str, Any], list[list[list[int]]] | None]:
+    """One engine with drafter ``name`` (``none``: the plain engine): its epochs, its proposer's figures and host
+    time, and its greedy outputs where the settings check them (twice for the plain engine: its own repeat)."""
+    from rlhfless_openrlhf import drafting
+    from vllm import SamplingParams
+
+    say(f"{name}: starting a vLLM engine (CPU) ...")
+    llm = _engine(model, name, settings.seed, max_len)
+    inputs = [{"prompt_token_ids": p} for p in ids]
+    if name not in ("none", "ngram"):
+        drafting.expect(llm, ids)
+    epochs, done, earlier = _epochs(llm, name, inputs, ids, settings, say)
+    greedy = None
+    if settings.check_greedy:
+        check = SamplingParams(temperature=0.0, max_tokens=settings.max_new_tokens)
+        runs = [
+            llm.generate(inputs[: settings.check_greedy], check, use_tqdm=False)
+            for _ in range(2 if name == "none" else 1)
+        ]
+        greedy = [[list(o.outputs[0].token_ids) for o in r] for r in runs]
+    run: dict[str, Any] = {"epochs": epochs, "proposer": drafting.proposer_stats(llm) if name != "none" else None}
+    if name != "none":  # the proposer's host time, on this run's last rollouts (``done``: its last epoch)
+        unit, cost = search_cost(name, done, earlier)
+        run["search"] = {unit: cost}
+        took = f"{cost * 1e9:.1f} ns a context token" if unit.endswith("token") else f"{cost * 1e6:.0f} us a sequence"
+        say(f"{name}: the proposer takes {took} a step")
+    return run, greedy
+
+
+def _epochs(
+    llm: Any, name: str, inputs: list[dict], ids: list[list[int]], settings: BenchSettings, say: Callable[[str], None]
+) -> tuple[list[dict[str, Any]], list, list]:
+    """The settings' epochs over the prompts on ``llm``, each timed with its speculative-decoding counters; a
+    drafter observes each epoch's rollouts. Returns the epochs, the last epoch's rollouts and the earlier ones'."""
+    from rlhfless_openrlhf import drafting
+    from vllm import SamplingParams
+
+    earlier: list[tuple[list[int], list[list[int]]]] = []  # the history a drafter held before the last epoch
+    epochs, done = [], []
+    for epoch in range(settings.epochs):
+        # no per-request seed: vLLM's CPU sampler refuses a seeded generator mid-prefill; the engine's seed holds
+        params = SamplingParams(
+            temperature=settings.temperature, max_tokens=settings.max_new_tokens, n=settings.samples
         )
+        before = _metrics(llm)
+        t0 = time.perf_counter()
+        outs = llm.generate(inputs, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        spec = _delta(_metrics(llm), before)
+        tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        if name != "none":
+            done = [(ids[i], [list(c.token_ids) for c in o.outputs]) for i, o in enumerate(outs)]
+            drafting.observe(llm, done)
+            if epoch + 1 < settings.epochs:
+                earlier.extend(done)
+        per_step = tokens / max(tokens - (spec.get("num_accepted_tokens", 0) or 0), 1)
+        epochs.append({"epoch": epoch + 1, "wall_s": wall, "tokens": tokens, "spec": spec, "tokens_per_step": per_step})
+        say(f"{name}: epoch {epoch + 1}: {tokens} tokens in {wall:.1f} s, {per_step:.2f} tokens a verification step")
+    return epochs, done, earlier
+
+
+def _acceptances(report: dict[str, Any], settings: BenchSettings, source: str) -> dict[str, Any]:
+    """Each drafter's acceptance (its epochs after the first, where there are more), with its host time; written
+    as ``NAME.yaml`` under ``settings.write`` when asked."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for name in settings.drafters:
+        run = report["runs"][name]
+        acc = acceptance_of(name, run["epochs"][1:] or run["epochs"], settings, source)
         if acc is not None:
-            acc.update({unit: float(f"{cost:.3g}") for unit, cost in report["runs"][name]["search"].items()})
-        report["acceptance"][name] = acc
+            acc.update({unit: float(f"{cost:.3g}") for unit, cost in run["search"].items()})
+        out[name] = acc
         if settings.write is not None and acc is not None:
             settings.write.mkdir(parents=True, exist_ok=True)
             (settings.write / f"{name}.yaml").write_text(yaml.safe_dump(acc, sort_keys=False), encoding="utf-8")
-    return report
+    return out
 
 
 def search_cost(

@@ -200,6 +200,74 @@ def time_generate(
     return best
 
 
+@dataclass(frozen=True)
+class _Fit:
+    """The profile's coefficients fitted to the timed runs: prefill (base, per new token), decode (base, per
+    sequence, per context token) and its relative error, and the overlapped roofline (o, w, b, c) and its error."""
+
+    prefill: tuple[float, float]
+    decode: tuple[float, float, float]
+    rel: Any
+    overlapped: tuple[float, float, float, float]
+    rel_overlap: Any
+
+    @classmethod
+    def of(cls, prefill_runs: list[Run], decode_runs: list[Run]) -> _Fit:
+        xp = np.array([[1.0, r.batch * r.prompt_len] for r in prefill_runs])
+        pb, pn = _nnls(xp, np.array([r.seconds for r in prefill_runs]))
+        xd = np.array(
+            [
+                [
+                    r.output_len,
+                    r.batch * r.output_len,
+                    r.batch * (r.prompt_len * r.output_len + r.output_len * (r.output_len - 1) / 2),
+                ]
+                for r in decode_runs
+            ]
+        )
+        yd = np.array([r.seconds - (pb + pn * r.batch * r.prompt_len) for r in decode_runs])
+        db, ds, dc = _nnls(xd, yd)
+        rel = np.abs(xd @ np.array([db, ds, dc]) - yd) / np.maximum(yd, 1e-9)  # of the decode part
+        # the overlapped roofline (the shipped GPU profiles' form), fitted to the same runs
+        start = np.array([0.2 * db, 0.8 * db, max(ds, 1e-9), max(dc, 1e-12)])
+        o, w, ob, oc = fit_overlapped(decode_runs, yd, start)
+        rel_overlap = np.abs(overlapped_seconds(np.array([o, w, ob, oc]), decode_runs) - yd) / np.maximum(yd, 1e-9)
+        return cls((pb, pn), (db, ds, dc), rel, (o, w, ob, oc), rel_overlap)
+
+    def lines(self) -> list[str]:
+        o, w, ob, oc = self.overlapped
+        return [
+            f"fit: decode relative error median {np.median(self.rel):.1%}, max {self.rel.max():.1%}",
+            f"overlapped roofline fit (o + max(w + c*ctx, b*B) a step): median {np.median(self.rel_overlap):.1%}, "
+            f"max {self.rel_overlap.max():.1%} (o={o:.3g}, w={w:.3g}, b={ob:.3g}, c={oc:.3g})",
+        ]
+
+
+def _timed_grid(llm: Any, progress: Callable[[str], None], sampling: Sampling) -> tuple[list[Run], list[Run]]:
+    """The prefill grid's and the decode grid's runs, timed on ``llm`` after a warm-up."""
+    time_generate(llm, [(64, 32)] * 4, salt=1, sampling=sampling)  # warm-up
+    prefill_runs, decode_runs = [], []
+    for k, (b, p) in enumerate(PREFILL_GRID):
+        prefill_runs.append(Run(b, p, 1, time_generate(llm, [(p, 1)] * b, salt=10 + k, sampling=sampling)))
+        progress(f"prefill B={b} P={p}: {prefill_runs[-1].seconds * 1000:.1f} ms")
+    for k, (b, p, t) in enumerate(DECODE_GRID):
+        decode_runs.append(Run(b, p, t, time_generate(llm, [(p, t)] * b, salt=100 + k, sampling=sampling)))
+        progress(f"decode B={b} P={p} T={t}: {decode_runs[-1].seconds * 1000:.1f} ms")
+    return prefill_runs, decode_runs
+
+
+def _engine_memory(llm: Any) -> dict[str, int]:
+    """What the engine holds: its KV cache in tokens, the bytes a token's K and V take, its sequences at once."""
+    config = llm.llm_engine.vllm_config
+    cache, hf = config.cache_config, config.model_config.hf_config
+    head_dim = getattr(hf, "head_dim", hf.hidden_size // hf.num_attention_heads)
+    return {
+        "kv_capacity_tokens": max(int(cache.num_gpu_blocks * cache.block_size), 1),
+        "kv_bytes_per_token": 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * 4,  # float32 K and V
+        "max_num_seqs": config.scheduler_config.max_num_seqs,
+    }
+
+
 def measure(
     llm: Any,
     start_s: float,
@@ -210,52 +278,16 @@ def measure(
     progress: Callable[[str], None] = print,
     sampling: Sampling = ROLLOUT_SAMPLING,
 ) -> tuple[TimePerTokenProfile, dict[str, Any]]:
-    time_generate(llm, [(64, 32)] * 4, salt=1, sampling=sampling)  # warm-up
-    prefill_runs = []
-    for k, (b, p) in enumerate(PREFILL_GRID):
-        prefill_runs.append(Run(b, p, 1, time_generate(llm, [(p, 1)] * b, salt=10 + k, sampling=sampling)))
-        progress(f"prefill B={b} P={p}: {prefill_runs[-1].seconds * 1000:.1f} ms")
-    xp = np.array([[1.0, r.batch * r.prompt_len] for r in prefill_runs])
-    yp = np.array([r.seconds for r in prefill_runs])
-    pb, pn = _nnls(xp, yp)
-
-    decode_runs = []
-    for k, (b, p, t) in enumerate(DECODE_GRID):
-        decode_runs.append(Run(b, p, t, time_generate(llm, [(p, t)] * b, salt=100 + k, sampling=sampling)))
-        progress(f"decode B={b} P={p} T={t}: {decode_runs[-1].seconds * 1000:.1f} ms")
-    xd = np.array(
-        [
-            [
-                r.output_len,
-                r.batch * r.output_len,
-                r.batch * (r.prompt_len * r.output_len + r.output_len * (r.output_len - 1) / 2),
-            ]
-            for r in decode_runs
-        ]
-    )
-    yd = np.array([r.seconds - (pb + pn * r.batch * r.prompt_len) for r in decode_runs])
-    db, ds, dc = _nnls(xd, yd)
-    rel = np.abs(xd @ np.array([db, ds, dc]) - yd) / np.maximum(yd, 1e-9)  # of the decode part
-    # the overlapped roofline (the shipped GPU profiles' form), fitted to the same runs
-    o, w, ob, oc = fit_overlapped(decode_runs, yd, np.array([0.2 * db, 0.8 * db, max(ds, 1e-9), max(dc, 1e-12)]))
-    rel_overlap = np.abs(overlapped_seconds(np.array([o, w, ob, oc]), decode_runs) - yd) / np.maximum(yd, 1e-9)
-
-    cache = llm.llm_engine.vllm_config.cache_config
-    kv_tokens = int(cache.num_gpu_blocks * cache.block_size)
-    hf = llm.llm_engine.vllm_config.model_config.hf_config
-    head_dim = getattr(hf, "head_dim", hf.hidden_size // hf.num_attention_heads)
-    kv_bytes = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * 4  # float32 K and V
+    """The engine's profile, fitted to the timed grids (and the overlapped roofline's, in the details)."""
+    prefill_runs, decode_runs = _timed_grid(llm, progress, sampling)
+    fit = _Fit.of(prefill_runs, decode_runs)
     lines = [
         f"measured with rlhfless profile on {hardware} from vLLM engine timings ({sampling.describe()}; model "
         f"threads on cores {os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}), {time.strftime('%Y-%m-%d')}:"
     ]
     lines += [f"  prefill B={r.batch} P={r.prompt_len}: {r.seconds * 1000:.2f} ms" for r in prefill_runs]
     lines += [f"  B={r.batch} P={r.prompt_len} T={r.output_len}: {r.seconds * 1000:.2f} ms" for r in decode_runs]
-    lines.append(f"fit: decode relative error median {np.median(rel):.1%}, max {rel.max():.1%}")
-    lines.append(
-        f"overlapped roofline fit (o + max(w + c*ctx, b*B) a step): median {np.median(rel_overlap):.1%}, "
-        f"max {rel_overlap.max():.1%} (o={o:.3g}, w={w:.3g}, b={ob:.3g}, c={oc:.3g})"
-    )
+    (pb, pn), (db, ds, dc), (o, w, ob, oc) = fit.prefill, fit.decode, fit.overlapped
     profile = TimePerTokenProfile(
         name=name,
         model=model,
@@ -267,28 +299,19 @@ def measure(
         prefill_base_s=float(pb),
         prefill_per_new_token_s=float(pn),
         prefill_per_cached_token_s=0.0,
-        kv_capacity_tokens=max(kv_tokens, 1),
-        max_num_seqs=llm.llm_engine.vllm_config.scheduler_config.max_num_seqs,
-        kv_bytes_per_token=kv_bytes,
         cold_start_s=start_s,
         price_per_gpu_second=0.0,
-        derivation="\n".join(lines),
+        derivation="\n".join(lines + fit.lines()),
+        **_engine_memory(llm),
     )
-    overlapped = profile.model_copy(
-        update={
-            "decode_overlap": True,
-            "decode_overhead_s": float(o),
-            "decode_base_s": float(o + w),
-            "decode_per_seq_s": float(ob),
-            "decode_per_ctx_token_s": float(oc),
-        }
-    )
+    overlapped = {"decode_overlap": True, "decode_overhead_s": float(o), "decode_base_s": float(o + w)}
+    overlapped |= {"decode_per_seq_s": float(ob), "decode_per_ctx_token_s": float(oc)}
     return profile, {
         "prefill_runs": [r.__dict__ for r in prefill_runs],
         "decode_runs": [r.__dict__ for r in decode_runs],
-        "fit_median_rel_error": float(np.median(rel)),
-        "overlapped_fit_median_rel_error": float(np.median(rel_overlap)),
-        "overlapped_profile": overlapped,
+        "fit_median_rel_error": float(np.median(fit.rel)),
+        "overlapped_fit_median_rel_error": float(np.median(fit.rel_overlap)),
+        "overlapped_profile": profile.model_copy(update=overlapped),
     }
 
 
