@@ -34,6 +34,7 @@ import os
 import time
 import uuid
 from copy import deepcopy
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -98,6 +99,48 @@ class _Untrained(Exception):
         }
 
 
+@dataclass
+class EngineUsage:
+    """An engine's work as ``rl_stats`` reports it: requests in flight, busy seconds (some request running; since
+    ``busy_since`` while one runs), the first and last request's wall clock, and the step's token counts (prompt,
+    cached by vLLM, saved by the dedup plan's warm-up, generated)."""
+
+    inflight: int = 0
+    busy: float = 0.0
+    busy_since: float | None = None
+    first: float | None = None
+    last: float | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    dedup_saved: int = 0
+    generated: int = 0
+
+    def start(self) -> None:
+        now = time.time()
+        if self.inflight == 0:
+            self.busy_since = now
+        if self.first is None:
+            self.first = now
+        self.inflight += 1
+
+    def stop(self) -> None:
+        self.inflight -= 1
+        now = time.time()
+        self.last = now
+        if self.inflight == 0 and self.busy_since is not None:
+            self.busy += now - self.busy_since
+            self.busy_since = None
+
+    def count(self, prompt: int, cached: int, saved: int, generated: int) -> None:
+        self.prompt_tokens += prompt
+        self.cached_tokens += cached
+        self.dedup_saved += saved
+        self.generated += generated
+
+    def busy_s(self) -> float:
+        return self.busy + (time.time() - self.busy_since if self.busy_since is not None else 0.0)
+
+
 class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ignore[name-defined,misc]
     async def __init__(self, *args: Any, **kwargs: Any) -> None:
         drafter = kwargs.pop("rlhfless_drafter", None)
@@ -116,37 +159,12 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         self._rl_asleep = False
         self._rl_closed = False  # a stopped fill engine (``rl_close``): no new work, ever
         self._rl_offset: dict[str, int] = {}  # key -> tokens a carried sample had before this engine's piece
-        self._rl_inflight = 0
-        self._rl_busy = 0.0
-        self._rl_busy_since: float | None = None
-        self._rl_first: float | None = None
-        self._rl_last: float | None = None
-        self._rl_prompt_tokens = 0
-        self._rl_cached_tokens = 0
-        self._rl_dedup_saved = 0
-        self._rl_generated = 0
+        self._rl_usage = EngineUsage()  # busy time and token counts of the step's work
         self._rl_tokenizer: tuple[str, asyncio.Future] | None = None  # the shared tokenizer resolved, by its ref
         self._rl_version = 0  # weight updates this engine has resumed from (OpenRLHF's partial-rollout broadcast)
         self._rl_updates: list[tuple[float, float]] = []  # wall clock (paused, resumed) of each of them
         self._rl_paused_at: float | None = None
         self._rl_marks: dict[str, list[tuple[int, int]]] = {}  # key -> (version, its tokens then) at start, updates
-
-    # -- accounting --------------------------------------------------------------------------------------
-    def _start(self) -> None:
-        now = time.time()
-        if self._rl_inflight == 0:
-            self._rl_busy_since = now
-        if self._rl_first is None:
-            self._rl_first = now
-        self._rl_inflight += 1
-
-    def _stop(self) -> None:
-        self._rl_inflight -= 1
-        now = time.time()
-        self._rl_last = now
-        if self._rl_inflight == 0 and self._rl_busy_since is not None:
-            self._rl_busy += now - self._rl_busy_since
-            self._rl_busy_since = None
 
     def _warmed_prefix(self, prompt_token_ids: list[int]) -> int:
         """The longest prefix of this prompt that ``warm_prefixes`` prefilled on this engine (0: none)."""
@@ -179,7 +197,7 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
             self._rl_progress[key] = 0
             if first_piece:  # a sample's own call (a migrated piece's continuation is the cutter's to stitch)
                 self._rl_marks.setdefault(key, [(self._rl_version, 0)])
-        self._start()
+        self._rl_usage.start()
         final = None
         try:
             async for out in self.llm.generate(prompt, deepcopy(params), request_id=request_id):
@@ -187,17 +205,15 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
                 if key is not None and key in self._rl_progress:
                     self._rl_progress[key] = len(out.outputs[0].token_ids)
         finally:
-            self._stop()
+            self._rl_usage.stop()
             if key is not None:
                 self._rl_progress.pop(key, None)
                 self._rl_request.pop(key, None)
         if final is not None and key is not None:  # warm-up requests are not the step's work
             cached = int(getattr(final, "num_cached_tokens", 0) or 0)
-            self._rl_prompt_tokens += len(prompt_token_ids)
-            self._rl_cached_tokens += cached
-            if first_piece:  # a continuation's cache hits are its own partial tokens, not the dedup plan's
-                self._rl_dedup_saved += min(cached, self._warmed_prefix(prompt_token_ids))
-            self._rl_generated += len(final.outputs[0].token_ids)
+            # a continuation's cache hits are its own partial tokens, not the dedup plan's
+            saved = min(cached, self._warmed_prefix(prompt_token_ids)) if first_piece else 0
+            self._rl_usage.count(len(prompt_token_ids), cached, saved, len(final.outputs[0].token_ids))
         return final
 
     async def _keyed(
@@ -502,17 +518,17 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         return not self._rl_asleep
 
     def rl_stats(self) -> EngineStats:
-        busy = self._rl_busy + (time.time() - self._rl_busy_since if self._rl_busy_since is not None else 0.0)
+        usage = self._rl_usage
         return EngineStats(
             progress=dict(self._rl_progress),
-            running=self._rl_inflight,
-            busy_s=busy,
-            first=self._rl_first,
-            last=self._rl_last,
-            prompt_tokens=self._rl_prompt_tokens,
-            cached_tokens=self._rl_cached_tokens,
-            generated_tokens=self._rl_generated,
-            dedup_saved_tokens=self._rl_dedup_saved,
+            running=usage.inflight,
+            busy_s=usage.busy_s(),
+            first=usage.first,
+            last=usage.last,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            generated_tokens=usage.generated,
+            dedup_saved_tokens=usage.dedup_saved,
             weights_version=self._rl_version,
             updates=list(self._rl_updates),
             engine_alive=self.rl_alive(),
@@ -538,8 +554,7 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         return not self.llm.errored
 
     def rl_reset_stats(self) -> None:
-        self._rl_busy, self._rl_first, self._rl_last = 0.0, None, None
-        self._rl_prompt_tokens = self._rl_cached_tokens = self._rl_generated = self._rl_dedup_saved = 0
+        self._rl_usage = EngineUsage(inflight=self._rl_usage.inflight, busy_since=self._rl_usage.busy_since)
         self._rl_warmed.clear()
 
 

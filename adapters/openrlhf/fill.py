@@ -129,7 +129,7 @@ def stop(st: Any, engines: list[int], key_of: Any, timeout_s: float) -> tuple[in
             continue
         if info is None:  # it finished before the cut landed, or never started here: its call says which
             continue
-        st.moving.add(sid)
+        st.moves.cut.add(sid)
         logprobs = None if info.sampling_params.logprobs is None else []
         back = Continuation(token_ids=[], logprobs=logprobs, finish_reason=CARRIED)  # its call returns what it has
         pool.handles[e].deliver.remote(key_of(sid), back)
@@ -144,7 +144,7 @@ def stop(st: Any, engines: list[int], key_of: Any, timeout_s: float) -> tuple[in
                 "their cut (--scheduler.carry_timeout)"
             )
         st._collect(ready)
-    moved, tokens = st.loop.moved, sum(len(c[0]) for c in st.carried.values())
+    moved, tokens = st.loop.moved, sum(len(c[0]) for c in st.moves.carried.values())
     end(pool, engines)  # the learner gets all their memory
     return moved, tokens
 

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -63,6 +63,16 @@ class StreamPrompt:
     image: Any
     uid: str
     token_ids: list[int]
+
+
+@dataclass
+class Moves:
+    """Samples cut on a stopped fill engine (``fill.stop``): those whose call is to bring back their tokens
+    (``cut``), and what each moved sample goes on from on a rollout engine (``carried``: its response tokens, their
+    logprobs, the (version, tokens) marks they came from)."""
+
+    cut: set[int] = field(default_factory=set)
+    carried: dict[int, tuple[list[int], list[float] | None, list]] = field(default_factory=dict)
 
 
 #: Submits sample ``j`` of a group to an engine: (engine, the group's prompt, j, what it carries) -> a Ray reference
@@ -101,8 +111,7 @@ class EngineStream:
         self.pending: dict[Any, tuple[int, int]] = {}  # Ray reference -> (sample, engine)
         self.load: dict[int, int] = defaultdict(int)  # engine -> its samples in flight
         self.responses: dict[int, dict[str, Any]] = {}  # finished sample -> response, until its group trains
-        self.moving: set[int] = set()  # samples cut on a stopped fill engine, whose call brings back their tokens
-        self.carried: dict[int, tuple[list[int], list[float] | None, list]] = {}  # moved sample -> what it goes on from
+        self.moves = Moves()  # samples cut on a stopped fill engine, and what each goes on from
         self.uids = set() if uids is None else uids
         # the feeder thread (``feed``) and the generator's calls share the stream's state under this lock
         self.cond = threading.Condition()
@@ -179,7 +188,8 @@ class EngineStream:
         fill = self.loop.fill(self.loop.free({e: self.load[e] for e in live}), version, self._more)
         for sid, engine in fill.sent:
             gid = self.book.group_of[sid]
-            ref = submit(engine, self.prompts[gid], sid - self.book.groups[gid].samples[0], self.carried.pop(sid, None))
+            had = self.moves.carried.pop(sid, None)
+            ref = submit(engine, self.prompts[gid], sid - self.book.groups[gid].samples[0], had)
             self.pending[ref] = (sid, engine)
             self.load[engine] += 1
         return len(fill.sent)
@@ -235,7 +245,7 @@ class EngineStream:
             if engine in self.pool.dead:
                 del self.pending[ref]  # never read: a late answer cannot make the sample twice
                 self.load[engine] -= 1
-                self.moving.discard(sid)
+                self.moves.cut.discard(sid)
                 self.loop.requeue(sid)
 
     def _collect(self, ready: list) -> list[int]:
@@ -251,7 +261,7 @@ class EngineStream:
             try:
                 (response,) = ray.get(ref)
             except ENGINE_ERRORS as exc:
-                self.moving.discard(sid)  # whatever it had is gone with the error: it starts over, below
+                self.moves.cut.discard(sid)  # whatever it had is gone with the error: it starts over, below
                 if engine in self.pool.retired and fill.closed(exc):  # it reached a stopped fill engine: never ran
                     self.loop.move(sid)
                     continue
@@ -260,13 +270,14 @@ class EngineStream:
                 self.pool.mark_dead(engine, exc)
                 self.loop.requeue(sid)
                 continue
-            if sid in self.moving:  # cut on a stopped fill engine: it goes on elsewhere from the tokens it has
-                self.moving.discard(sid)
+            if sid in self.moves.cut:  # cut on a stopped fill engine: it goes on elsewhere from the tokens it has
+                self.moves.cut.discard(sid)
                 start = response["action_ranges"][0][0]
                 lps = response["rollout_log_probs"]
                 tokens = list(response["observation_tokens"][start:])
                 if tokens:
-                    self.carried[sid] = (tokens, None if lps is None else lps[start:], response["rlhfless_versions"])
+                    kept = None if lps is None else lps[start:]
+                    self.moves.carried[sid] = (tokens, kept, response["rlhfless_versions"])
                 self.loop.move(sid)
                 continue
             self.responses[sid] = response
