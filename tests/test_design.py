@@ -1,9 +1,6 @@
 """Rules that describe a good design (``design_rules.py`` measures them; ``python tests/design_rules.py`` prints
 them): no function over 60 lines, no class over 20 instance attributes, fewer than 10 pairs of files that share a
 block of six lines of the same shape. A place that breaks a rule on purpose says why in a ``# design:`` comment.
-
-``NOT_YET``: the places that break a rule today and are being split (issue 64). The list only shrinks: a place not
-on it fails, and so does a listed place that no longer breaks the rule (take it off).
 """
 
 from __future__ import annotations
@@ -27,16 +24,6 @@ def _load_rules():
 
 rules = _load_rules()
 
-#: path:name of each function over ``LONGEST_FUNCTION`` lines, and each class over ``MOST_ATTRIBUTES``, not yet split.
-NOT_YET = {
-    "functions": set(),
-    "classes": {
-        "rlhfless_sdk/simulation/backend.py:SimulatedBackend",
-        "adapters/openrlhf/engine_actor.py:RlhflessRolloutActorImpl",
-        "rlhfless_sdk/rollout/controller.py:StepController",
-        "adapters/openrlhf/stream.py:EngineStream",
-    },
-}
 #: Pairs of files sharing a block of six lines of the same shape: fewer than this.
 MOST_REPEATED = 10
 
@@ -48,15 +35,13 @@ def _breaking(places: list[rules.Place], limit: int) -> set[str]:
 def test_no_function_is_longer_than_60_lines():
     functions, _ = rules.measures()
     long = _breaking(functions, rules.LONGEST_FUNCTION)
-    assert long - NOT_YET["functions"] == set(), "split by what it does, or say why in a '# design:' comment"
-    assert NOT_YET["functions"] - long == set(), "split already: take it off NOT_YET"
+    assert long == set(), "split by what it does, or say why in a '# design:' comment"
 
 
 def test_no_class_holds_more_than_20_instance_attributes():
     _, classes = rules.measures()
     wide = _breaking(classes, rules.MOST_ATTRIBUTES)
-    assert wide - NOT_YET["classes"] == set(), "split by what it holds, or say why in a '# design:' comment"
-    assert NOT_YET["classes"] - wide == set(), "split already: take it off NOT_YET"
+    assert wide == set(), "split by what it holds, or say why in a '# design:' comment"
 
 
 def test_fewer_than_10_pairs_of_files_repeat_a_block_of_code():

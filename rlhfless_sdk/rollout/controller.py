@@ -147,6 +147,41 @@ class StepOutcome:
 _WAITING, _DONE, _CARRIED = 0, 1, 2
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """The batch's samples as a step sees them: each sample's prompt (batch position), its index in its group and
+    its predicted length; each prompt's position by uid and its length-history key."""
+
+    prompt: list[int]
+    index_in_group: list[int]
+    predicted: list[float]
+    prompt_index: dict[str, int]
+    history_uids: list[str]
+
+    @classmethod
+    def of(cls, batch: PromptBatch, plan: StepPlan, history_uids: Sequence[str] | None) -> _Layout:
+        prompt_of = batch.sample_prompt_index()
+        index_in_group = (np.arange(batch.total_samples) - batch.sample_offsets[prompt_of]).tolist()
+        pred = np.asarray(plan.predicted_lengths, dtype=np.float64)
+        predicted: list[float] = pred[prompt_of].tolist() if len(pred) else []
+        uids = list(history_uids) if history_uids is not None else list(batch.uids)
+        return cls(prompt_of.tolist(), index_in_group, predicted, {u: i for i, u in enumerate(batch.uids)}, uids)
+
+
+@dataclass
+class _Made:
+    """What each sample made: its pieces (engine, tokens), its length, why it finished, the backend's output."""
+
+    segments: list[list[tuple[int, int]]]
+    length: list[int]
+    finish_reason: list[str]
+    outputs: list[Any]
+
+    @classmethod
+    def of(cls, n: int) -> _Made:
+        return cls([[] for _ in range(n)], [0] * n, ["stop"] * n, [None] * n)
+
+
 class StepController:
     """Runs one step of ``plan`` over ``batch`` on ``backend``; ``run()`` returns the ``StepOutcome``."""
 
@@ -161,22 +196,13 @@ class StepController:
         history_uids: Sequence[str] | None = None,
     ) -> None:
         self.planner, self.backend, self.batch, self.plan, self.step = planner, backend, batch, plan, step
-        self.history_uids = list(history_uids) if history_uids is not None else batch.uids
+        self.layout = _Layout.of(batch, plan, history_uids)
         n = batch.total_samples
-        prompt_of = batch.sample_prompt_index()
-        self.prompt = prompt_of.tolist()
-        self.index_in_group = (np.arange(n) - batch.sample_offsets[prompt_of]).tolist()
-        pred = np.asarray(plan.predicted_lengths, dtype=np.float64)
-        self.predicted: list[float] = pred[prompt_of].tolist() if len(pred) else []
-        self.prompt_index = {uid: i for i, uid in enumerate(batch.uids)}
         self.state = [_WAITING] * n
         self.engine = [-1] * n
         self.kept = [0] * n  # tokens kept from earlier segments (cuts)
-        self.segments: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         self.sample_migrations = [0] * n
-        self.length = [0] * n
-        self.finish_reason = ["stop"] * n
-        self.outputs: list[Any] = [None] * n
+        self.made = _Made.of(n)
         self.pending: dict[int, int] = {}  # engine -> unfinished samples it holds
         self.planned: dict[int, float] = {}  # engine -> predicted tokens of the samples dispatched to it
         self.finished_lengths: dict[int, list[int]] = {}  # prompt -> lengths of its finished samples, in order
@@ -222,7 +248,7 @@ class StepController:
         if observe:
             self.planner.note_error(report.estimate_error)
         carried = [sid for sid, s in enumerate(self.state) if s == _CARRIED]
-        return StepOutcome(report, samples, self.outputs, self.segments, usage, carried)
+        return StepOutcome(report, samples, self.made.outputs, self.made.segments, usage, carried)
 
     def done_prompts(self) -> list[int]:
         """Prompts (batch positions) all of whose samples have finished, for an end rule."""
@@ -235,7 +261,7 @@ class StepController:
         sample to the next polls."""
         for sid in self.queue:  # never started
             self.state[sid] = _CARRIED
-            self.finish_reason[sid] = "abort"
+            self.made.finish_reason[sid] = "abort"
             self.unfinished -= 1
         self.queue.clear()
         running = [(self.engine[sid], sid) for sid in range(len(self.state)) if self.state[sid] == _WAITING]
@@ -245,10 +271,10 @@ class StepController:
             if tokens < self.kept[sid]:
                 raise SampleAccountingError(f"sample {sid} was cut at {tokens} tokens, below the {self.kept[sid]} kept")
             if tokens > self.kept[sid]:
-                self.segments[sid].append((e, tokens - self.kept[sid]))
-            self.kept[sid] = self.length[sid] = tokens
+                self.made.segments[sid].append((e, tokens - self.kept[sid]))
+            self.kept[sid] = self.made.length[sid] = tokens
             self.state[sid] = _CARRIED
-            self.finish_reason[sid] = "abort"
+            self.made.finish_reason[sid] = "abort"
             self.pending[e] -= 1
             self.unfinished -= 1
             self.backend.carry(e, sid)
@@ -291,7 +317,7 @@ class StepController:
                 return
 
     def sample_id(self, uid: str, sample_index: int) -> int:
-        i = self.prompt_index.get(uid)
+        i = self.layout.prompt_index.get(uid)
         if i is None or not 0 <= sample_index < int(self.batch.n_samples[i]):
             raise SampleAccountingError(f"sample {uid!r}/{sample_index} belongs to no prompt of step {self.step}")
         return int(self.batch.sample_offsets[i]) + sample_index
@@ -305,7 +331,7 @@ class StepController:
     def _still_planned(self, sid: int) -> float:
         """The predicted tokens of a sample not yet generated (it kept some from a cut): what its next engine
         is planned to generate for it, so an engine's done fraction counts the same tokens above and below."""
-        return max(self.predicted[sid] - self.kept[sid], 0.0) if self.predicted else 0.0
+        return max(self.layout.predicted[sid] - self.kept[sid], 0.0) if self.layout.predicted else 0.0
 
     def _place_all(self, engines: list[int]) -> None:
         """The initial dispatch, in batch order (the same sums as placing one sample after another)."""
@@ -314,7 +340,8 @@ class StepController:
             return
         e = np.asarray(engines, dtype=np.int64)
         count = np.bincount(e)
-        planned = np.bincount(e, weights=np.asarray(self.predicted, dtype=np.float64)) if self.predicted else 0 * count
+        predicted = self.layout.predicted
+        planned = np.bincount(e, weights=np.asarray(predicted, dtype=np.float64)) if predicted else 0 * count
         for x in np.flatnonzero(count).tolist():
             self.pending[x] = int(count[x])
             self.planned[x] = float(planned[x])
@@ -324,8 +351,9 @@ class StepController:
 
     def _finish_all(self, finished: Sequence[Finished]) -> None:
         state, kept, engine, pending = self.state, self.kept, self.engine, self.pending
-        segments, length, reason, outputs = self.segments, self.length, self.finish_reason, self.outputs
-        prompt, by_prompt, n = self.prompt, self.finished_lengths, len(self.state)
+        made = self.made
+        segments, length, reason, outputs = made.segments, made.length, made.finish_reason, made.outputs
+        prompt, by_prompt, n = self.layout.prompt, self.finished_lengths, len(self.state)
         for f in finished:
             sid, tokens = f.sample, f.length
             if not 0 <= sid < n or state[sid] != _WAITING:
@@ -361,7 +389,7 @@ class StepController:
             if item.tokens_kept:
                 resumed.append((sid, item.tokens_kept))
             else:
-                fresh.setdefault(self.prompt[sid], []).append(sid)
+                fresh.setdefault(self.layout.prompt[sid], []).append(sid)
         for sid, _ in resumed:
             e = min(live, key=lambda x: self.pending.get(x, 0))
             self._place(sid, e)
@@ -376,7 +404,7 @@ class StepController:
     def _truncate(self, sid: int, kept: int) -> None:
         """Drop the segments beyond the ``kept`` tokens that survived (a lost engine's work)."""
         segments, total = [], 0
-        for engine, tokens in self.segments[sid]:
+        for engine, tokens in self.made.segments[sid]:
             take = min(tokens, kept - total)
             if take <= 0:
                 break
@@ -384,7 +412,7 @@ class StepController:
             total += take
         if total != kept:
             raise SampleAccountingError(f"sample {sid}: the backend kept {kept} tokens, but only {total} were cut")
-        self.segments[sid], self.kept[sid] = segments, kept
+        self.made.segments[sid], self.kept[sid] = segments, kept
 
     # -- migration -------------------------------------------------------------------------------------------
     def snapshot(self, status: dict[int, EngineStatus]) -> StepProgress:
@@ -395,7 +423,7 @@ class StepController:
         for e, st in status.items():
             pending = self.pending.get(e, 0)
             running = len(st.running)
-            context = sum(int(plens[self.prompt[sid]]) + tokens for sid, tokens in st.running.items())
+            context = sum(int(plens[self.layout.prompt[sid]]) + tokens for sid, tokens in st.running.items())
             actors.append(
                 ActorProgress.model_construct(
                     actor_id=e,
@@ -413,17 +441,17 @@ class StepController:
                     continue  # finished since the backend looked; the next poll reports it
                 unfinished.append(
                     SampleProgress.model_construct(
-                        uid=uids[self.prompt[sid]],
-                        sample_index=self.index_in_group[sid],
+                        uid=uids[self.layout.prompt[sid]],
+                        sample_index=self.layout.index_in_group[sid],
                         actor_id=e,
                         tokens_generated=tokens,
-                        predicted_length=self.predicted[sid],
+                        predicted_length=self.layout.predicted[sid],
                         max_tokens=cap,
                         migrations=self.sample_migrations[sid],
-                        planned_length=self.predicted[sid],
+                        planned_length=self.layout.predicted[sid],
                     )
                 )
-                prompts.add(self.prompt[sid])
+                prompts.add(self.layout.prompt[sid])
         finished = {uids[p]: tuple(self.finished_lengths[p]) for p in prompts if p in self.finished_lengths}
         return StepProgress.model_construct(
             step=self.step,
@@ -447,7 +475,7 @@ class StepController:
                 continue  # it finished (or was lost) before the cut landed; a later poll says which
             if tokens < self.kept[sid]:
                 raise SampleAccountingError(f"sample {sid} was cut at {tokens} tokens, below the {self.kept[sid]} kept")
-            self.segments[sid].append((d.from_actor, tokens - self.kept[sid]))
+            self.made.segments[sid].append((d.from_actor, tokens - self.kept[sid]))
             self.kept[sid] = tokens
             moved = self._still_planned(sid)  # the rest of the prediction moves with the sample
             self.planned[d.from_actor] = self.planned.get(d.from_actor, 0.0) - moved
@@ -461,17 +489,17 @@ class StepController:
 
     # -- the end ---------------------------------------------------------------------------------------------
     def _samples(self) -> list[FinishedSample]:
-        hist, plens = self.history_uids, self.batch.prompt_lengths.tolist()
+        hist, plens = self.layout.history_uids, self.batch.prompt_lengths.tolist()
         return [
             FinishedSample.model_construct(
-                uid=hist[self.prompt[sid]],
-                sample_index=self.index_in_group[sid],
-                prompt_length=plens[self.prompt[sid]],
-                response_length=self.length[sid],
+                uid=hist[self.layout.prompt[sid]],
+                sample_index=self.layout.index_in_group[sid],
+                prompt_length=plens[self.layout.prompt[sid]],
+                response_length=self.made.length[sid],
                 actor_id=self.engine[sid],
                 migrations=self.sample_migrations[sid],
-                finish_reason=self.finish_reason[sid],
-                predicted_length=self.predicted[sid] if self.predicted else None,
+                finish_reason=self.made.finish_reason[sid],
+                predicted_length=self.layout.predicted[sid] if self.layout.predicted else None,
             )
             for sid in range(len(self.state))
         ]
@@ -480,8 +508,8 @@ class StepController:
         """The step's report: ``billing``'s figures plus what the controller saw."""
         bill = billing(u)
         generation = u.generation_s
-        pred = np.asarray(self.predicted)
-        mae = float(np.abs(pred - np.asarray(self.length)).mean()) if len(pred) else 0.0
+        pred = np.asarray(self.layout.predicted)
+        mae = float(np.abs(pred - np.asarray(self.made.length)).mean()) if len(pred) else 0.0
         chosen = self.plan.estimate or self.plan.chosen_candidate()
         estimate = chosen.time_s if chosen is not None else None
         return StepReport(
@@ -492,7 +520,7 @@ class StepController:
             migrations=self.migrations,
             num_actors=self.plan.num_actors,
             samples=len(self.state),
-            response_tokens=sum(self.length),
+            response_tokens=sum(self.made.length),
             prediction_mae=mae,
             estimated_generation_s=estimate,
             estimate_error=estimate / generation - 1.0 if estimate is not None and generation > 0 else None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -72,6 +73,52 @@ def _round_batch(steps: Sequence[WorkloadStep], refs: Sequence[Any]) -> tuple[Pr
     return batch, np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
 
 
+@dataclass
+class _Broadcasts:
+    """The weight broadcasts a step's engines pause for: (at, seconds) each, not reached yet; whether a pause frees
+    the KV cache; the tokens generated when each one began."""
+
+    pauses: deque[tuple[float, float]]
+    frees_kv: bool
+    tokens_before: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Boot:
+    """How the step's engines start: those warm from the step before, whether the prefill actor is warm, each
+    engine's start-up seconds, and the seconds the plan took (every engine starts after it)."""
+
+    warm: frozenset[int]
+    warm_prefill: bool
+    cold: np.ndarray
+    plan_s: float
+
+
+@dataclass
+class _Checks:
+    """When the controller next looks (``poll``): every ``interval`` seconds, doubled each ``4 x per_step`` checks
+    (the plan was far off: check less often rather than forever)."""
+
+    interval: float
+    per_step: int
+    next_s: float
+    count: int = 0
+
+    def tick(self, now: float) -> None:
+        self.count += 1
+        if self.count % (4 * self.per_step) == 0:
+            self.interval *= 2
+        self.next_s = now + self.interval
+
+
+@dataclass
+class _Cuts:
+    """When the controller first cut a sample off its engine (inf: never), and the engines it cut samples off."""
+
+    first_s: float = math.inf
+    engines: set[int] = field(default_factory=set)
+
+
 class SimulatedBackend:
     """The simulator as a rollout backend: decode actors on a simulated clock, driven by ``StepController``.
 
@@ -108,11 +155,8 @@ class SimulatedBackend:
         ``clear_cache=True``, as OpenRLHF's engines pause): every running sample is preempted and re-prefills its
         prompt and tokens after the pause, and the prefix cache starts empty."""
         self.profile, self.cluster, self.ws, self.plan = profile, cluster, ws, plan
-        self.warm, self.warm_prefill = warm, warm_prefill
         self.rates = profile.learner_rates(algo)
-        self.pauses = deque(sorted(pauses))  # (at, seconds): every engine stops for a weight broadcast
-        self.pause_frees_kv = pause_frees_kv
-        self.tokens_before_pauses: list[int] = []  # tokens generated when each pause began
+        self.broadcasts = _Broadcasts(deque(sorted(pauses)), pause_frees_kv)
         self.s = s = EngineSamples.of_batch(ws.batch, ws.lengths, plan.predicted_lengths, plan.assignment, plan.prefill)
         s.prefix_cache = prefix_caching
         self.max_num_seqs = profile.max_num_seqs
@@ -122,12 +166,10 @@ class SimulatedBackend:
         self.pulls = plan.pull_buffer is not None  # the controller feeds engines from a shared queue as they free
         n = plan.num_actors
         self.node_of = {(p.actor.role, p.actor.actor_id): p.node for p in plan.placement}
-        start = self._prefill(n)
         cold = np.array([0.0 if a in warm else profile.cold_start_s for a in range(n)])
+        self.boot = _Boot(warm, warm_prefill, cold, plan_s)
         # a cold actor boots while the prefill actor works; both begin once the plan is made
-        self.plan_s = plan_s
-        start = self.plan_s + np.maximum(start, cold)
-        self.cold = cold
+        start = plan_s + np.maximum(self._prefill(n), cold)
         nodes = [self.node_of.get(("decode", a), "") for a in range(n)]
         self.actors = [
             EngineModel(a, (burst_profile or profile) if node.startswith("burst") else profile, node, float(start[a]))
@@ -135,13 +177,15 @@ class SimulatedBackend:
         ]
         chosen = plan.chosen_candidate()
         checks = checks_per_step * (4 if self.pulls else 1)  # a shared queue is refilled at every check
-        self.interval = max((chosen.time_s if chosen else 1.0) / checks, 1e-3)
-        self.checks_per_step = checks_per_step
-        self.next_check_s = float(start.max(initial=0.0)) + self.interval
-        self.checks = 0
+        interval = max((chosen.time_s if chosen else 1.0) / checks, 1e-3)
+        self.clock = _Checks(interval, checks_per_step, float(start.max(initial=0.0)) + interval)
         self._now = 0.0
-        self.first_cut_s = math.inf  # when the controller first cut a sample off its engine (inf: never)
-        self.cut_engines: set[int] = set()  # engines a sample was cut off
+        self.cuts = _Cuts()
+
+    @property
+    def tokens_before_pauses(self) -> list[int]:
+        """Tokens generated when each weight-broadcast pause began."""
+        return self.broadcasts.tokens_before
 
     def _prefill(self, n: int) -> np.ndarray:
         """When each decode actor can start; sets ``prefill_s``, the prefill actor's busy time."""
@@ -157,7 +201,7 @@ class SimulatedBackend:
         done = np.zeros(len(prefix), dtype=bool)
         # groups share template blocks: the prefill actor's real work is the prefix tree, D tokens in all
         scale = plan.prefill.prefill_actor_tokens / max(float(prefix.sum()), 1.0)
-        clock = prof.prefill_base_s + (0.0 if self.warm_prefill else prof.cold_start_s)
+        clock = prof.prefill_base_s + (0.0 if self.boot.warm_prefill else prof.cold_start_s)
         for a in np.argsort(-load, kind="stable").tolist():
             groups = np.unique(group[sample_actor == a])
             if groups.size == 0:
@@ -193,28 +237,26 @@ class SimulatedBackend:
 
     def _pause_until(self, limit: float) -> None:
         """Apply every weight-broadcast pause that begins before ``limit``: engines with work stop for it."""
-        while self.pauses and self.pauses[0][0] <= limit:
-            at, seconds = self.pauses.popleft()
+        pauses = self.broadcasts.pauses
+        while pauses and pauses[0][0] <= limit:
+            at, seconds = pauses.popleft()
             self.advance_to(at)
             if all(a.idle() for a in self.actors) and all(st == DONE for st in self.s.state):
-                self.pauses.clear()  # the batch finished before the broadcast
+                pauses.clear()  # the batch finished before the broadcast
                 return
-            self.tokens_before_pauses.append(sum(a.generated for a in self.actors))
+            self.broadcasts.tokens_before.append(sum(a.generated for a in self.actors))
             for actor in self.actors:
                 if not actor.idle():
-                    if self.pause_frees_kv:
+                    if self.broadcasts.frees_kv:
                         actor.free_kv(self.s)
                     actor.t = max(actor.t, at) + seconds
 
     def poll(self) -> Poll:
         if self.migrates or self.pulls:
-            now = self.next_check_s
+            now = self.clock.next_s
             self._pause_until(now)
             self.advance_to(now)
-            self.checks += 1
-            if self.checks % (4 * self.checks_per_step) == 0:
-                self.interval *= 2  # the plan was far off: check less often rather than forever
-            self.next_check_s = now + self.interval
+            self.clock.tick(now)
         else:
             now = math.inf
             self._pause_until(now)
@@ -254,8 +296,8 @@ class SimulatedBackend:
         if s.state[sample] != RUNNING or s.actor[sample] != engine:
             return None
         s.cut_from[sample] = engine
-        self.first_cut_s = min(self.first_cut_s, self._now)
-        self.cut_engines.add(engine)
+        self.cuts.first_s = min(self.cuts.first_s, self._now)
+        self.cuts.engines.add(engine)
         return self.actors[engine]._remove_running(s, sample)
 
     def cut_all(self, running: Sequence[tuple[int, int]]) -> list[int | None]:
@@ -285,30 +327,30 @@ class SimulatedBackend:
         used = [a for a in self.actors if a.used]
         tokens = float(sum(s.prompt_len) + sum(s.target))
         return StepUsage(
-            generation_s=max([a.last_token for a in used] + [self.plan_s + self.prefill_s]),
+            generation_s=max([a.last_token for a in used] + [self.boot.plan_s + self.prefill_s]),
             engines=[
                 EngineUsage(
                     a.busy,
                     a.first if a.used else None,
                     a.last_token,
-                    float(self.cold[a.aid]),
+                    float(self.boot.cold[a.aid]),
                     burst=a.node.startswith("burst"),
-                    warm_in=a.node.startswith("burst") and a.aid in self.warm,
+                    warm_in=a.node.startswith("burst") and a.aid in self.boot.warm,
                 )
                 for a in self.actors
             ],
             gpus=g,
             gpus_per_engine=prof.gpus_per_actor,
             prefill_s=self.prefill_s,
-            plan_s=self.plan_s,
+            plan_s=self.boot.plan_s,
             prefill_tokens_saved=self.plan.prefill.tokens_saved,
             prepare_s=tokens * self.rates[0] / g,
             learn_s=tokens * self.rates[1] / g,
             sync_s=prof.weight_sync_s,
             extra={
                 "preemptions": sum(a.preemptions for a in self.actors),
-                "first_cut_s": self.first_cut_s,
-                "cut_engines": sorted(self.cut_engines),
+                "first_cut_s": self.cuts.first_s,
+                "cut_engines": sorted(self.cuts.engines),
             },
         )
 

@@ -21,9 +21,9 @@ Between events a decode actor's batch is constant, so k decode steps cost
 
 from __future__ import annotations
 
+import copy
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -144,11 +144,12 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         predictor's length history reads only what this run records (``isolated_history``): a replayed workload's
         later steps are never seen before their turn, whatever an earlier run left in a history file."""
         spec = self.speculation(config)
-        with isolated_history(), self.drafting(spec, config.kv_watermark):
-            result = self._run(config, workload, on_step, frontier)
+        with isolated_history():
+            result = self.drafting(spec, config.kv_watermark)._run(config, workload, on_step, frontier)
         drafted = None
         if spec is not None:
-            bound = work_bound(workload, self.bound_profile.model_copy(update={"speculation": spec}), self.run_algo)
+            drafted_profile = self.bound_profile.model_copy(update={"speculation": spec})
+            bound = work_bound(workload, drafted_profile, self.algo or workload.algo)
             acc = spec.acceptance
             drafted = {
                 "name": config.policy("drafter").name,
@@ -194,23 +195,19 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
             return None
         return Speculation(acceptance=acceptance, budget=budget)
 
-    @contextmanager
-    def drafting(self, spec: Speculation | None, watermark: float = 0.0) -> Iterator[None]:
-        """This simulator's engines with ``spec``'s speculative decoding (None: the profile's own) and vLLM's KV
-        ``watermark`` (a scheduler's ``kv_watermark``) while the block runs, whatever an enclosing run drafted with
-        (a stream's split is planned against a baseline that drafts nothing)."""
+    def drafting(self, spec: Speculation | None, watermark: float = 0.0) -> Simulator:
+        """This simulator with its engines under ``spec``'s speculative decoding (None: the profile's own) and vLLM's
+        KV ``watermark`` (a scheduler's ``kv_watermark``), whatever this one drafts with (a stream's split is planned
+        against a baseline that drafts nothing): a copy that shares its caches, or itself where nothing changes.
+        The run goes on the copy; this one is left as it is."""
         spec = spec if spec is not None else self.own_speculation
         if self.profile.speculation is spec and self.profile.watermark == watermark:
-            yield
-            return
-        saved = self.profile, self.dedicated
+            return self
+        other = copy.copy(self)
         update = {"speculation": spec, "watermark": watermark}
-        self.profile = self.profile.model_copy(update=update)
-        self.dedicated = self.dedicated.model_copy(update=update)
-        try:
-            yield
-        finally:
-            self.profile, self.dedicated = saved
+        other.profile = self.profile.model_copy(update=update)
+        other.dedicated = self.dedicated.model_copy(update=update)
+        return other
 
     def work_bound(self, workload: Workload) -> WorkBound:
         """The workload's work bound on this simulator's engines (computed once per workload)."""
@@ -274,10 +271,10 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         if choice.priced_slower() and not self.force:  # never slower: what a launch does (``--scheduler.force``)
             choice.fallback = True
             baseline = self.registry.scheduler(BASELINE)
-            with self.drafting(self.speculation(baseline), baseline.kv_watermark):
-                res = self.pipeline_run(mode_for(baseline, self.registry))(
-                    baseline, workload, on_step, choice.baseline_split
-                )
+            drafted = self.drafting(self.speculation(baseline), baseline.kv_watermark)
+            res = drafted.pipeline_run(mode_for(baseline, self.registry))(
+                baseline, workload, on_step, choice.baseline_split
+            )
             res = replace(res, scheduler=config.name)
         else:
             res = self.pipeline_run(mode)(config, workload, on_step, choice.rollout_gpus)

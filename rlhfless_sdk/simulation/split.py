@@ -182,12 +182,12 @@ def split_timer(
 ) -> Callable[[int], float]:
     """The run time of ``config``'s pipeline on ``workload`` at a rollout GPU count, each count simulated once
     (into ``cache``), on the scheduler's own engines (its drafter and KV watermark)."""
-    run = sim.pipeline_run(mode_for(config, sim.registry))
+    mode = mode_for(config, sim.registry)
 
     def time_at(r: int) -> float:
         if r not in cache:
-            with sim.drafting(sim.speculation(config), config.kv_watermark):
-                cache[r] = sum(x.time_s for x in run(config, workload, None, r).reports)
+            run = sim.drafting(sim.speculation(config), config.kv_watermark).pipeline_run(mode)
+            cache[r] = sum(x.time_s for x in run(config, workload, None, r).reports)
         return cache[r]
 
     return time_at
