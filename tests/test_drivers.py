@@ -179,6 +179,13 @@ def test_a_new_straggler_behaviour_is_its_policy_and_its_driver(registry_with):
     assert len(result.reports) == 3 and [r.samples for r in result.reports] == [64, 64, 64]
     assert toy.NAME in runs(registry) and adapter_refusal(config, registry) is None
     assert toy.NAME not in runs(registry_with())
+    # the toy pipeline (its simulator run, its own run on OpenRLHF) with the toy driver's steps inside it
+    piped = registry.scheduler(toy.PIPE)
+    mode = mode_for(piped, registry)
+    assert (mode.name, mode.driver, mode.pipelined) == (toy.PIPE, toy.NAME, True)
+    result = sim.run(piped, synthetic_workload(SyntheticWorkload(16, 4, seed=0), 3))
+    assert [r.samples for r in result.reports] == [64, 64, 64]
+    assert toy.PIPE in runs(registry) and adapter_refusal(piped, registry) is None
     with pytest.raises(UnknownPolicyError, match=toy.NAME):
         registry_with().scheduler(toy.NAME)
 

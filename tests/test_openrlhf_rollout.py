@@ -1124,6 +1124,16 @@ def test_a_plugins_driver_runs_on_the_engines_through_its_session(stack, registr
     assert lines == [f"{toy.NAME}: step 1 runs 2 prompts", f"{toy.NAME}: step 2 runs 2 prompts",
                      f"{toy.NAME}: step 3 runs 1 prompts"]  # fmt: skip
     assert gen.carry_snapshot() is None and gen.last_report.samples == N_SAMPLES
+    # the toy pipeline brings its own run on OpenRLHF (``backends["openrlhf"]``), the toy driver's steps inside it
+    piped = make_generator(stack, toy.PIPE, registry=registry_with(toy=toy), prompts=prompts)
+    assert type(piped.run).__name__ == "ToyPipeRun" and isinstance(piped.run, RoundsRun)
+    steps = _run_tail(piped, iter([([i], [p], ["0"], [None]) for i, p in enumerate(prompts)]), b, max_len)
+    assert sorted(e.prompts[0] for st in steps for e in st["experiences"]) == sorted(
+        p for p in prompts for _ in range(N_SAMPLES)
+    )
+    out = capsys.readouterr().out.splitlines()
+    batches = [line for line in out if line.startswith(f"{toy.PIPE}: batch")]
+    assert batches == [f"{toy.PIPE}: batch {k}" for k in (1, 2, 3)]
 
 
 def test_deferred_prompts_survive_a_checkpoint(stack, caplog):

@@ -18,6 +18,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -347,20 +348,24 @@ def _syncs_hold_the_learners_weights(folder: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_plugins_driver_trains_through_the_cpu_launch(tmp_path):
-    """The toy mode (``tests/rlhfless_toy_mode.py``: a straggler policy, its driver and a preset, in one file),
-    installed as pip installs a plugin (an ``rlhfless`` entry point) and nothing else changed: ``--scheduler
-    toy-plain`` trains through OpenRLHF's own loop, its launch path the presets' (the generator swapped in the
-    actor that generates, built through Ray), each step run by the plugin's session (its line, once a step, from
-    the actor), every prompt trained n times, the engines holding the learner's weights after each sync."""
-    row = Row(H.toy_mode().NAME)
+def test_a_plugins_pipeline_trains_through_the_cpu_launch(tmp_path):
+    """The toy modes (``tests/rlhfless_toy_mode.py``: a straggler policy, its driver, a pipeline with its own run on
+    OpenRLHF, and their presets, in one file), installed as pip installs a plugin (an ``rlhfless`` entry point) and
+    nothing else changed: ``--scheduler toy-pipe`` trains through OpenRLHF's own loop, its launch path the presets'
+    (the generator swapped in the actor that generates, built through Ray), each batch run by the plugin's pipeline
+    and each step by its driver's session (their lines, from the actor), every prompt trained n times, the engines
+    holding the learner's weights after each sync."""
+    toy = H.toy_mode()
+    row = Row(toy.PIPE)
     prompts = 8  # two steps of B = 4 groups
     run = _launch(tmp_path, row, "run", prompts, **H.install_toy_mode(tmp_path / "site"))
     out = run.stdout + run.stderr
     assert run.returncode == 0 and "rlhfless-cpu-train: train() returned" in out, out[-4000:]
+    assert f"(mode {toy.PIPE})" in out, out[-4000:]
     check_launch_path(out, row)
-    steps = [line for line in out.splitlines() if f"{row.scheduler}: step" in line]
-    assert [line.split(f"{row.scheduler}: ")[1] for line in steps] == ["step 1 runs 4 prompts", "step 2 runs 4 prompts"]
+    said = re.findall(rf"({toy.PIPE}: batch \d+|{toy.NAME}: step \d+ runs \d+ prompts)", out)  # the actor's lines
+    assert said == [f"{toy.PIPE}: batch 1", f"{toy.NAME}: step 1 runs 4 prompts", f"{toy.PIPE}: batch 2",
+                    f"{toy.NAME}: step 2 runs 4 prompts"], said  # fmt: skip
     check_training(tmp_path / "run" / "probe", row, prompts // 4, prompts)
 
 

@@ -8,14 +8,21 @@ from rlhfless_sdk.api.plugins import Registry, get_plugin_manager
 from rlhfless_sdk.rollout.drivers import refusal
 from rlhfless_sdk.rollout.modes import ASYNC, BATCH_CUT, STREAM, Mode, mode_for
 
+#: The name a driver or pipeline spec gives its own run on OpenRLHF under (``backends``).
+BACKEND_KEY = "openrlhf"
+
 
 def runs(registry: Registry | None = None) -> frozenset[str]:
     """The modes the samples generator runs on OpenRLHF's engines (``rlhfless_openrlhf.run_modes``): every step
     driver of the registry that carries no tokens between steps (plain steps, or its session's rounds: a plugin's
-    too), the batch cut (its ``CarriedWork``), and the stream (inside OpenRLHF's async loop)."""
+    too), the batch cut (its ``CarriedWork``), the stream (inside OpenRLHF's async loop), and every driver or
+    pipeline that brings its own run for OpenRLHF (``backends["openrlhf"]``: a plugin's)."""
     registry = registry or get_plugin_manager().registry
     alone = {name for name, spec in registry.drivers.items() if not spec.keeps_tokens}
-    return frozenset(alone | {BATCH_CUT, STREAM})
+    own = {
+        name for name, spec in [*registry.drivers.items(), *registry.pipelines.items()] if BACKEND_KEY in spec.backends
+    }
+    return frozenset(alone | own | {BATCH_CUT, STREAM})
 
 
 BACKEND = "the OpenRLHF adapter"

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import ray
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
-from rlhfless_openrlhf.capabilities import BACKEND, runs
+from rlhfless_openrlhf.capabilities import BACKEND, BACKEND_KEY, runs
 from rlhfless_openrlhf.carried import tensor_to_json
 from rlhfless_openrlhf.messages import CutSample, SharedTokenizer
 from rlhfless_openrlhf.ray_backend import (
@@ -406,9 +406,14 @@ class RlhflessSamplesGenerator(SamplesGenerator):
 
 
 def run_for(gen: RlhflessSamplesGenerator, mode: Mode, registry: Registry, **stream: Any) -> ModeRun:
-    """The generator's ``ModeRun`` for ``mode``, chosen once: the stream's and the batch cut's own; else plain steps
-    for a driver without a session, a session's rounds for one that carries no tokens (``capabilities.runs``);
-    ``stream``: the stream's launch inputs (learner GPUs, fill engines)."""
+    """The generator's ``ModeRun`` for ``mode``, chosen once: the one its pipeline or driver spec brings for OpenRLHF
+    (a plugin's, ``backends["openrlhf"]``); the stream's and the batch cut's own; else plain steps for a driver
+    without a session, a session's rounds for one that carries no tokens (``capabilities.runs``); ``stream``: the
+    stream's launch inputs (learner GPUs, fill engines)."""
+    spec = registry.pipelines.get(mode.name) if mode.pipelined else registry.drivers.get(mode.name)
+    own = None if spec is None else spec.backends.get(BACKEND_KEY)
+    if own is not None:
+        return own(gen)
     if mode.name == STREAM:
         return StreamRun(gen, **stream)
     if mode.name == BATCH_CUT:

@@ -4,8 +4,8 @@ taken for a number) and what a plugin registers (``PolicySpec``)."""
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import (
@@ -89,13 +89,15 @@ class DriverSpec:
     checked ``keeps_tokens(0)`` of the straggler policy; drivers are asked newest first, the built-in ones last);
     whether it trains tokens of older weights (``keeps_tokens``); and its ``session``
     (``(planner, b, prompts) -> DriverSession``, the steps of a run; None: one step at a time, ``PlainStep``). A
-    backend runs it through its session, written once in the SDK. ``plugin`` is filled in by the registry."""
+    backend runs it through its session, written once in the SDK; ``backends``: its own run on a backend that needs
+    one, by the backend's name (see ``PipelineSpec``). ``plugin`` is filled in by the registry."""
 
     name: str
     claims: Callable[..., bool]
     keeps_tokens: bool = False
     session: Callable[..., Any] | None = None
     description: str = ""
+    backends: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     plugin: str = ""
 
 
@@ -105,6 +107,8 @@ class PipelineSpec:
     (``keeps_tokens``); the simulator's run of it (``simulate(simulator, config, workload, on_step, mode)``, a
     ``SimulationResult``); and, for a search over rollout/learner splits, its run at one split
     (``run_at(simulator, config, workload, on_step, rollout_gpus, mode)``; None: it is not searched).
+    ``backends``: its run on a framework's backend, by the name and in the form that backend's adapter documents
+    (imported only there); a backend that has none of its own for it refuses the pipeline.
     ``plugin`` is filled in by the registry."""
 
     name: str
@@ -112,4 +116,5 @@ class PipelineSpec:
     simulate: Callable[..., Any] | None = None
     run_at: Callable[..., Any] | None = None
     description: str = ""
+    backends: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     plugin: str = ""
