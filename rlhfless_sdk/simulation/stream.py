@@ -257,7 +257,7 @@ class _StreamWork:
 
 
 class StreamRun:
-    """The ``Simulator``'s run of the streaming pipeline (a mixin over the simulator's engines and learner)."""
+    """The ``Simulator``'s run of the streaming pipeline: a ``StreamPipeline`` on this simulator (a mixin)."""
 
     def run_stream(
         self,
@@ -266,20 +266,33 @@ class StreamRun:
         on_step: OnStep,
         r: int | None,
     ) -> SimulationResult:
-        """The streaming pipeline (``rlhfless_sdk.rollout.stream``) with ``r`` rollout GPUs at first: the
-        workload's prompts one stream, batches of B groups (the first step's batch size), engines on GPUs of their
-        own (dedicated memory). Batch k's report spans the time between updates k - 1 and k and bills what
-        happened in it: each engine while held (from its start, start-up included, to its last token or its
-        stop), the learner GPUs while they train, every GPU during an update."""
+        """The streaming pipeline with ``r`` rollout GPUs at first (``StreamPipeline``)."""
         self.begin(workload)
-        pipe, prof, g = config.pipeline, self.dedicated, self.cluster.total_gpus
-        work = _StreamWork.of(workload, self.max_tokens)
+        return StreamPipeline(self, config, workload).run(on_step, r)
+
+
+class StreamPipeline:
+    """One run of the streaming pipeline (``rlhfless_sdk.rollout.stream``) on a simulator (its explicit context:
+    the simulator's dedicated engines, fleet and learner, the scheduler, the workload): the workload's prompts one
+    stream, batches of B groups (the first step's batch size), engines on GPUs of their own (dedicated memory).
+    Batch k's report spans the time between updates k - 1 and k and bills what happened in it: each engine while
+    held (from its start, start-up included, to its last token or its stop), the learner GPUs while they train,
+    every GPU during an update."""
+
+    def __init__(self, sim: Any, config: SchedulerConfig, workload: Workload) -> None:
+        self.sim, self.config, self.workload = sim, config, workload
+        self.prof, self.g = sim.dedicated, sim.cluster.total_gpus
+        self.work = _StreamWork.of(workload, sim.max_tokens)
+        self.rates = self.prof.learner_rates(sim.run_algo)
+        self.floor, self.restart_s = sim.learner_floor(), sim.restart_s()
+
+    def run(self, on_step: OnStep, r: int | None) -> SimulationResult:
+        pipe, prof, g, work, rates = self.config.pipeline, self.prof, self.g, self.work, self.rates
         book = GroupBook(work.sizes, work.batch, pipe.max_age)
-        rates = prof.learner_rates(self.run_algo)
         slots = KvSlots(prof, pipe.kv_slots) if pipe.kv_slots is not None else None
-        split, policy, r = self._stream_split(config, workload, work, r, slots)
+        split, policy, r = self.first_split(r, slots)
         engines = SimulatedStream(prof, work.samples, r // prof.gpus_per_actor)
-        beside = beside_learner(prof, self.run_algo, g - r) if pipe.fill_engines else None
+        beside = beside_learner(prof, self.sim.run_algo, g - r) if pipe.fill_engines else None
         fill = (g - r) // prof.gpus_per_actor if beside is not None else 0
         if fill:
             engines.lend(fill, beside)
@@ -291,29 +304,31 @@ class StreamRun:
             rollout_gpus=r,
             gpus_per_engine=prof.gpus_per_actor,
             split=policy,
-            switch_s=self.restart_s(),
+            switch_s=self.restart_s,
             slots=slots,
-            min_learners=self.learner_floor(),
+            min_learners=self.floor,
             fill_engines=fill,
             fill_switch_s=FILL_SWITCH_S if fill else 0.0,
         )
-        steps = self._stream_steps(config, engines, book, stats, on_step)
-        summary = _stream_summary(stats, engines, split, r, self.learner_floor(), fill)
-        return SimulationResult(config.name, steps, rollout_gpus=r, stream=summary)
+        steps = self.steps(engines, book, stats, on_step)
+        summary = _stream_summary(stats, engines, split, r, self.floor, fill)
+        return SimulationResult(self.config.name, steps, rollout_gpus=r, stream=summary)
 
-    def _stream_split(
-        self, config: SchedulerConfig, workload: Workload, work: _StreamWork, r: int | None, slots: KvSlots | None
+    def first_split(
+        self, r: int | None, slots: KvSlots | None
     ) -> tuple[BalancedSplit | None, BalancedSplit | PinnedSplit | None, int]:
         """The stream's first split and, for an elastic one, the policy that re-plans it between batches (a pinned
         schedule over the balanced split, where the config pins one)."""
-        pipe, prof, g = config.pipeline, self.dedicated, self.cluster.total_gpus
+        config, prof, g, work = self.config, self.prof, self.g, self.work
+        pipe = config.pipeline
         if not pipe.elastic:
             if r is None:
                 raise RlhflessError(f"scheduler {config.name!r}: a stream with a fixed split needs its rollout GPUs")
             return None, None, r
-        gpa, floor, rates = prof.gpus_per_actor, self.learner_floor(), prof.learner_rates(self.run_algo)
-        split = BalancedSplit(prof, g, rates[0] + rates[1], switch_s=self.restart_s(), min_learners=floor, slots=slots)
-        cap = workload.cap if self.max_tokens is None else min(workload.cap, self.max_tokens)
+        gpa, floor, rates = prof.gpus_per_actor, self.floor, self.rates
+        split = BalancedSplit(prof, g, rates[0] + rates[1], switch_s=self.restart_s, min_learners=floor, slots=slots)
+        max_tokens = self.sim.max_tokens
+        cap = self.workload.cap if max_tokens is None else min(self.workload.cap, max_tokens)
         plen = work.prompt_lengths
         r = split.first(sum(work.sizes[: work.batch]), float(np.mean(plen)) if plen else 0.0, cap)
         if pipe.split_schedule is None:
@@ -326,13 +341,13 @@ class StreamRun:
             )
         return split, PinnedSplit(split, pipe.split_schedule), r
 
-    def _stream_steps(
-        self, config: SchedulerConfig, engines: SimulatedStream, book: GroupBook, stats: StreamStats, on_step: OnStep
+    def steps(
+        self, engines: SimulatedStream, book: GroupBook, stats: StreamStats, on_step: OnStep
     ) -> list[SimulatedStep]:
         """Each batch's report (``BatchWindow``, the adapter's stream builds its own the same way): the window
         between the updates around it and what it billed there."""
-        prof, g = self.dedicated, self.cluster.total_gpus
-        gpa, rates = prof.gpus_per_actor, prof.learner_rates(self.run_algo)
+        config, prof, g, rates = self.config, self.prof, self.g, self.rates
+        gpa = prof.gpus_per_actor
         held = engines.held()
         busy = [a.busy for a in engines.actors]
         idle = 1.0 - (sum(busy) + engines.busy) / max(sum(hi - lo for lo, hi in held.values()), 1e-9)
