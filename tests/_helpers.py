@@ -26,26 +26,25 @@ from rlhfless_sdk.api.kinds import KIND
 from rlhfless_sdk.api.records import SampleProgress
 
 
+def _load(module: str, file: str) -> ModuleType:
+    """The file ``file`` of this folder, executed as the module ``module`` (registered in ``sys.modules``: a
+    dataclass in it looks its module up there)."""
+    spec = importlib.util.spec_from_file_location(module, Path(__file__).with_name(file))
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = loaded
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
 def sibling(name: str) -> ModuleType:
     """The module ``<name>.py`` of this folder, loaded by path as ``rlhfless_test_<name>``."""
-    spec = importlib.util.spec_from_file_location(f"rlhfless_test_{name}", Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # a dataclass in it looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return _load(f"rlhfless_test_{name}", f"{name}.py")
 
 
 def toy_mode() -> ModuleType:
     """The toy mode plugin (``rlhfless_toy_mode.py``: a straggler policy, its driver and a preset, in one file),
-    loaded by path under its own name, as an installed plugin's module is imported."""
-    if "rlhfless_toy_mode" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "rlhfless_toy_mode", Path(__file__).with_name("rlhfless_toy_mode.py")
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["rlhfless_toy_mode"]
+    loaded by path under its own name, as an installed plugin's module is imported, once."""
+    return sys.modules.get("rlhfless_toy_mode") or _load("rlhfless_toy_mode", "rlhfless_toy_mode.py")
 
 
 def install_toy_mode(folder: Path) -> dict[str, str]:

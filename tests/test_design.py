@@ -5,24 +5,9 @@ block of six lines of the same shape. A place that breaks a rule on purpose says
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+import rlhfless_test_helpers as H  # registered by conftest.py
 
-
-def _load_rules():
-    """``design_rules.py`` beside this file, as ``rlhfless_design_rules`` (``tests`` is no package)."""
-    if "rlhfless_design_rules" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "rlhfless_design_rules", Path(__file__).with_name("design_rules.py")
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return sys.modules["rlhfless_design_rules"]
-
-
-rules = _load_rules()
+rules = H.sibling("design_rules")  # ``tests`` is no package
 
 #: Pairs of files sharing a block of six lines of the same shape: fewer than this.
 MOST_REPEATED = 10

@@ -26,7 +26,6 @@ from typing import Any, Protocol
 from rlhfless_openrlhf.carried import CarriedWork
 from rlhfless_openrlhf.step_io import EnginesIO, GeneratorSide
 
-from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.rollout.drivers import BatchCutSession, DriverSession, PlainStep, session_for
 from rlhfless_sdk.rollout.modes import BATCH_CUT
 
@@ -96,7 +95,7 @@ class ModeRun:
     def refuse_filtering(self, dynamic_filtering: bool) -> None:
         """Dynamic filtering drops groups, which would break "B groups a step" (refused at launch too)."""
         if dynamic_filtering:
-            raise RlhflessError(
+            raise RuntimeError(
                 f"rlhfless: the {self.name} mode of scheduler {self.gen.planner.config.name} cannot run with "
                 "dynamic filtering"
             )
@@ -190,7 +189,24 @@ class DrawnPrompts:
         return len(deferred)
 
 
-class RoundsRun(ModeRun):
+class DrawingRun(ModeRun):
+    """A mode that draws its prompts one at a time (``DrawnPrompts``): what it drew and has not trained is what a
+    checkpoint keeps, and what a resumed run re-runs first."""
+
+    def __init__(self, gen: ModeHost) -> None:
+        super().__init__(gen)
+        self.prompts = DrawnPrompts(gen.take_prompts)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"deferred": self.prompts.rows()} if self.prompts.table else {}
+
+    def restore_deferred(self, deferred: list, step: int) -> int:
+        self.gen.step = step
+        log.info("rlhfless: restored %d deferred prompt(s) from the checkpoint", len(deferred))
+        return self.prompts.restore(deferred)
+
+
+class RoundsRun(DrawingRun):
     """The session of a driver that carries no tokens between steps (``DriverSpec.session``; tail batching's rounds,
     or a plugin's), over ``DrawnPrompts``: a step trains the groups its driver says; the others' prompts stay drawn
     until a later step trains them (a checkpoint keeps them). A new epoch (another dataloader iterator) starts a new
@@ -199,7 +215,6 @@ class RoundsRun(ModeRun):
     def __init__(self, gen: ModeHost, name: str) -> None:
         super().__init__(gen)
         self.name = name
-        self.prompts = DrawnPrompts(gen.take_prompts)
         self.session: DriverSession | None = None
         self.source: Any = None  # the dataloader iterator the session draws from
 
@@ -221,14 +236,6 @@ class RoundsRun(ModeRun):
             del prompts.table[io.refs[i]]
         exhausted = prompts.dry(dataloader_iter)
         return experiences, prompts.count - before, exhausted
-
-    def snapshot(self) -> dict[str, Any]:
-        return {"deferred": self.prompts.rows()} if self.prompts.table else {}
-
-    def restore_deferred(self, deferred: list, step: int) -> int:
-        self.gen.step = step
-        log.info("rlhfless: restored %d deferred prompt(s) from the checkpoint", len(deferred))
-        return self.prompts.restore(deferred)
 
 
 class CarriedRun(ModeRun):

@@ -39,7 +39,7 @@ import ray
 from rlhfless_openrlhf import fill
 from rlhfless_openrlhf.capabilities import STREAM_NEEDS
 from rlhfless_openrlhf.ray_backend import ENGINE_ERRORS, EnginePool, engine_gpus, engine_lost
-from rlhfless_openrlhf.run_modes import Batch, DrawnPrompts, ModeRun
+from rlhfless_openrlhf.run_modes import Batch, DrawingRun
 
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.rollout.billing import window_gpu_seconds
@@ -325,7 +325,7 @@ def stall_error(waited_s: float, version: int, book: GroupBook, batch: int) -> R
     )
 
 
-class StreamRun(ModeRun):
+class StreamRun(DrawingRun):
     """The streaming pipeline as the samples generator's mode (``rlhfless_openrlhf.run_modes``): one batch a call of
     OpenRLHF's async loop (its ``generate_samples``: B groups, never more, ``GroupBook.form``), its engines fed by
     an ``EngineStream`` between calls, its report and metrics; what a checkpoint keeps: the prompts of the groups not
@@ -337,8 +337,7 @@ class StreamRun(ModeRun):
         """No stream yet: the epoch's stream, the engines' weights version when the run's first stream began and
         the batches it formed (batch k trains with version base + k); ``learner_gpus``: the GPUs OpenRLHF's learner
         holds beside the engines; ``fill_engines``: the fill engines the launcher built (``fill``)."""
-        super().__init__(gen)
-        self.prompts = DrawnPrompts(gen.take_prompts)  # the groups' prompts, drawn one at a time, until they train
+        super().__init__(gen)  # its groups' prompts, drawn one at a time, until they train (``prompts``)
         self.dataloader_iter: Any = None  # the epoch's, from OpenRLHF's prompts dataloader
         self.stream: EngineStream | None = None
         self.base: int | None = None
@@ -367,12 +366,7 @@ class StreamRun(ModeRun):
     def snapshot(self) -> dict[str, Any]:
         lock = self.stream.cond if self.stream is not None else contextlib.nullcontext()
         with lock:  # its feeder draws nothing between the generator's calls; held all the same
-            return {"deferred": self.prompts.rows()} if self.prompts.table else {}
-
-    def restore_deferred(self, deferred: list, step: int) -> int:
-        self.gen.step = step
-        log.info("rlhfless: restored %d deferred prompt(s) from the checkpoint", len(deferred))
-        return self.prompts.restore(deferred)
+            return super().snapshot()
 
     def check_loop(self) -> None:
         """The stream runs only where a weight broadcast pauses its running samples (see ``STREAM_NEEDS``)."""
