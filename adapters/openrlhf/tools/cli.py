@@ -93,8 +93,9 @@ def profile_cmd(
         click.echo(prof.derivation)
 
 
-#: ``rlhfless demo --quick``: each part (sync rows with the A/A row, OpenRLHF's async loop, the stream) in short
-QUICK_DEMO = {"num_prompts": 4, "samples": 2, "epochs": 2, "max_new_tokens": 32, "async_batches": 1}
+#: ``rlhfless demo --quick``: each part (sync rows with the A/A row, OpenRLHF's async loop, the stream) in short;
+#: two async batches, so that OpenRLHF's one-batch lag shows
+QUICK_DEMO = {"num_prompts": 4, "samples": 2, "epochs": 2, "max_new_tokens": 32, "async_batches": 2}
 
 
 @click.command("demo")
@@ -114,7 +115,8 @@ QUICK_DEMO = {"num_prompts": 4, "samples": 2, "epochs": 2, "max_new_tokens": 32,
     "trace_file",
     type=click.Path(path_type=Path),
     callback=writable_file,
-    help="Write the first scheduler's samples as a trace (JSON lines) for `rlhfless simulate --trace`.",
+    help="Where the first scheduler's samples go, as a trace (JSON lines) for `rlhfless simulate --trace`. "
+    "Default: trace.jsonl in --out.",
 )
 @click.option(
     "--lengths-from",
@@ -191,7 +193,8 @@ def demo_settings(*, prompts_file: str | None, lengths_from: str, trace_file: Pa
         check_replay(replay, options["max_new_tokens"])
     if options["drafter"] is not None:
         check_drafter(options["drafter"])
-    return DemoSettings(prompts_file=prompts_file, trace=trace_file, lengths_from=replay, **options)
+    trace = trace_file if trace_file is not None else options["out"] / "trace.jsonl"
+    return DemoSettings(prompts_file=prompts_file, trace=trace, lengths_from=replay, **options)
 
 
 def print_demo(result: dict[str, Any], out: Path, trace_file: Path | None, drafter: str | None) -> None:
