@@ -1,4 +1,4 @@
-"""Reference drafters for speculative decoding: none (OpenRLHF's and verl's engines), ngram, history.
+"""Reference drafters for speculative decoding: none (OpenRLHF's and verl's engines), ngram, history, suffix.
 
 A drafter only proposes tokens; the engine's rejection sampling decides what is kept, so a drafter can make a step
 yield more tokens but never changes what is sampled. ``history`` is the one built for RL: every epoch revisits the
@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from pydantic import Field, PositiveInt, model_validator
@@ -268,30 +268,103 @@ class HistoryDrafter:
             return []
         head = [int(t) for t in list(prompt)[-p.max_match :]]
         ctx = (head + [int(t) for t in list(response)[-p.max_match :]])[-p.max_match :]
-        n = p.min_match
-        if len(ctx) < n:
+        if len(ctx) < p.min_match:
             return []
-        best: tuple[int, list[int]] = (0, [])
+        best: tuple[int, Sequence[int], int] = (0, (), 0)
+        for found in self._matches(prompt, head, ctx, siblings):
+            if found[0] > best[0]:
+                best = found
+        m, seq, end = best
+        return [int(t) for t in seq[end : end + k]] if m else []
+
+    def _matches(
+        self, prompt: Sequence[int], head: list[int], ctx: list[int], siblings: Sequence[Sequence[int]]
+    ) -> Iterator[tuple[int, Sequence[int], int]]:
+        """Every match of ``ctx``'s last ``min_match`` tokens (the newest 64 of each source) in the prompt's
+        earlier responses, then in each sibling (its newest ``sibling_window`` tokens; a short one after the
+        prompt's head): ``(match length, source, where its continuation starts)``."""
+        p = self.params
         entry = self._prompts.get(prompt_key(prompt))
         if entry is not None:
-            for sid, end in reversed(entry.index.get(tuple(ctx[-n:]), [])[-64:]):
+            for sid, end in reversed(entry.index.get(tuple(ctx[-p.min_match :]), [])[-64:]):
                 seq = entry.seq(sid)
-                if end >= len(seq):
-                    continue
-                m = _match_length(seq, end, ctx, p.max_match)
-                if m > best[0]:
-                    best = (m, seq[end : end + k])
-        key = np.asarray(ctx[-n:], dtype=np.int64)
-        for sib in siblings:  # the newest sibling_window tokens of each (a sibling may be long)
+                if end < len(seq):
+                    yield _match_length(seq, end, ctx, p.max_match), seq, end
+        for sib in siblings:
             tail = np.asarray(sib, dtype=np.int64)
             arr = tail[-p.sibling_window :] if len(tail) > p.sibling_window else np.concatenate([head, tail])
-            if arr.size <= n:
-                continue
-            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
-            for start in np.flatnonzero((windows == key).all(axis=1))[::-1][:64]:
-                end = int(start) + n
-                lo = max(end - p.max_match, 0)
-                m = _match_length(arr[lo:end].tolist(), end - lo, ctx, p.max_match)
-                if m > best[0]:
-                    best = (m, arr[end : end + k].tolist())
-        return [int(t) for t in best[1][:k]]
+            yield from _array_matches(arr, ctx, p.min_match, p.max_match)
+
+
+def _array_matches(arr: np.ndarray, ctx: list[int], n: int, most: int) -> Iterator[tuple[int, np.ndarray, int]]:
+    """Matches of ``ctx``'s last ``n`` tokens in ``arr`` that a token follows (the newest 64), each with its length
+    (at most ``most``) and where its continuation starts."""
+    if arr.size <= n:
+        return
+    key = np.asarray(ctx[-n:], dtype=np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
+    for start in np.flatnonzero((windows == key).all(axis=1))[::-1][:64]:
+        end = int(start) + n
+        lo = max(end - most, 0)
+        yield _match_length(arr[lo:end].tolist(), end - lo, ctx, most), arr, end
+
+
+class SuffixParams(HistoryParams):
+    max_match: PositiveInt = Field(default=32, description="Longest suffix matched (a longer match drafts more).")
+    own_window: PositiveInt = Field(
+        default=8192, description="The sequence's own newest tokens (prompt and response) searched for a match."
+    )
+    spec_factor: float = Field(
+        default=1.0,
+        gt=0,
+        description="Tokens drafted per token of the match (SuffixDecoding's factor): a match of m tokens drafts at "
+        "most ceil(spec_factor * m), so a short, chance match drafts little.",
+    )
+
+
+class SuffixDrafter(HistoryDrafter):
+    """Suffix matching over everything the sequence's group has written: the sequence's own tokens (prompt and
+    response, as prompt lookup does), its siblings (running ones so far, finished ones in full) and the prompt's
+    earlier responses. It takes the longest match; where several sources match as long, it follows the most
+    frequent continuation token by token (SuffixDecoding's idea). A longer match drafts more (``spec_factor``),
+    within the history drafter's budget: more tokens where few sequences run, none once a step is compute-bound.
+    Memory: as ``history`` (at most ``max_tokens`` tokens of earlier responses)."""
+
+    description = "suffix matches over the sequence, its siblings (finished ones too) and the prompt's history"
+
+    def __init__(self, params: SuffixParams | None = None) -> None:
+        super().__init__(params or SuffixParams())
+
+    def propose(
+        self, prompt: Sequence[int], response: Sequence[int], k: int, siblings: Sequence[Sequence[int]] = ()
+    ) -> list[int]:
+        p = self.params
+        if k <= 0:
+            return []
+        own = np.asarray([*prompt, *response][-p.own_window :], dtype=np.int64)
+        ctx = own[-p.max_match :].tolist()
+        if len(ctx) < p.min_match:
+            return []
+        head = [int(t) for t in list(prompt)[-p.max_match :]]
+        found = [*_array_matches(own, ctx, p.min_match, p.max_match), *self._matches(prompt, head, ctx, siblings)]
+        if not found:
+            return []
+        best = max(m for m, _, _ in found)
+        longest = [(seq, end) for m, seq, end in found if m == best]
+        return _majority_walk(longest, min(k, math.ceil(p.spec_factor * best)))
+
+
+def _majority_walk(sources: list[tuple[Sequence[int], int]], k: int) -> list[int]:
+    """Up to ``k`` tokens, each the most frequent next token among the sources that agreed so far (ties: the
+    earliest source)."""
+    out: list[int] = []
+    for j in range(k):
+        votes: dict[int, list[tuple[Sequence[int], int]]] = {}
+        for seq, end in sources:
+            if end + j < len(seq):
+                votes.setdefault(int(seq[end + j]), []).append((seq, end))
+        if not votes:
+            break
+        token, sources = max(votes.items(), key=lambda kv: len(kv[1]))
+        out.append(token)
+    return out

@@ -20,7 +20,15 @@ from rlhfless_policies.assigners import (
     WorkAssigner,
     WorkParams,
 )
-from rlhfless_policies.drafters import HistoryDrafter, HistoryParams, NgramDrafter, NgramParams, NoDrafter
+from rlhfless_policies.drafters import (
+    HistoryDrafter,
+    HistoryParams,
+    NgramDrafter,
+    NgramParams,
+    NoDrafter,
+    SuffixDrafter,
+    SuffixParams,
+)
 from rlhfless_policies.migrators import (
     BalanceMigrator,
     BalanceParams,
@@ -115,6 +123,7 @@ POLICIES: dict[str, list[tuple]] = {
         ("none", NoDrafter),
         ("ngram", NgramDrafter, NgramParams),
         ("history", HistoryDrafter, HistoryParams),
+        ("suffix", SuffixDrafter, SuffixParams),
     ],
 }
 

@@ -86,6 +86,7 @@ def test_the_adapter_adds_its_commands_through_the_hook(monkeypatch):
     assert {(r["name"], r["plugin"]) for r in rows if r["kind"] == "command"} == {
         ("demo", "rlhfless-openrlhf"),
         ("drafter-bench", "rlhfless-openrlhf"),
+        ("drafter-replay", "rlhfless-openrlhf"),
         ("profile", "rlhfless-openrlhf"),
         ("fidelity", "rlhfless-openrlhf"),
         ("pipeline-demo", "rlhfless-openrlhf"),

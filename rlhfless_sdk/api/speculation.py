@@ -30,35 +30,17 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PrivateAttr, model
 from rlhfless_sdk.api.base import Record
 
 
-class Acceptance(Record):
-    """A drafter's measured acceptance per verification step (see the module docstring)."""
+class _Drafted(Record):
+    """What a drafter's verification steps held: how often a draft, how deep each was kept, how long each was."""
 
-    drafter: str = Field(min_length=1, description="The drafter these figures are for.")
-    source: str = Field(min_length=1, description="What it was measured on, and the command that measured it.")
-    assumption: bool = Field(default=False, description="True: figures assumed (published elsewhere), not measured.")
     draft_rate: float = Field(ge=0.0, le=1.0, description="Share of a sequence's verification steps with a draft.")
     accepted_at: list[float] = Field(
         min_length=1, description="P(the j-th drafted token is accepted | a draft), j = 1..K, non-increasing."
     )
     drafted_per_draft: float = Field(ge=0.0, description="Drafted tokens per draft at the budget K.")
-    tokens_per_step_measured: float | None = Field(
-        default=None, ge=1.0, description="Tokens per verification step of a sequence, as measured (a check)."
-    )
-    search_s_per_seq: float = Field(
-        default=0.0,
-        ge=0.0,
-        description="Host seconds the proposer takes per running sequence, each step it drafts (on the step's "
-        "critical path), as measured: a drafter whose search does not scan the whole sequence (history).",
-    )
-    search_s_per_token: float = Field(
-        default=0.0,
-        ge=0.0,
-        description="Host seconds the proposer's search takes per context token of a running sequence, each step "
-        "it drafts, as measured: a drafter that scans the whole sequence (vLLM's n-gram lookup).",
-    )
 
     @model_validator(mode="after")
-    def _shape(self) -> Acceptance:
+    def _shape(self) -> _Drafted:
         a = self.accepted_at
         if any(not 0.0 <= x <= 1.0 for x in a):
             raise ValueError("accepted_at: each entry is a probability in [0, 1]")
@@ -92,6 +74,58 @@ class Acceptance(Record):
         if k <= K:
             return self.draft_rate * self.drafted_per_draft * k / K
         return self.draft_rate * (self.drafted_per_draft + (k - K))
+
+
+class PositionAcceptance(_Drafted):
+    """The acceptance of verification steps that start in one slice of a response: after the slice before it, up
+    to ``upto`` of the response's length (a replay's first quarter, middle and last quarter)."""
+
+    upto: float = Field(gt=0.0, le=1.0, description="The slice ends at this share of the response's length.")
+
+
+class Acceptance(_Drafted):
+    """A drafter's measured acceptance per verification step (see the module docstring)."""
+
+    drafter: str = Field(min_length=1, description="The drafter these figures are for.")
+    source: str = Field(min_length=1, description="What it was measured on, and the command that measured it.")
+    assumption: bool = Field(default=False, description="True: figures assumed (published elsewhere), not measured.")
+    tokens_per_step_measured: float | None = Field(
+        default=None, ge=1.0, description="Tokens per verification step of a sequence, as measured (a check)."
+    )
+    search_s_per_seq: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Host seconds the proposer takes per running sequence, each step it drafts (on the step's "
+        "critical path), as measured: a drafter whose search does not scan the whole sequence (history).",
+    )
+    search_s_per_token: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Host seconds the proposer's search takes per context token of a running sequence, each step "
+        "it drafts, as measured: a drafter that scans the whole sequence (vLLM's n-gram lookup).",
+    )
+
+    by_position: list[PositionAcceptance] = Field(
+        default_factory=list,
+        description="The acceptance by where in a response a step starts (``upto`` ascending, the last 1.0), as a "
+        "replay measures it (`rlhfless drafter-replay`); empty: the same everywhere. The figures above are overall.",
+    )
+
+    @model_validator(mode="after")
+    def _slices(self) -> Acceptance:
+        ends = [p.upto for p in self.by_position]
+        if ends and (ends != sorted(set(ends)) or ends[-1] != 1.0):
+            raise ValueError(f"by_position: upto must ascend to 1.0, not {ends}")
+        if any(p.budget != self.budget for p in self.by_position):
+            raise ValueError(f"by_position: each slice's accepted_at has the budget K = {self.budget}")
+        return self
+
+    def at_position(self, share: float) -> _Drafted:
+        """The acceptance of a step starting at ``share`` of its response (the overall one without slices)."""
+        for p in self.by_position:
+            if share < p.upto:
+                return p
+        return self.by_position[-1] if self.by_position else self
 
 
 class Speculation(Record):
@@ -163,6 +197,7 @@ def geometric(rate: float, budget: int) -> list[float]:
 
 __all__ = [
     "Acceptance",
+    "PositionAcceptance",
     "Speculation",
     "acceptance_tokens_needed",
     "drafts_on",

@@ -450,9 +450,11 @@ def print_pipeline_demo(report: dict[str, Any], rows: tuple[str, ...], out: Path
 @hookimpl
 def rlhfless_register_commands(register):
     from rlhfless_openrlhf.tools.drafter_bench import drafter_bench_cmd
+    from rlhfless_openrlhf.tools.drafter_replay import drafter_replay_cmd
 
     register(demo_cmd)
     register(drafter_bench_cmd)
+    register(drafter_replay_cmd)
     register(profile_cmd)
     register(fidelity_cmd)
     register(pipeline_demo_cmd)

@@ -36,6 +36,7 @@ class BenchSettings:
     seed: int = 0
     check_greedy: int = 8  # prompts of the temperature-0 losslessness check (0: none)
     write: Path | None = None  # folder for one acceptance YAML per drafter
+    record: Path | None = None  # the plain engine's rollouts, as `rlhfless drafter-replay` reads them
     command: str = "rlhfless drafter-bench"
 
 
@@ -172,6 +173,8 @@ def _epochs(
         wall = time.perf_counter() - t0
         spec = _delta(_metrics(llm), before)
         tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        if name == "none" and settings.record is not None:
+            record_rollouts(settings.record, llm.get_tokenizer(), ids, outs, epoch)
         if name != "none":
             done = [(ids[i], [list(c.token_ids) for c in o.outputs]) for i, o in enumerate(outs)]
             drafting.observe(llm, done)
@@ -181,6 +184,18 @@ def _epochs(
         epochs.append({"epoch": epoch + 1, "wall_s": wall, "tokens": tokens, "spec": spec, "tokens_per_step": per_step})
         say(f"{name}: epoch {epoch + 1}: {tokens} tokens in {wall:.1f} s, {per_step:.2f} tokens a verification step")
     return epochs, done, earlier
+
+
+def record_rollouts(path: Path, tokenizer: Any, ids: list[list[int]], outs: list[Any], epoch: int) -> None:
+    """Append an epoch's groups to ``path`` as JSON lines (``{"uid", "step", "prompt", "responses"}``: the
+    format ``rlhfless drafter-replay`` reads; the uid is the question's index, the step the epoch)."""
+    import json
+
+    with path.open("w" if epoch == 0 else "a", encoding="utf-8") as f:
+        for i, o in enumerate(outs):
+            row = {"uid": str(i), "step": epoch + 1, "prompt": tokenizer.decode(ids[i])}
+            row["responses"] = [c.text for c in o.outputs]
+            f.write(json.dumps(row) + "\n")
 
 
 def _acceptances(report: dict[str, Any], settings: BenchSettings, source: str) -> dict[str, Any]:
@@ -350,6 +365,12 @@ def _mean_tps(run: dict[str, Any]) -> float:
     default=None,
     help="Write the whole report (every epoch's counters) to this file.",
 )
+@click.option(
+    "--record",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write the plain engine's rollouts here, one group a line, for `rlhfless drafter-replay` (each epoch a step).",
+)
 def drafter_bench_cmd(drafters: tuple[str, ...], write_acceptance: Path | None, json_path: Path | None, **kw) -> None:
     """Each drafter's acceptance and time on a real vLLM engine (CPU), and its tokens beside a plain engine's."""
     import json
@@ -375,7 +396,7 @@ def _measuring_flags(argv: list[str]) -> list[str]:
             skip = False
             continue
         name = arg.partition("=")[0]
-        if name in ("--write-acceptance", "--json"):
+        if name in ("--write-acceptance", "--json", "--record"):
             skip = "=" not in arg
             continue
         out.append(arg)
