@@ -39,7 +39,7 @@ def _llm(model: str, drafter: str | None, params: dict | None = None):
 
 @pytest.fixture(scope="module")
 def runs(model):
-    """Greedy and sampled outputs of a plain engine (greedy twice), and of an engine drafting with ``history``
+    """Greedy and sampled outputs of a plain engine (greedy twice), and of an engine drafting with ``suffix``
     (its whole budget every step, fed the plain engine's greedy and sampled responses as earlier epochs)."""
     import gc
 
@@ -63,7 +63,7 @@ def runs(model):
     ]
     del plain
     gc.collect()
-    spec = _llm(model, "history", {"step_tokens": 1_000_000, "long_tokens": 1})
+    spec = _llm(model, "suffix", {"step_tokens": 1_000_000, "long_tokens": 1})
     drafting.expect(spec, ids)
     drafting.observe(spec, history)
     out.drafted = [list(o.outputs[0].token_ids) for o in spec.generate(inputs, greedy)]
@@ -86,7 +86,7 @@ def test_greedy_tokens_are_identical_with_and_without_drafts(runs):
 
 @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
 @given(history=st.lists(st.lists(st.integers(0, 511), min_size=2, max_size=80), min_size=1, max_size=4))
-def test_whatever_the_history_drafts_greedy_tokens_do_not_change(runs, history):
+def test_whatever_the_suffix_drafter_drafts_greedy_tokens_do_not_change(runs, history):
     """Hypothesis writes the history (so the drafts are arbitrary tokens, the prompts' own tails included): at
     temperature 0 the drafting engine still returns the plain engine's tokens wherever those repeat."""
     from rlhfless_openrlhf import drafting
@@ -95,6 +95,28 @@ def test_whatever_the_history_drafts_greedy_tokens_do_not_change(runs, history):
     drafted = [list(o.outputs[0].token_ids) for o in runs.spec.generate(runs.inputs, runs.greedy, use_tqdm=False)]
     stable = [i for i, (a, b) in enumerate(zip(*runs.plain, strict=True)) if a == b]
     assert [drafted[i] for i in stable] == [runs.plain[0][i] for i in stable]
+
+
+def test_a_finished_siblings_tokens_are_drafted_to_a_running_sample(runs):
+    """A prompt the drafter has no history of: one sample runs to its end (16 tokens), then another sample of the
+    same prompt starts, with the same seed, so its first token (sampled in the prefill, before any draft) is the
+    first one's. The proposer keeps the first one's tokens after its row left the batch (the finished sibling it
+    holds) and drafts from them to the second one, whose prompt and first token match there (temperature 1: the
+    tiny model's near-uniform tokens repeat nothing of their own, so without the finished sibling there is nothing
+    to draft from)."""
+    from rlhfless_openrlhf import drafting
+    from vllm import SamplingParams
+
+    ids = runs.ids[0][:-4] + runs.ids[1][-4:]  # a prompt never run before (no history, no running sibling)
+    drafting.expect(runs.spec, [ids])
+    sampled = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=7)  # one first token
+    [first] = runs.spec.generate([{"prompt_token_ids": ids}], sampled, use_tqdm=False)
+    before = drafting.proposer_stats(runs.spec)
+    runs.spec.generate([{"prompt_token_ids": ids}], sampled, use_tqdm=False)
+    after = drafting.proposer_stats(runs.spec)
+    [held] = runs.spec.collective_rpc(drafting.drafter_call, args=("finished_siblings", ids))
+    assert list(first.outputs[0].token_ids) in held  # kept whole once it finished
+    assert after["drafts"] - before["drafts"] >= 1, (before, after)
 
 
 def test_sampled_logprobs_are_the_target_models(runs, model):

@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from rlhfless_policies.drafters import HistoryDrafter, HistoryParams, NgramDrafter, NgramParams, NoDrafter
+from rlhfless_policies.drafters import (
+    HistoryDrafter,
+    HistoryParams,
+    NgramDrafter,
+    NgramParams,
+    NoDrafter,
+    SuffixDrafter,
+    SuffixParams,
+)
 
 from rlhfless_sdk import PolicySpec, hookimpl
 from rlhfless_sdk.api.profiles import load_acceptance, load_profile
@@ -22,7 +30,12 @@ from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
 from rlhfless_sdk.workloads.traces import synthetic_workload
 
 TOKENS = st.lists(st.integers(0, 5), max_size=40)
-DRAFTERS = [NoDrafter(), NgramDrafter(), HistoryDrafter(HistoryParams(max_tokens=400, responses_per_prompt=3))]
+DRAFTERS = [
+    NoDrafter(),
+    NgramDrafter(),
+    HistoryDrafter(HistoryParams(max_tokens=400, responses_per_prompt=3)),
+    SuffixDrafter(SuffixParams(max_tokens=400, responses_per_prompt=3)),
+]
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS, ids=lambda d: type(d).__name__)
@@ -331,6 +344,50 @@ def test_the_engine_proposer_drafts_from_history_and_siblings(monkeypatch):
     assert drafts[0] == [22, 23, 24, 25]  # the prompt's earlier response
     assert drafts[2] == [32]  # a sibling's tokens after the same two
     assert all(len(d) <= 4 for d in drafts)
+
+
+def _proposer(monkeypatch, name: str = "suffix", k: int = 4):
+    from rlhfless_openrlhf import drafting
+
+    monkeypatch.setenv(drafting.ENV, f'{{"name": "{name}", "params": {{"step_tokens": 1000, "long_tokens": 1}}}}')
+    return drafting.EngineProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k)))
+
+
+def test_a_finished_siblings_tokens_stay_with_the_running_ones_until_the_group_is_observed(monkeypatch):
+    """Step 1: two samples of a prompt run; step 2: the first has finished (its row is gone), and the second,
+    after "50 51", is drafted what the finished one wrote after them. Once the group is observed the proposer
+    holds no finished sibling of it."""
+    pytest.importorskip("ray")
+    prop = _proposer(monkeypatch)
+    prompt = [5, 6, 7, 8]
+    prop.expect([prompt])
+    prop.propose(*_rows(prompt, [[50, 51, 60, 61, 62], [70]]))
+    sampled, counts, table = _rows(prompt, [[70, 50, 51]])  # the first sample's row is gone: it finished
+    assert prop.propose(sampled, counts, table) == [[60, 61]]  # a two-token match drafts two (spec_factor 1)
+    prop.observe([(prompt, [[50, 51, 60, 61, 62], [70, 50, 51, 9]])])
+    assert prop.siblings.finished(prop.prompts.find(table[0])[1]) == []
+
+
+def test_a_carried_samples_earlier_tokens_are_its_response_and_its_siblings_match_it(monkeypatch):
+    """Two samples of one prompt carried from an earlier step, each run with its tokens after the prompt and told
+    so with the prompt's length: they are one group (not two prompts of their own), and one is drafted what the
+    other's carried tokens hold."""
+    pytest.importorskip("ray")
+    prop = _proposer(monkeypatch)
+    prompt = [5, 6, 7, 8]
+    prop.expect([([*prompt, 40, 41, 42, 43, 44], len(prompt)), ([*prompt, 40], len(prompt))])
+    drafts = prop.propose(*_rows(prompt, [[40, 41, 42, 43, 44, 45], [40, 41]]))
+    assert drafts[1] == [42, 43, 44, 45]
+
+
+def test_the_proposers_prompt_table_is_bounded(monkeypatch):
+    pytest.importorskip("ray")
+    from rlhfless_openrlhf.drafting import PromptTable
+
+    table = PromptTable(max_tokens=100)
+    for i in range(50):
+        table.add([i] * 10)
+    assert len(table) == 10 and table.find(np.array([49] * 12)) is not None and table.find(np.array([0] * 12)) is None
 
 
 def test_a_drafter_that_raises_is_switched_off_with_a_warning_naming_it(registry_with, monkeypatch, caplog):

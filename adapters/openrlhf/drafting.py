@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,6 +59,98 @@ def speculative_config(ref: Any, device: str = "gpu") -> dict[str, Any] | None:
     return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": most}
 
 
+class PromptTable:
+    """The prompts an engine's proposer may meet, within ``max_tokens`` tokens (the least recently told go first).
+    A carried sample runs with its earlier tokens after its prompt: it is told as those tokens with the prompt's
+    length, so a row is found by the tokens it starts with and grouped with its siblings by its prompt's own key."""
+
+    def __init__(self, max_tokens: int = 4_000_000) -> None:
+        self.max_tokens = max_tokens
+        # told tokens' key -> (their length, the prompt's key, the prompt's tokens)
+        self._known: OrderedDict[bytes, tuple[int, bytes, list[int]]] = OrderedDict()
+        self._lengths: Counter[int] = Counter()  # how many told token lists have each length
+        self._held = 0
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def add(self, tokens: Sequence[int], prompt_length: int | None = None) -> None:
+        from rlhfless_policies.drafters import prompt_key
+
+        toks = [int(t) for t in tokens]
+        key = prompt_key(toks)
+        if key in self._known:
+            self._known.move_to_end(key)
+            return
+        prompt = toks if prompt_length is None or prompt_length >= len(toks) else toks[:prompt_length]
+        self._known[key] = (len(toks), key if prompt is toks else prompt_key(prompt), prompt)
+        self._lengths[len(toks)] += 1
+        self._held += len(toks)
+        while self._held > self.max_tokens and len(self._known) > 1:
+            _, (length, _, _) = self._known.popitem(last=False)
+            self._held -= length
+            self._lengths[length] -= 1
+            if not self._lengths[length]:
+                del self._lengths[length]
+
+    def find(self, row: np.ndarray, hint: bytes | None = None) -> tuple[bytes, bytes, list[int]] | None:
+        """The told tokens ``row`` starts with: (their key, the prompt's key, the prompt). ``hint``: a key found
+        for this row before, checked first (one digest)."""
+        from rlhfless_policies.drafters import prompt_key
+
+        told = self._known.get(hint) if hint is not None else None
+        if told is not None and told[0] < row.size and prompt_key(row[: told[0]]) == hint:
+            return hint, told[1], told[2]
+        for length in self._lengths:
+            if length < row.size:
+                key = prompt_key(row[:length])
+                hit = self._known.get(key)
+                if hit is not None:
+                    return key, hit[1], hit[2]
+        return None
+
+
+def _continues(now: np.ndarray, before: np.ndarray) -> bool:
+    """Whether the response ``now`` goes on from ``before`` (checked at its first, middle and last token)."""
+    n = before.size
+    return now.size >= n and (
+        n == 0 or (now[0] == before[0] and now[n // 2] == before[n // 2] and now[n - 1] == before[n - 1])
+    )
+
+
+class SiblingMemory:
+    """What a group's finished samples wrote, for its running ones: each step's running responses are kept (copied)
+    until the next; one that no running response goes on from has finished, and is kept whole until its group is
+    observed (at most ``max_tokens`` tokens of finished responses; the oldest groups go first)."""
+
+    def __init__(self, max_tokens: int = 2_000_000) -> None:
+        self.max_tokens = max_tokens
+        self._last: dict[bytes, list[np.ndarray]] = {}
+        self._finished: OrderedDict[bytes, list[np.ndarray]] = OrderedDict()
+        self._held = 0
+
+    def step(self, running: dict[bytes, list[np.ndarray]]) -> None:
+        """This step's running responses by prompt key."""
+        for key, before in self._last.items():
+            now = running.get(key, ())
+            for response in before:
+                if not any(_continues(r, response) for r in now):
+                    self._finished.setdefault(key, []).append(response)
+                    self._held += response.size
+        self._last = {key: [r.copy() for r in rs] for key, rs in running.items()}
+        while self._held > self.max_tokens and self._finished:
+            _, gone = self._finished.popitem(last=False)
+            self._held -= sum(r.size for r in gone)
+
+    def finished(self, key: bytes) -> list[np.ndarray]:
+        return self._finished.get(key, [])
+
+    def forget(self, key: bytes) -> None:
+        """The group was observed whole (its responses are the drafter's history now)."""
+        self._held -= sum(r.size for r in self._finished.pop(key, ()))
+        self._last.pop(key, None)
+
+
 class EngineProposer:
     """vLLM's ``custom_class`` proposer running an RLHFless drafter in an engine's worker."""
 
@@ -70,8 +163,9 @@ class EngineProposer:
         self.ref = PolicyRef.model_validate(json.loads(raw))
         self.drafter = _registry().create("drafter", self.ref)
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
-        self.prompts: dict[int, dict[bytes, list[int]]] = {}  # prompt length -> key -> tokens
-        self._rows: dict[int, tuple[bytes, list[int]]] = {}  # row -> its prompt's key and tokens, last step
+        self.prompts = PromptTable()
+        self.siblings = SiblingMemory()
+        self._rows: dict[int, bytes] = {}  # row -> the told tokens' key it started with, last step
         self.failed: str | None = None
         self.active = True  # off: no drafts (plain decoding steps), e.g. for a scheduler that runs without it
         # steps: a running row's decode (or verification) steps; tokens: what they sampled (1 + the accepted drafts)
@@ -84,23 +178,33 @@ class EngineProposer:
         return None
 
     # -- fed by the step core -------------------------------------------------------------------------------
-    def expect(self, prompts: Sequence[Sequence[int]]) -> None:
-        """Prompts that may run next (a row's prompt is found among them)."""
-        from rlhfless_policies.drafters import prompt_key
-
+    def expect(self, prompts: Sequence[Sequence[int] | tuple[Sequence[int], int]]) -> None:
+        """Prompts that may run next (a row's prompt is found among them): token ids, or, for a carried sample,
+        (its prompt and earlier tokens, the prompt's length)."""
         for p in prompts:
-            toks = [int(t) for t in p]
-            self.prompts.setdefault(len(toks), {})[prompt_key(toks)] = toks
+            if isinstance(p, tuple):
+                self.prompts.add(p[0], int(p[1]))
+            else:
+                self.prompts.add(p)
 
     def observe(self, groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]]) -> None:
         """Finished groups: (prompt token ids, the responses' token ids)."""
+        from rlhfless_policies.drafters import prompt_key
+
         if self.failed:
             return
         try:
             for prompt, responses in groups:
                 self.drafter.observe(prompt, responses)
+                self.siblings.forget(prompt_key(prompt))
         except Exception as exc:
             self._fail("observe", exc)
+
+    def finished_siblings(self, prompt: Sequence[int]) -> list[list[int]]:
+        """The finished responses of ``prompt`` held for its running samples (until its group is observed)."""
+        from rlhfless_policies.drafters import prompt_key
+
+        return [r.tolist() for r in self.siblings.finished(prompt_key([int(t) for t in prompt]))]
 
     def _fail(self, where: str, exc: BaseException) -> None:
         self.failed = f"{type(exc).__name__}: {exc}"
@@ -111,23 +215,15 @@ class EngineProposer:
             self.failed,
         )
 
-    def _prompt_of(self, i: int, row: np.ndarray) -> list[int] | None:
-        """Row ``i``'s prompt: the one it had last step if its tokens still start with it (one digest), else a
-        search of the known prompts by length."""
-        from rlhfless_policies.drafters import prompt_key
-
-        cached = self._rows.get(i)
-        if cached is not None and len(cached[1]) < row.size and prompt_key(row[: len(cached[1])]) == cached[0]:
-            return cached[1]
-        for length, known in self.prompts.items():
-            if length < row.size:
-                key = prompt_key(row[:length])
-                hit = known.get(key)
-                if hit is not None:
-                    self._rows[i] = (key, hit)
-                    return hit
-        self._rows.pop(i, None)
-        return None
+    def _prompt_of(self, i: int, row: np.ndarray) -> tuple[bytes, list[int]] | None:
+        """Row ``i``'s prompt (its key and tokens): found by the tokens it was told with, the ones it had last
+        step checked first."""
+        hit = self.prompts.find(row, self._rows.get(i))
+        if hit is None:
+            self._rows.pop(i, None)
+            return None
+        self._rows[i] = hit[0]
+        return hit[1], hit[2]
 
     # -- vLLM's interface ---------------------------------------------------------------------------------------
     def propose(
@@ -147,29 +243,43 @@ class EngineProposer:
             return out
         try:
             seqs = [token_ids_cpu[i, : int(num_tokens_no_spec[i])] for i in range(rows)]
-            prompts = [self._prompt_of(i, s) if sampled_token_ids[i] else None for i, s in enumerate(seqs)]
+            found = [self._prompt_of(i, s) if sampled_token_ids[i] else None for i, s in enumerate(seqs)]
+            groups: dict[bytes, list[int]] = {}  # prompt key -> its running rows
+            for i, hit in enumerate(found):
+                if hit is not None:
+                    groups.setdefault(hit[0], []).append(i)
+            responses = {i: seqs[i][len(hit[1]) :] for i, hit in enumerate(found) if hit is not None}  # views
+            self.siblings.step({key: [responses[i] for i in group] for key, group in groups.items()})
             running = sum(1 for s in sampled_token_ids if s)
-            by_prompt: dict[int, list[int]] = {}
-            for i, p in enumerate(prompts):
-                if p is not None:
-                    by_prompt.setdefault(id(p), []).append(i)
-            for i, p in enumerate(prompts):
-                if p is None:
-                    continue
-                response = seqs[i][len(p) :]
-                remaining = getattr(self.drafter, "predicted_remaining", lambda *_: None)(p, len(response))
-                k = min(int(self.drafter.draft_tokens(running, remaining)), self.k)
-                if k <= 0:
-                    continue
-                siblings = [seqs[j][len(p) :] for j in by_prompt[id(p)] if j != i]  # views, no copies
-                draft = [int(t) for t in self.drafter.propose(p, response, k, siblings)][:k]
-                out[i] = draft
-                self.stats["drafts"] += bool(draft)
-                self.stats["drafted_tokens"] += len(draft)
+            for key, group in groups.items():
+                for i in group:
+                    out[i] = self._draft(found[i][1], responses, group, i, running, self.siblings.finished(key))
         except Exception as exc:
             self._fail("propose", exc)
             return [[] for _ in range(rows)]
         return out
+
+    def _draft(
+        self,
+        prompt: list[int],
+        responses: dict[int, np.ndarray],
+        group: list[int],
+        i: int,
+        running: int,
+        finished: list[np.ndarray],
+    ) -> list[int]:
+        """Row ``i``'s draft: its budget at ``running`` sequences, its siblings the group's other running rows
+        and its finished responses."""
+        response = responses[i]
+        remaining = getattr(self.drafter, "predicted_remaining", lambda *_: None)(prompt, len(response))
+        k = min(int(self.drafter.draft_tokens(running, remaining)), self.k)
+        if k <= 0:
+            return []
+        siblings = [responses[j] for j in group if j != i] + finished
+        draft = [int(t) for t in self.drafter.propose(prompt, response, k, siblings)][:k]
+        self.stats["drafts"] += bool(draft)
+        self.stats["drafted_tokens"] += len(draft)
+        return draft
 
 
 def drafter_call(worker: Any, method: str, *args: Any) -> Any:

@@ -175,10 +175,16 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         return best
 
     async def _run(
-        self, prompt_token_ids: list[int], params: Any, key: str | None, mm: Any = None, first_piece: bool = False
+        self,
+        prompt_token_ids: list[int],
+        params: Any,
+        key: str | None,
+        mm: Any = None,
+        first_piece: bool = False,
+        prompt_length: int | None = None,
     ) -> Any:
         if self._rl_drafter and first_piece:
-            await self._rl_expect(prompt_token_ids)
+            await self._rl_expect(prompt_token_ids, prompt_length)
         # no await from these checks to the request's registration below: a cut or a close sees every piece here
         if self._rl_closed:
             raise RuntimeError(f"{CLOSED}: {key} never ran here and starts on another engine")
@@ -217,13 +223,19 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         return final
 
     async def _keyed(
-        self, key: str, prompt_token_ids: list[int], params: Any, mm: Any = None, first_piece: bool = False
+        self,
+        key: str,
+        prompt_token_ids: list[int],
+        params: Any,
+        mm: Any = None,
+        first_piece: bool = False,
+        prompt_length: int | None = None,
     ) -> tuple[Any, list[int], list[Any] | None, str]:
         """Run one piece of a sample under ``key``. If ``cut`` stops it, hand the partial tokens to the cutter,
         wait for the rest (generated elsewhere, itself possibly cut again) and return the stitched whole:
         (vLLM's final output, token ids, logprobs or None, finish reason)."""
         try:
-            final = await self._run(prompt_token_ids, params, key, mm, first_piece)
+            final = await self._run(prompt_token_ids, params, key, mm, first_piece, prompt_length)
         except BaseException:
             partial = self._rl_partial.pop(key, None)
             if partial is not None and not partial.done():
@@ -299,7 +311,9 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
             params.max_tokens = budget
             params.min_tokens = max((getattr(params, "min_tokens", 0) or 0) - len(had), 0)
             try:
-                _, tokens, logprobs, reason = await self._keyed(key, prompt_token_ids + had, params, first_piece=True)
+                _, tokens, logprobs, reason = await self._keyed(
+                    key, prompt_token_ids + had, params, first_piece=True, prompt_length=len(prompt_token_ids)
+                )  # the drafter is told the prompt's length: the carried tokens are the response's, matched so
             finally:
                 self._rl_offset.pop(key, None)
         if logprobs is not None:
@@ -466,14 +480,18 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         self._rl_paused_at = None
 
     # -- speculative decoding (``drafting``) ----------------------------------------------------------------------
-    async def _rl_expect(self, prompt_token_ids: list[int]) -> None:
-        """Tell the drafter in this engine's worker of a prompt before its first sample runs (once per prompt)."""
+    async def _rl_expect(self, prompt_token_ids: list[int], prompt_length: int | None = None) -> None:
+        """Tell the drafter in this engine's worker of a prompt before its first sample runs (once per prompt; a
+        carried sample's prompt and earlier tokens with the prompt's length)."""
         from rlhfless_policies.drafters import prompt_key
 
         key = prompt_key(prompt_token_ids)
         if key not in self._rl_expected:
+            if len(self._rl_expected) >= 65536:  # the proposer's own table is bounded; telling it again is harmless
+                self._rl_expected.clear()
             self._rl_expected.add(key)
-            await self.llm.collective_rpc(drafting.drafter_call, args=("expect", [list(prompt_token_ids)]))
+            told = list(prompt_token_ids) if prompt_length is None else (list(prompt_token_ids), prompt_length)
+            await self.llm.collective_rpc(drafting.drafter_call, args=("expect", [told]))
 
     async def rl_drafter_observe(self, groups: list[tuple[list[int], list[list[int]]]]) -> None:
         """Finished groups (prompt token ids, responses' token ids) for the drafter's history."""
