@@ -148,15 +148,23 @@ PROFILE = load_profile("qwen2.5-7b-l40s")
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_a_drafter_that_drafts_nothing_costs_what_plain_decoding_costs(registry, overlap):
+def test_a_drafter_that_drafts_nothing_costs_plain_decoding_and_the_lost_async_scheduling(registry, overlap):
+    """An engine built with a drafter that never drafts decodes as a plain one, but for what vLLM's async
+    scheduling would have hidden (``sync_penalty``): equal without it, slower with the default."""
     work = synthetic_workload(SyntheticWorkload(32, 4, seed=2), 2)
     prof = PROFILE.model_copy(update={"decode_overlap": overlap})
     idle = Speculation(acceptance=_acceptance(0.7), budget=[0])
     runs = [
         Simulator(p, Cluster.uniform(1, 2), registry=registry, plan_s=0.0).run(registry.scheduler("openrlhf"), work)
-        for p in (prof, prof.model_copy(update={"speculation": idle}))  # plan_s: the runs compare to the last digit
+        for p in (  # plan_s: the runs compare to the last digit
+            prof,
+            prof.model_copy(update={"speculation": idle.model_copy(update={"sync_penalty": 0.0})}),
+            prof.model_copy(update={"speculation": idle}),
+        )
     ]
-    assert [r.time_s for r in runs[0].reports] == pytest.approx([r.time_s for r in runs[1].reports], rel=1e-12)
+    plain, free, synced = ([r.generation_s for r in run.reports] for run in runs)
+    assert plain == pytest.approx(free, rel=1e-12)
+    assert all(p < s <= p * (1 + idle.sync_penalty) + 1e-9 for p, s in zip(plain, synced, strict=True))
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -456,3 +464,29 @@ def test_simulate_names_a_bad_drafter_or_acceptance_and_prints_both_bounds():
     )
     assert res.exit_code == 0, res.output
     assert "rlhfless.history: drafter history, measured acceptance" in res.output and "plain decoding" in res.output
+
+
+def test_an_acceptance_priced_by_position_charges_each_sequence_where_it_is(registry):
+    """Slices that repeat the overall acceptance price a run as the overall one does; an acceptance that holds only
+    in a response's last quarter gains less than one that holds everywhere, and more than none."""
+    from rlhfless_sdk.api.speculation import PositionAcceptance
+
+    work = synthetic_workload(SyntheticWorkload(24, 4, median_length=600, max_length=2048, seed=4), 1)
+    high, none = _acceptance(0.7), Acceptance(drafter="t", source="t", draft_rate=0.0, accepted_at=[0.0] * 8,
+                                              drafted_per_draft=0.0)  # fmt: skip
+
+    def sliced(*parts: Acceptance) -> Acceptance:
+        pieces = [
+            PositionAcceptance(upto=u, **a.model_dump(include={"draft_rate", "accepted_at", "drafted_per_draft"}))
+            for u, a in zip((0.25, 0.75, 1.0), parts, strict=True)
+        ]
+        return high.model_copy(update={"by_position": pieces})
+
+    def run(acc: Acceptance) -> float:
+        prof = PROFILE.model_copy(update={"speculation": Speculation(acceptance=acc, budget=[4])})
+        sim = Simulator(prof, Cluster.uniform(1, 2), registry=registry, plan_s=0.0)
+        return sum(r.generation_s for r in sim.run(registry.scheduler("openrlhf"), work).reports)
+
+    overall, same = run(high), run(sliced(high, high, high))
+    assert same == pytest.approx(overall, rel=1e-9)
+    assert run(sliced(none, none, none)) > run(sliced(none, none, high)) > overall

@@ -25,6 +25,8 @@ step from the running count (``Speculation.budget``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PrivateAttr, model_validator
 
 from rlhfless_sdk.api.base import Record
@@ -128,6 +130,15 @@ class Acceptance(_Drafted):
         return self.by_position[-1] if self.by_position else self
 
 
+#: What an engine built with a drafter loses per decode step: vLLM 0.29 runs async scheduling (the host schedules
+#: step N+1 while the model runs step N) only for EAGLE/MTP drafters (vllm-project/vllm#31998). Published figures
+#: for what async scheduling gives a spec-decoding engine: 3.4% lower TPOT (vllm#25872, Llama-3.1-8B with EAGLE-3
+#: on an L20, concurrency 1) and 3% (vllm#32951, DeepSeek-V3.2 with MTP on H100s, concurrency 1). The larger one is
+#: taken. vLLM's V2 model runner, which runs only EAGLE-style drafters too, has no published step-time figure over
+#: the V1 runner to price; it is not charged.
+SYNC_PENALTY = 0.034
+
+
 class Speculation(Record):
     """Speculative decoding on an engine of a profile: a drafter's acceptance and its per-step budget."""
 
@@ -137,7 +148,14 @@ class Speculation(Record):
         description="Draft tokens per verification step with 1, 2, ... sequences running (the last entry beyond).",
     )
     draft_overhead_s: NonNegativeFloat = Field(default=0.0, description="Host time to propose, per decode step.")
+    sync_penalty: NonNegativeFloat = Field(
+        default=SYNC_PENALTY,
+        description="Share a decode step of an engine built with a drafter takes longer, whether it drafts or not: "
+        "vLLM 0.29 turns async scheduling off for a drafter other than EAGLE/MTP (ngram, a custom_class proposer), "
+        "so the host's scheduling no longer overlaps the model's step (see SYNC_PENALTY).",
+    )
     _cache: dict[int, tuple[float, float]] = PrivateAttr(default_factory=dict)
+    _slice_cache: dict[tuple[int, int], tuple[float, float]] = PrivateAttr(default_factory=dict)
     _tally: list[float] = PrivateAttr(default_factory=lambda: [0.0, 0.0])  # tokens, sequence steps (engines add)
 
     def tally(self, tokens: float, steps: float) -> None:
@@ -161,9 +179,29 @@ class Speculation(Record):
             got = self._cache[k] = (self.acceptance.tokens_per_step(k), self.acceptance.drafted(k))
         return got
 
+    def at_positions(self, running: int, counts: Sequence[int]) -> tuple[float, float]:
+        """``at`` averaged over the running sequences where the acceptance depends on the position in the response:
+        ``counts[i]`` sequences are in the acceptance's slice ``i`` (``Acceptance.by_position``)."""
+        total = sum(counts)
+        if total == 0 or not self.acceptance.by_position:
+            return self.at(running)
+        k = self.draft_tokens(running)
+        tau = drafted = 0.0
+        for i, n in enumerate(counts):
+            if n:
+                got = self._slice_cache.get((i, k))
+                if got is None:
+                    piece = self.acceptance.by_position[i]
+                    got = self._slice_cache[(i, k)] = (piece.tokens_per_step(k), piece.drafted(k))
+                tau += n * got[0]
+                drafted += n * got[1]
+        return tau / total, drafted / total
+
     def best_tokens_per_step(self) -> float:
-        """The most tokens a step yields a sequence under this budget (the work bound's)."""
-        return max(self.acceptance.tokens_per_step(k) for k in set(self.budget))
+        """The most tokens a step yields a sequence under this budget, in any slice of a response (the work
+        bound's)."""
+        pieces = [self.acceptance, *self.acceptance.by_position]
+        return max(a.tokens_per_step(k) for a in pieces for k in set(self.budget))
 
 
 def drafts_on(drafter: object, device: str) -> bool:

@@ -9,6 +9,7 @@ step) and the engine jumps from event to event.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -23,6 +24,12 @@ from rlhfless_sdk.api.records import CandidateEstimate, PrefillPlan, TimePerToke
 from rlhfless_sdk.planning.costmodel import shared_prefix_per_prompt, start_up_and_prefill
 
 QUEUED, RUNNING, DONE = 0, 1, 2
+
+
+#: Token steps an engine runs at most between two reads of its batch's positions, where a drafter's acceptance
+#: depends on the position in the response (``Acceptance.by_position``): a sequence moves at most this far through
+#: its slice before its price is read again.
+POSITION_STEPS = 256
 
 
 class EngineSamples:
@@ -244,6 +251,9 @@ class EngineModel:
             while self.heap and not self._valid(s, *self.heap[0]):
                 heapq.heappop(self.heap)
             k = self.heap[0][0] - self.S
+            rate = self._rate(s) if p.speculation is not None else (1.0, 0.0)
+            if len(rate) > 2:  # the acceptance changes along a response: re-read the batch's positions this often
+                k = min(k, POSITION_STEPS)
             if k > 0 and self.B > 1 and self.ctx + self.B * k > p.kv_capacity_tokens:
                 k = (p.kv_capacity_tokens - self.ctx) // self.B
                 if k <= 0:  # KV full: preempt the newest sequence; it is recomputed once a sequence finishes
@@ -254,23 +264,23 @@ class EngineModel:
                     self.blocked = True
                     continue
             if p.decode_overlap:
-                dt = self._overlapped(k)
+                dt = self._overlapped(k, rate)
                 if self.t + dt > limit:  # the most whole steps that fit before the limit
-                    k = self._steps_within(limit - self.t, min(k, self.heap[0][0] - self.S - 1))
+                    k = self._steps_within(limit - self.t, min(k, self.heap[0][0] - self.S - 1), rate)
                     if k == 0:
                         return
-                    dt = self._overlapped(k)
-                self._advance(s, k, dt)
+                    dt = self._overlapped(k, rate)
+                self._advance(s, k, dt, rate[0])
                 continue
-            tau, drafted = p.speculation.at(self.B) if p.speculation is not None else (1.0, 0.0)
-            c = p.decode_per_ctx_token_s + self._search_per_token()  # KV read, and the proposer's search
+            tau, drafted = rate[0], rate[1]
+            slow = 1.0 + p.speculation.sync_penalty if p.speculation is not None else 1.0  # async scheduling off
+            c = (p.decode_per_ctx_token_s * slow + self._search_per_token()) / tau  # KV read, the proposer's search
             A = (
-                p.decode_base_s
+                p.decode_base_s * slow
                 + self._draft_overhead()
-                + (p.decode_per_seq_s * (1.0 + drafted) + p.decode_per_seq_comm_s) * self.B
-                + c * self.ctx
-            ) / tau
-            C = c * self.B / tau
+                + (p.decode_per_seq_s * (1.0 + drafted) + p.decode_per_seq_comm_s) * self.B * slow
+            ) / tau + c * self.ctx
+            C = c * self.B
             dt = k * A + C * k * (k - 1) / 2.0
             if self.t + dt > limit:  # partial advance: the most whole steps that fit before the limit
                 room = limit - self.t
@@ -283,7 +293,7 @@ class EngineModel:
                 if k == 0:
                     return
                 dt = k * A + C * k * (k - 1) / 2.0
-            self._advance(s, k, dt)
+            self._advance(s, k, dt, tau)
 
     def _drain(self, s: EngineSamples) -> None:
         """Run the running samples on, while nothing waits to be admitted and nothing else can change the batch
@@ -354,15 +364,18 @@ class EngineModel:
         a = p.decode_base_s + 0.0 + (p.decode_per_seq_s + p.decode_per_seq_comm_s) * batch + c * ctx
         return k * a + c * batch * k * (k - 1) / 2.0
 
-    def _overlapped(self, k: int) -> float:
+    def _overlapped(self, k: int, rate: tuple[float, ...]) -> float:
         """Seconds for k decode steps when memory reads and compute overlap: each step takes
         ``overhead + max(weights + c * context, b * B)``; the context grows by B a step, so the first steps may
-        be compute-bound and the rest memory-bound."""
+        be compute-bound and the rest memory-bound. ``rate``: (tokens a step yields a sequence, draft tokens it
+        computes), as ``_rate`` gives."""
         p = self.prof
-        tau, drafted = p.speculation.at(self.B) if p.speculation is not None else (1.0, 0.0)
-        o = p.decode_overhead_s + p.decode_per_seq_comm_s * self.B + self._draft_overhead()
-        w = p.decode_base_s - p.decode_overhead_s
-        c, compute = p.decode_per_ctx_token_s / tau, p.decode_per_seq_s * self.B * (1.0 + drafted) / tau
+        tau, drafted = rate[0], rate[1]
+        slow = 1.0 + p.speculation.sync_penalty if p.speculation is not None else 1.0  # async scheduling off
+        o = (p.decode_overhead_s + p.decode_per_seq_comm_s * self.B) * slow + self._draft_overhead()
+        w = (p.decode_base_s - p.decode_overhead_s) * slow
+        c = p.decode_per_ctx_token_s * slow / tau
+        compute = p.decode_per_seq_s * self.B * (1.0 + drafted) * slow / tau
         o, w = o / tau, w / tau
         cb = c * self.B
         gap = compute - w - c * self.ctx  # > 0: compute-bound now
@@ -378,6 +391,21 @@ class EngineModel:
         search = h * (k * self.ctx + self.B * k * (k - 1) / 2.0)
         return bound * (o + compute) + rest * mem + cb * rest * (rest - 1) / 2.0 + search
 
+    def _rate(self, s: EngineSamples) -> tuple[float, ...]:
+        """(tokens a verification step yields a running sequence, draft tokens it computes) for this batch; where
+        the acceptance depends on the position in the response, averaged over where each sequence is, with a
+        third entry (True) saying so."""
+        spec = self.prof.speculation
+        ends = [piece.upto for piece in spec.acceptance.by_position]
+        if not ends:
+            return spec.at(self.B)
+        counts = [0] * len(ends)
+        generated, admit_step, target, S, last = s.generated, s.admit_step, s.target, self.S, len(ends) - 1
+        for sid in self.stack:
+            share = (generated[sid] + S - admit_step[sid]) / target[sid] if target[sid] > 0 else 0.0
+            counts[min(bisect.bisect_right(ends, share), last)] += 1
+        return (*spec.at_positions(self.B, counts), True)
+
     def _draft_overhead(self) -> float:
         """Host seconds a drafting step spends proposing, but for the per-context-token search."""
         spec = self.prof.speculation
@@ -392,23 +420,24 @@ class EngineModel:
             return 0.0
         return spec.acceptance.search_s_per_token
 
-    def _steps_within(self, room: float, most: int) -> int:
+    def _steps_within(self, room: float, most: int, rate: tuple[float, ...]) -> int:
         lo, hi = 0, max(most, 0)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self._overlapped(mid) <= room:
+            if self._overlapped(mid, rate) <= room:
                 lo = mid
             else:
                 hi = mid - 1
         return lo
 
-    def _advance(self, s: EngineSamples, k: int, dt: float) -> None:
-        """k decode steps of the running batch, taking dt seconds; finished samples leave it."""
+    def _advance(self, s: EngineSamples, k: int, dt: float, tau: float = 1.0) -> None:
+        """k decode steps of the running batch, taking dt seconds, each yielding ``tau`` tokens a sequence a
+        verification step; finished samples leave it."""
         self.t += dt
         self.busy += dt
         spec = self.prof.speculation
         if spec is not None:
-            steps = self.B * k / spec.at(self.B)[0]
+            steps = self.B * k / tau
             self.seq_steps += steps
             spec.tally(self.B * k, steps)
         else:
@@ -467,16 +496,18 @@ def steady_step(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.n
     comm = profile.decode_per_seq_comm_s * running
     spec = profile.speculation
     tau, drafted = spec.at(int(running)) if spec is not None else (1.0, 0.0)
+    slow = 1.0 + spec.sync_penalty if spec is not None else 1.0  # async scheduling off on a drafting engine
+    c, s, comm = c * slow, s * slow, comm * slow
     extra = 0.0
     if spec is not None and drafted > 0:  # the proposer's host time: a step, each sequence, each context token
         acc = spec.acceptance
         extra = spec.draft_overhead_s + (acc.search_s_per_seq + acc.search_s_per_token * ctx) * running
     s *= 1.0 + drafted
     if profile.decode_overlap:
-        o = profile.decode_overhead_s
-        step = o + extra + comm + max(profile.decode_base_s - o + c * ctx * running, s * running)
+        o = profile.decode_overhead_s * slow
+        step = o + extra + comm + max(profile.decode_base_s * slow - o + c * ctx * running, s * running)
     else:
-        step = profile.decode_base_s + extra + comm + s * running + c * ctx * running
+        step = profile.decode_base_s * slow + extra + comm + s * running + c * ctx * running
     return running, step / tau
 
 
