@@ -449,7 +449,7 @@ class RaisingBudget:
         register(PolicySpec(name="raising", factory=_BudgetRaises))
 
 
-def test_simulate_names_a_bad_drafter_or_acceptance_and_prints_both_bounds():
+def test_simulate_names_a_bad_drafter_or_acceptance_and_prints_where_it_drafts_and_both_bounds():
     from click.testing import CliRunner
 
     from rlhfless_sdk.cli.main import main as cli
@@ -462,8 +462,14 @@ def test_simulate_names_a_bad_drafter_or_acceptance_and_prints_both_bounds():
     res = CliRunner().invoke(
         cli, [*small, "--scheduler", "openrlhf", "--scheduler", "rlhfless", "--drafter", "history"]
     )
+    assert res.exit_code == 0, res.output  # the acceptance measured on a CPU is priced to lose on a GPU's engines
+    assert "rlhfless.history: drafter history priced to lose at every running count" in res.output
+    res = CliRunner().invoke(
+        cli, [*small, "--scheduler", "rlhfless", "--drafter", "history", "--acceptance", "das-assumption"]
+    )
     assert res.exit_code == 0, res.output
-    assert "rlhfless.history: drafter history, measured acceptance" in res.output and "plain decoding" in res.output
+    assert "rlhfless.history: drafter history drafting at 1-" in res.output and "ASSUMED acceptance" in res.output
+    assert "plain decoding" in res.output
 
 
 def test_an_acceptance_priced_by_position_charges_each_sequence_where_it_is(registry):

@@ -1146,3 +1146,42 @@ def test_a_launch_validates_its_scheduler_and_loads_its_profile_once_and_patches
     assert {("openrlhf.utils.config", "hierarchize"), ("openrlhf.trainer.ray", "create_vllm_engines")} <= changed
     doc = (Path(__file__).resolve().parent.parent / "docs" / "openrlhf.md").read_text()
     assert [f"`{module}.{name}`" for module, name, _ in SWAPS if f"`{module}.{name}`" not in doc] == []
+
+
+def test_a_drafter_drafts_where_the_launch_prices_a_gain_and_nowhere_at_a_losing_acceptance(monkeypatch, caplog):
+    """``--scheduler.drafter``: at the acceptance shipped for ``history`` (measured on a CPU: about one token a
+    step) the launch prices a loss at every running count and the engines run without it; at an acceptance that
+    pays (``das-assumption`` shipped as the drafter's own) it drafts, fewer tokens the more sequences run, the
+    budget handed to the engines' proposer (and to vLLM as its largest draft), one line saying where;
+    ``--scheduler.force`` keeps the drafter's own budget."""
+    import logging
+
+    import rlhfless_openrlhf.decide as decide_module
+    from rlhfless_openrlhf.drafting import ENV, drafter_env, speculative_config
+
+    from rlhfless_sdk.api.profiles import load_acceptance
+
+    def launched(flags: dict, acceptance: str | None = None):
+        if acceptance is not None:
+            monkeypatch.setattr("rlhfless_sdk.api.profiles.load_acceptance", lambda _name: load_acceptance(acceptance))
+        with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+            caplog.clear()
+            plan = decide_module.decide(_hierarchized(), resolve({"--scheduler": "rlhfless", **flags}))
+        return plan, [r.getMessage() for r in caplog.records if "drafter 'history'" in r.getMessage()]
+
+    plan, said = launched({"--scheduler.drafter": "history"})
+    assert plan.scheduler.drafter.name == "none" and plan.draft_budget is None
+    assert len(said) == 1 and "priced to lose at every running count" in said[0], said
+    plan, said = launched({"--scheduler.drafter": "history"}, "das-assumption")
+    budget = plan.draft_budget
+    assert plan.scheduler.drafter.name == "history" and budget[0] > 0
+    assert list(budget) == sorted(budget, reverse=True), budget  # falls as more sequences run
+    assert len(said) == 1 and "drafts at 1-" in said[0] and "priced to gain" in said[0], said
+    config = speculative_config("history", "gpu", budget)
+    assert config["num_speculative_tokens"] == max(budget)
+    import os
+
+    assert os.environ[ENV] == drafter_env("history", budget)
+    monkeypatch.delenv(ENV, raising=False)
+    plan, said = launched({"--scheduler.drafter": "history", "--scheduler.force": "true"})
+    assert plan.scheduler.drafter.name == "history" and plan.draft_budget is None and "unpriced" in said[0]

@@ -48,6 +48,7 @@ def decide(args: Any, request: LaunchRequest, argv: Sequence[str] = (), registry
     refuse_modes(scratch)
     plan = carry_rules(scratch, plan, registry)
     plan = match_profile(scratch, plan)
+    plan = price_drafter(scratch, plan, registry)
     if plan.carries or plan.streams:
         check_oversampling(scratch, plan)
     if plan.streams:
@@ -74,6 +75,45 @@ def launched_form(args: Any, plan: LaunchPlan, registry: Registry) -> LaunchPlan
     )
     mode = plan.request.async_mode or runnable_mode(form, registry)  # worked out with the request's
     return dataclasses.replace(plan, scheduler=form, mode=mode, launched_as=config.name)
+
+
+def price_drafter(args: Any, plan: LaunchPlan, registry: Registry) -> LaunchPlan:
+    """The scheduler's drafter drafts where the plan's profile prices a gain at its shipped acceptance: at each
+    running count of an engine, the draft count whose token costs least (``priced_budget``, for a sequence
+    halfway through ``--rollout.max_new_tokens`` after a prompt filling the rest of ``--data.max_len``), none where
+    a plain engine's token is cheaper. Priced to lose everywhere: the engines run without it. One line says which
+    and why; ``--scheduler.force`` keeps the drafter's own budget."""
+    from rlhfless_sdk.api.errors import UnknownPolicyError
+    from rlhfless_sdk.api.profiles import load_acceptance
+    from rlhfless_sdk.api.speculation import Speculation
+    from rlhfless_sdk.planning.engine_model import priced_budget
+
+    ref = plan.scheduler.drafter
+    if ref.name == "none":
+        return plan
+    if plan.request.force:
+        log.info("rlhfless: drafter %r drafts its own budget, unpriced (--scheduler.force)", ref.name)
+        return plan
+    try:
+        acceptance = load_acceptance(ref.name)
+    except UnknownPolicyError:
+        log.info("rlhfless: drafter %r drafts its own budget, unpriced: no acceptance ships for it", ref.name)
+        return plan
+    drafter = registry.create("drafter", ref)
+    budget = [int(drafter.draft_tokens(r, None)) for r in range(1, plan.profile.max_num_seqs + 1)]
+    profile = plan.profile.model_copy(update={"speculation": Speculation(acceptance=acceptance, budget=budget)})
+    new = int(_flag(args, "rollout", "max_new_tokens", None) or 1024)
+    context = max(int(_flag(args, "data", "max_len", 2048) or 2048) - new, 0) + new / 2
+    priced = priced_budget(profile, context)
+    why = f"profile {plan.profile.name!r}, {acceptance.source.split(';')[0]}"
+    if max(priced) == 0:
+        log.info("rlhfless: drafter %r is priced to lose at every running count (%s): the engines run without it",
+                 ref.name, why)  # fmt: skip
+        return plan.running(plan.scheduler.derive(drafter="none"), registry)
+    drafting = [r for r, k in enumerate(priced, start=1) if k > 0]
+    log.info("rlhfless: drafter %r drafts at %d-%d running sequences an engine, where it is priced to gain (%s)",
+             ref.name, drafting[0], drafting[-1], why)  # fmt: skip
+    return dataclasses.replace(plan, draft_budget=tuple(priced))
 
 
 # -- OpenRLHF modes the adapter refuses: (flag, test on OpenRLHF's hierarchized args, why) ---------------------

@@ -33,10 +33,11 @@ def _registry() -> Any:
     return get_plugin_manager().registry
 
 
-def speculative_config(ref: Any, device: str = "gpu") -> dict[str, Any] | None:
+def speculative_config(ref: Any, device: str = "gpu", budget: Sequence[int] | None = None) -> dict[str, Any] | None:
     """vLLM's ``speculative_config`` for the drafter ``ref`` (a name or ``PolicyRef``) on engines of ``device``
     (``gpu`` or ``cpu``); sets ``RLHFLESS_DRAFTER`` for the engines started after it. None for ``none``, and for a
-    drafter that does not draft on ``device`` (``drafts_on``)."""
+    drafter that does not draft on ``device`` (``drafts_on``). ``budget``: draft tokens a step at 1, 2, ...
+    running sequences (the last entry beyond), priced by the launch; without it, the drafter's own."""
     from rlhfless_sdk.api.config import PolicyRef
     from rlhfless_sdk.api.speculation import drafts_on
 
@@ -53,10 +54,34 @@ def speculative_config(ref: Any, device: str = "gpu") -> dict[str, Any] | None:
         return None
     method = getattr(drafter, "engine_method", None)
     if callable(method):
-        return dict(method())
-    os.environ[ENV] = json.dumps(ref.model_dump())
-    most = max(int(drafter.draft_tokens(1, None)), 1)
+        config = dict(method())
+        if budget is not None:  # vLLM's batch-size schedule, at most the drafter's own tokens
+            config["num_speculative_tokens"] = max(max(budget), 1)
+            config["num_speculative_tokens_per_batch_size"] = schedule_of(budget)
+        return config
+    os.environ[ENV] = drafter_env(ref, budget)
+    most = max(int(drafter.draft_tokens(1, None)), 1) if budget is None else max(max(budget), 1)
     return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": most}
+
+
+def drafter_env(ref: Any, budget: Sequence[int] | None = None) -> str:
+    """What ``RLHFLESS_DRAFTER`` holds: the drafter's reference, and the launch's priced budget where there is one."""
+    from rlhfless_sdk.api.config import PolicyRef
+
+    raw = PolicyRef.model_validate(ref).model_dump(mode="json")
+    return json.dumps(raw if budget is None else {**raw, "budget": [int(k) for k in budget]})
+
+
+def schedule_of(budget: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``budget`` as vLLM's ``num_speculative_tokens_per_batch_size``: ``(first, last, k)`` ranges of running
+    counts, the last one going on to any batch size."""
+    ranges: list[tuple[int, int, int]] = []
+    for running, k in enumerate(budget, start=1):
+        if ranges and ranges[-1][2] == k:
+            ranges[-1] = (ranges[-1][0], running, k)
+        else:
+            ranges.append((running, running, int(k)))
+    return ranges
 
 
 class PromptTable:
@@ -160,7 +185,9 @@ class EngineProposer:
         raw = os.environ.get(ENV)
         if not raw:
             raise RuntimeError(f"{PROPOSER}: {ENV} is not set; build the engine with speculative_config(ref)")
-        self.ref = PolicyRef.model_validate(json.loads(raw))
+        told = json.loads(raw)
+        self.budget: list[int] | None = told.pop("budget", None)  # the launch's priced budget (None: the drafter's)
+        self.ref = PolicyRef.model_validate(told)
         self.drafter = _registry().create("drafter", self.ref)
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.prompts = PromptTable()
@@ -273,6 +300,8 @@ class EngineProposer:
         response = responses[i]
         remaining = getattr(self.drafter, "predicted_remaining", lambda *_: None)(prompt, len(response))
         k = min(int(self.drafter.draft_tokens(running, remaining)), self.k)
+        if self.budget:  # where the launch priced no gain at this running count, no draft
+            k = min(k, self.budget[min(running, len(self.budget)) - 1])
         if k <= 0:
             return []
         siblings = [responses[j] for j in group if j != i] + finished

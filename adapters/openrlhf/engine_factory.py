@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -185,7 +185,7 @@ def build_launch_engines(
             "one-GPU engines only (a tensor-parallel engine's Ray workers are not handed it); use "
             "--vllm.tensor_parallel_size 1 or drop --scheduler.drafter"
         )
-    overrides = engine_overrides(drafter, plan.scheduler.kv_watermark, "cpu" if cpu else "gpu")
+    overrides = engine_overrides(drafter, plan.scheduler.kv_watermark, "cpu" if cpu else "gpu", plan.draft_budget)
     if cpu:
         overrides = {**CPU_OVERRIDES, **overrides}
     with _hooks(_DropIn(RlhflessRolloutActor, overrides, cpu_binds(num_engines) if cpu else None), placer,
@@ -215,29 +215,30 @@ def launch_placer(plan: Any, shared: Any, tensor_parallel_size: int) -> Any:
     return None
 
 
-def engine_overrides(drafter: Any, watermark: float = 0.0, device: str = "gpu") -> dict[str, Any]:
-    """The engine arguments a scheduler sets on engines of ``device``: its drafter's (``drafter_overrides``) and its
-    ``kv_watermark`` as vLLM's scheduler ``watermark`` (nothing at 0, vLLM's default)."""
-    out = drafter_overrides(drafter, device)
+def engine_overrides(
+    drafter: Any, watermark: float = 0.0, device: str = "gpu", budget: Sequence[int] | None = None
+) -> dict[str, Any]:
+    """The engine arguments a scheduler sets on engines of ``device``: its drafter's (``drafter_overrides``, with
+    the launch's priced ``budget``) and its ``kv_watermark`` as vLLM's scheduler ``watermark`` (nothing at 0,
+    vLLM's default)."""
+    out = drafter_overrides(drafter, device, budget)
     if float(watermark or 0.0) > 0.0:
         out["watermark"] = float(watermark)
     return out
 
 
-def drafter_overrides(drafter: Any, device: str = "gpu") -> dict[str, Any]:
+def drafter_overrides(drafter: Any, device: str = "gpu", budget: Sequence[int] | None = None) -> dict[str, Any]:
     """The engine arguments for speculative decoding with ``drafter`` (a name, a ``PolicyRef`` or its dict; None
     or ``none``: nothing) on engines of ``device``: vLLM's ``speculative_config``, and the drafter for the engine
     actor to hand its workers (nothing where the drafter does not draft on ``device``)."""
-    import json
-
-    from rlhfless_openrlhf.drafting import speculative_config
+    from rlhfless_openrlhf.drafting import drafter_env, speculative_config
 
     from rlhfless_sdk.api.config import PolicyRef
 
     if drafter is None:
         return {}
     ref = PolicyRef.model_validate(drafter)
-    spec = speculative_config(ref, device)
+    spec = speculative_config(ref, device, budget)
     if spec is None:
         return {}
-    return {"speculative_config": spec, "rlhfless_drafter": json.dumps(ref.model_dump(mode="json"))}
+    return {"speculative_config": spec, "rlhfless_drafter": drafter_env(ref, budget)}

@@ -102,6 +102,7 @@ class LaunchPlan:
     fill: FillPlan | None = None
     learner_gpus: int = 0
     flags: tuple[FlagChange, ...] = ()
+    draft_budget: tuple[int, ...] | None = None  # draft tokens at 1, 2, ... running, priced (None: the drafter's)
 
     @classmethod
     def of(cls, request: LaunchRequest) -> LaunchPlan:

@@ -167,6 +167,11 @@ class Speculation(Record):
         """Tokens a sequence's verification step yielded over what engines tallied (None: nothing decoded)."""
         return self._tally[0] / self._tally[1] if self._tally[1] > 0 else None
 
+    def drafting_range(self) -> list[int] | None:
+        """[fewest, most] running sequences at which a step drafts (None: at none)."""
+        drafting = [r for r, k in enumerate(self.budget, start=1) if k > 0]
+        return [drafting[0], drafting[-1]] if drafting else None
+
     def draft_tokens(self, running: int) -> int:
         b = self.budget
         return b[min(max(running, 1), len(b)) - 1]

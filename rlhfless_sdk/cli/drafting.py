@@ -61,11 +61,19 @@ def drafter_lines(rows: Sequence[dict[str, Any]], gpus: int) -> list[str]:
         d = row.get("drafter")
         if not d:
             continue
+        label = "ASSUMED" if d["assumption"] else "measured"
+        if d["drafts_at"] is None:
+            out.append(
+                f"{row['name']}: drafter {d['name']} priced to lose at every running count on these engines at its "
+                f"{label} acceptance ({d['acceptance']}): they run without it"
+            )
+            continue
+        lo, hi = d["drafts_at"]
         tps = d["tokens_per_step"]
         drafted = d["bound_gpu_s"] / gpus if gpus else None
-        label = "ASSUMED" if d["assumption"] else "measured"
         out.append(
-            f"{row['name']}: drafter {d['name']}, {label} acceptance ({d['acceptance']}); "
+            f"{row['name']}: drafter {d['name']} drafting at {lo}-{hi} running sequences (where it is priced to "
+            f"gain), {label} acceptance ({d['acceptance']}); "
             f"{tps:.3f} tokens a verification step in this run (at most {d['best_tokens_per_step']:.3f}); work bound "
             f"at this acceptance {drafted:,.1f} s (plain decoding {row['bound_s']:,.1f} s)"
         )

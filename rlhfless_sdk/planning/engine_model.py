@@ -511,6 +511,51 @@ def steady_step(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.n
     return running, step / tau
 
 
+def token_cost(profile: TimePerTokenProfile, running: int, context: float, k: int | None) -> float:
+    """Seconds a token of each of ``running`` sequences costs in one decode step on ``profile``, each holding
+    ``context`` KV tokens: a plain engine's step (``k`` None), or, on an engine built with the profile's drafter,
+    a verification step with ``k`` draft tokens (0: a step that drafts nothing, still without async scheduling),
+    its proposer's host time included, over the tokens it yields a sequence. The engine model's step formula."""
+    spec = profile.speculation
+    tau, drafted, slow, host = 1.0, 0.0, 1.0, 0.0
+    c = profile.decode_per_ctx_token_s
+    if k is not None and spec is not None:
+        slow = 1.0 + spec.sync_penalty
+        if k > 0:
+            acc = spec.acceptance
+            tau, drafted = acc.tokens_per_step(k), acc.drafted(k)
+            host = spec.draft_overhead_s + (acc.search_s_per_seq + acc.search_s_per_token * context) * running
+    ctx = context * running
+    compute = profile.decode_per_seq_s * (1.0 + drafted) * running * slow
+    comm = profile.decode_per_seq_comm_s * running * slow
+    if profile.decode_overlap:
+        o = profile.decode_overhead_s * slow
+        step = o + host + comm + max(profile.decode_base_s * slow - o + c * slow * ctx, compute)
+    else:
+        step = profile.decode_base_s * slow + host + comm + compute + c * slow * ctx
+    return step / tau
+
+
+def priced_budget(profile: TimePerTokenProfile, context: float) -> list[int]:
+    """The profile's drafter budget (draft tokens a step at 1, 2, ... running sequences) kept where it pays: at
+    each running count, the draft count up to the drafter's own whose token costs least on an engine built with
+    the drafter (``token_cost``), where that beats a plain engine's token; 0 elsewhere. ``context``: KV tokens a
+    running sequence holds (a workload's ``steady_context``)."""
+    spec = profile.speculation
+    if spec is None:
+        return []
+    out = []
+    for running, most in enumerate(spec.budget, start=1):
+        plain = token_cost(profile, running, context, None)
+        best, cost = 0, plain
+        for k in range(1, most + 1):
+            priced = token_cost(profile, running, context, k)
+            if priced < cost:
+                best, cost = k, priced
+        out.append(best)
+    return out
+
+
 def run_engines(
     profile: TimePerTokenProfile, s: EngineSamples, engines: int, order: Iterable[int]
 ) -> list[EngineModel]:

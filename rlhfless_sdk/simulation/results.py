@@ -76,6 +76,7 @@ class SimulationResult:
         peak = max((x.peak_gpus for x in r), default=self.gpus)
         total = sum(x.time_s for x in r)
         bound = self.work.bound_s(peak) if self.work is not None and peak else None
+        drafted = (self.drafter or {}).get("bound_gpu_s")  # a drafter that drafts somewhere: its bound's work
         return {
             "total_time_s": total,
             # a long run's pace: without the first step's start-up or pipeline fill and the last step's drain
@@ -94,7 +95,7 @@ class SimulationResult:
             "max_token_age_steps": max((x.max_token_age_steps for x in r), default=0),
             "rollout_gpus": self.rollout_gpus,
             # with a drafter: the work bound at its acceptance (the plain one is bound_s)
-            "bound_drafted_s": self.drafter["bound_gpu_s"] / peak if self.drafter is not None and peak else None,
+            "bound_drafted_s": drafted / peak if drafted is not None and peak else None,
         }
 
 

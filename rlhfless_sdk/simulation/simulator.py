@@ -42,6 +42,7 @@ from rlhfless_sdk.api.records import (
     TimePerTokenProfile,
 )
 from rlhfless_sdk.api.speculation import Acceptance, Speculation, drafts_on
+from rlhfless_sdk.planning.engine_model import priced_budget, steady_context
 from rlhfless_sdk.planning.planner import StepPlanner, planner_for
 from rlhfless_sdk.rollout.billing import StepUsage, billing, held, stopped_at
 from rlhfless_sdk.rollout.controller import StepController, StepOutcome
@@ -143,11 +144,14 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         """Every step of ``workload`` under ``config``, with the workload's work bound on this cluster. A
         predictor's length history reads only what this run records (``isolated_history``): a replayed workload's
         later steps are never seen before their turn, whatever an earlier run left in a history file."""
-        spec = self.speculation(config)
+        spec = self.speculation(config, workload)
         with isolated_history():
             result = self.drafting(spec, config.kv_watermark)._run(config, workload, on_step, frontier)
         drafted = None
-        if spec is not None:
+        if spec is not None and max(spec.budget) == 0:  # priced to lose everywhere: the engines run without it
+            drafted = {"name": config.policy("drafter").name, "acceptance": spec.acceptance.source, "drafts_at": None}
+            drafted["assumption"] = spec.acceptance.assumption
+        elif spec is not None:
             drafted_profile = self.bound_profile.model_copy(update={"speculation": spec})
             bound = work_bound(workload, drafted_profile, self.algo or workload.algo)
             acc = spec.acceptance
@@ -158,16 +162,19 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
                 "tokens_per_step": spec.tokens_per_step(),
                 "best_tokens_per_step": spec.best_tokens_per_step(),
                 "bound_gpu_s": bound.gpu_s,
+                "drafts_at": spec.drafting_range(),
             }
         work = self.work_bound(workload)
         return replace(
             result, workload_steps=len(workload.steps), gpus=self.cluster.total_gpus, work=work, drafter=drafted
         )
 
-    def speculation(self, config: SchedulerConfig) -> Speculation | None:
-        """What ``config``'s drafter does on these engines: its budget for each running count and its acceptance
-        (this simulator's, or the one shipped for its name); None without a drafter, or with one that does not draft
-        on these engines' device (``drafts_on``)."""
+    def speculation(self, config: SchedulerConfig, workload: Workload | None = None) -> Speculation | None:
+        """What ``config``'s drafter does on these engines: its budget for each running count, kept where the
+        priced gain is positive (``priced_budget``, at the context of ``workload``'s first step: what a launch
+        knows; without a workload, the drafter's own budget), and its acceptance (this simulator's, or the one
+        shipped for its name); None without a drafter, or with one that does not draft on these engines' device
+        (``drafts_on``)."""
         ref = config.policy("drafter")
         if ref.name == KIND["drafter"].baseline:
             return None
@@ -193,13 +200,21 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
                 stacklevel=2,
             )
             return None
-        return Speculation(acceptance=acceptance, budget=budget)
+        spec = Speculation(acceptance=acceptance, budget=budget)
+        if workload is None or not workload.steps:
+            return spec
+        first = workload.steps[0]
+        context = steady_context(np.repeat(first.batch.prompt_lengths, first.batch.n_samples), first.lengths)
+        priced = priced_budget(self.profile.model_copy(update={"speculation": spec}), context)
+        return spec.model_copy(update={"budget": priced})
 
     def drafting(self, spec: Speculation | None, watermark: float = 0.0) -> Simulator:
         """This simulator with its engines under ``spec``'s speculative decoding (None: the profile's own) and vLLM's
         KV ``watermark`` (a scheduler's ``kv_watermark``), whatever this one drafts with (a stream's split is planned
         against a baseline that drafts nothing): a copy that shares its caches, or itself where nothing changes.
         The run goes on the copy; this one is left as it is."""
+        if spec is not None and max(spec.budget) == 0:  # drafts nowhere: engines built without the drafter
+            spec = None
         spec = spec if spec is not None else self.own_speculation
         if self.profile.speculation is spec and self.profile.watermark == watermark:
             return self
@@ -271,7 +286,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         if choice.priced_slower() and not self.force:  # never slower: what a launch does (``--scheduler.force``)
             choice.fallback = True
             baseline = self.registry.scheduler(BASELINE)
-            drafted = self.drafting(self.speculation(baseline), baseline.kv_watermark)
+            drafted = self.drafting(self.speculation(baseline, workload), baseline.kv_watermark)
             res = drafted.pipeline_run(mode_for(baseline, self.registry))(
                 baseline, workload, on_step, choice.baseline_split
             )

@@ -186,7 +186,7 @@ def split_timer(
 
     def time_at(r: int) -> float:
         if r not in cache:
-            run = sim.drafting(sim.speculation(config), config.kv_watermark).pipeline_run(mode)
+            run = sim.drafting(sim.speculation(config, workload), config.kv_watermark).pipeline_run(mode)
             cache[r] = sum(x.time_s for x in run(config, workload, None, r).reports)
         return cache[r]
 
