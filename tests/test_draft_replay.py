@@ -147,3 +147,14 @@ def test_the_replay_keeps_a_finished_siblings_tokens_for_a_running_one():
 
     result = replay(HistoryDrafter(), [group], 4)
     assert result.overall.drafts == 1 and result.overall.kept_at[:2] == [1, 1] and result.overall.steps == 4 + 9
+
+
+def test_the_host_time_script_times_a_proposal_at_each_length():
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "examples" / "drafter_host_time.py"
+    out = subprocess.run([sys.executable, str(script), "--repeat", "1"], capture_output=True, text=True, check=True)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("L ")]
+    assert [line.split(":")[0].split()[-1] for line in lines] == ["1,000", "4,000", "16,000"]
+    assert all(float(line.split(":")[1].split()[0]) > 0 for line in lines)

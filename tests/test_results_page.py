@@ -71,8 +71,11 @@ def test_each_command_of_the_page_runs_in_its_short_variant(table, tmp_path):
         assert [s["step"] for s in run["steps"]] == [1, 2] and all(0 <= s["reward"] <= 1 for s in run["steps"])
     if table.kind == "simulate":  # every scheduler of the command has its row, and the async form of rlhfless
         asked = re.findall(r"--scheduler (\S+)", table.command)
+        drafter = re.findall(r"--drafter (\S+)", table.command)  # a twin with it after each one not a baseline
+        twin = (lambda n: [n] if n.startswith(("openrlhf", "verl")) else [n, f"{n}.{drafter[0]}"]) if drafter else (
+            lambda n: [n])  # fmt: skip
         assert [r[0].strip("`") for r in rows[1:]] == [
-            n for a in asked for n in ([a, f"{a}.async"] if a == "rlhfless" else [a])
+            t for a in asked for n in ([a, f"{a}.async"] if a == "rlhfless" else [a]) for t in twin(n)
         ]
 
 

@@ -118,7 +118,7 @@ class Tally:
         """The slice as ``Acceptance`` fields (draft_rate, accepted_at, drafted_per_draft)."""
         drafts = max(self.drafts, 1)
         return {
-            "draft_rate": self.drafts / self.steps if self.steps else 0.0,
+            "draft_rate": round(self.drafts / self.steps, 4) if self.steps else 0.0,
             "accepted_at": [round(c / drafts, 4) for c in self.kept_at],
             "drafted_per_draft": round(self.drafted / drafts, 4),
         }

@@ -60,7 +60,9 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
 
 
 #: Each drafter measured at its whole budget every step (the simulator applies its budget rule to the acceptance).
-WHOLE_BUDGET: dict[str, dict[str, Any]] = {"history": {"step_tokens": 1_000_000, "long_tokens": 1}}
+WHOLE_BUDGET: dict[str, dict[str, Any]] = {
+    name: {"step_tokens": 1_000_000, "long_tokens": 1} for name in ("history", "suffix")
+}
 
 
 def _engine(model: Path, drafter: str, seed: int, max_len: int) -> Any:

@@ -66,9 +66,16 @@ def _ks(value: str) -> list[int]:
     default=None,
     help="Write the acceptance at the largest k (YAML, for `rlhfless simulate --acceptance FILE`); one --drafter.",
 )
+@click.option("--about", default=None, help="What the rollouts are, for the acceptance file's source line.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON instead of tables.")
 def drafter_replay_cmd(
-    file: Path, drafters: tuple[str, ...], k_list: str, tokenizer: Path | None, out: Path | None, as_json: bool
+    file: Path,
+    drafters: tuple[str, ...],
+    k_list: str,
+    tokenizer: Path | None,
+    out: Path | None,
+    about: str | None,
+    as_json: bool,
 ) -> None:
     """Replay recorded rollouts (JSON lines, one group a line: {"uid", "step", "prompt", "responses"}) through
     each drafter: the siblings run side by side, finished ones whole, and each step's groups join the drafter's
@@ -102,7 +109,8 @@ def drafter_replay_cmd(
     if out is not None:
         (name,) = drafters
         source = (
-            f"measured: rlhfless drafter-replay {file.name} --drafter {name} (k {ks[-1]}), {report['groups']} groups"
+            f"measured: rlhfless drafter-replay {file.name} --drafter {name} (k {ks[-1]}): {report['groups']} groups, "
+            f"{report['responses']} responses, {report['steps']} steps" + (f"; {about}" if about else "")
         )
         record = acceptance_record(name, results[name][ks[-1]], source)
         out.write_text(yaml.safe_dump(record, sort_keys=False), encoding="utf-8")
