@@ -266,8 +266,8 @@ class HistoryDrafter:
         p = self.params
         if k <= 0:
             return []
-        head = [int(t) for t in list(prompt)[-p.max_match :]]
-        ctx = (head + [int(t) for t in list(response)[-p.max_match :]])[-p.max_match :]
+        head = [int(t) for t in prompt[-p.max_match :]]
+        ctx = (head + [int(t) for t in response[-p.max_match :]])[-p.max_match :]
         if len(ctx) < p.min_match:
             return []
         best: tuple[int, Sequence[int], int] = (0, (), 0)
@@ -291,8 +291,10 @@ class HistoryDrafter:
                 if end < len(seq):
                     yield _match_length(seq, end, ctx, p.max_match), seq, end
         for sib in siblings:
-            tail = np.asarray(sib, dtype=np.int64)
-            arr = tail[-p.sibling_window :] if len(tail) > p.sibling_window else np.concatenate([head, tail])
+            if len(sib) > p.sibling_window:
+                arr = np.asarray(sib[-p.sibling_window :], dtype=np.int64)
+            else:
+                arr = np.concatenate([np.asarray(head, dtype=np.int64), np.asarray(sib, dtype=np.int64)])
             yield from _array_matches(arr, ctx, p.min_match, p.max_match)
 
 
@@ -301,9 +303,11 @@ def _array_matches(arr: np.ndarray, ctx: list[int], n: int, most: int) -> Iterat
     (at most ``most``) and where its continuation starts."""
     if arr.size <= n:
         return
-    key = np.asarray(ctx[-n:], dtype=np.int64)
-    windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
-    for start in np.flatnonzero((windows == key).all(axis=1))[::-1][:64]:
+    key = ctx[-n:]
+    starts = np.flatnonzero(arr[: arr.size - n] == key[0])  # a token follows each: start + n < arr.size
+    for j in range(1, n):
+        starts = starts[arr[starts + j] == key[j]]
+    for start in starts[::-1][:64]:
         end = int(start) + n
         lo = max(end - most, 0)
         yield _match_length(arr[lo:end].tolist(), end - lo, ctx, most), arr, end
@@ -341,11 +345,14 @@ class SuffixDrafter(HistoryDrafter):
         p = self.params
         if k <= 0:
             return []
-        own = np.asarray([*prompt, *response][-p.own_window :], dtype=np.int64)
+        tail = np.asarray(response[-p.own_window :], dtype=np.int64)
+        if tail.size < p.own_window:
+            tail = np.concatenate([np.asarray(prompt[-(p.own_window - tail.size) :], dtype=np.int64), tail])
+        own = tail
         ctx = own[-p.max_match :].tolist()
         if len(ctx) < p.min_match:
             return []
-        head = [int(t) for t in list(prompt)[-p.max_match :]]
+        head = [int(t) for t in prompt[-p.max_match :]]
         found = [*_array_matches(own, ctx, p.min_match, p.max_match), *self._matches(prompt, head, ctx, siblings)]
         if not found:
             return []
