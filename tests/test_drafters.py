@@ -496,3 +496,22 @@ def test_an_acceptance_priced_by_position_charges_each_sequence_where_it_is(regi
     overall, same = run(high), run(sliced(high, high, high))
     assert same == pytest.approx(overall, rel=1e-9)
     assert run(sliced(none, none, none)) > run(sliced(none, none, high)) > overall
+
+
+def test_a_drafter_whose_step_loses_to_plain_engines_is_dropped_whatever_its_tail_gain(registry):
+    """At a low acceptance a drafter's price per running count can gain where few sequences run while the lost
+    async scheduling costs every step more: the simulator checks a step like the workload's first on one engine
+    and runs plain engines where drafting loses there; at an acceptance that pays it keeps the budget."""
+    from rlhfless_sdk.planning.engine_model import priced_budget, steady_context
+
+    config = registry.scheduler("rlhfless").derive(name="rlhfless.history", drafter="history")
+    low = Acceptance(drafter="t", source="t", draft_rate=1.0, accepted_at=geometric(0.1, 8), drafted_per_draft=8)
+    full = synthetic_workload(SyntheticWorkload(512, 8, median_length=600, max_length=1024, seed=4), 1)  # no tail
+    tail = synthetic_workload(SyntheticWorkload(64, 8, median_length=600, max_length=4096, seed=4), 1)
+    sim = Simulator(PROFILE, Cluster.uniform(1, 4), registry=registry, acceptance=low)
+    own = sim.speculation(config)  # the drafter's own budget, unpriced
+    first = full.steps[0]
+    context = steady_context(np.repeat(first.batch.prompt_lengths, first.batch.n_samples), first.lengths)
+    assert max(priced_budget(PROFILE.model_copy(update={"speculation": own}), context)) > 0  # gains at low counts
+    assert max(sim.speculation(config, full).budget) == 0  # but the step, mostly a full batch, loses
+    assert max(sim.speculation(config, tail).budget) > 0  # a long tail's step gains

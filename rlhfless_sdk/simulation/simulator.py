@@ -42,12 +42,12 @@ from rlhfless_sdk.api.records import (
     TimePerTokenProfile,
 )
 from rlhfless_sdk.api.speculation import Acceptance, Speculation, drafts_on
-from rlhfless_sdk.planning.engine_model import priced_budget, steady_context
+from rlhfless_sdk.planning.engine_model import one_engine_s, priced_budget, steady_context, steady_step
 from rlhfless_sdk.planning.planner import StepPlanner, planner_for
 from rlhfless_sdk.rollout.billing import StepUsage, billing, held, stopped_at
 from rlhfless_sdk.rollout.controller import StepController, StepOutcome
 from rlhfless_sdk.rollout.drivers import Driven, PlainStep, session_for, steps_alone
-from rlhfless_sdk.rollout.modes import BATCH_CUT, TOKEN_BUDGET, Mode, mode_for, mode_names
+from rlhfless_sdk.rollout.modes import BATCH_CUT, STREAM, TOKEN_BUDGET, Mode, mode_for, mode_names
 from rlhfless_sdk.simulation.backend import SimulatedBackend, WorkloadIO
 from rlhfless_sdk.simulation.bound import WorkBound, work_bound
 from rlhfless_sdk.simulation.pipeline import AsyncRun
@@ -204,9 +204,29 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         if workload is None or not workload.steps:
             return spec
         first = workload.steps[0]
-        context = steady_context(np.repeat(first.batch.prompt_lengths, first.batch.n_samples), first.lengths)
-        priced = priced_budget(self.profile.model_copy(update={"speculation": spec}), context)
-        return spec.model_copy(update={"budget": priced})
+        prompt = np.repeat(first.batch.prompt_lengths, first.batch.n_samples)
+        priced = priced_budget(
+            self.profile.model_copy(update={"speculation": spec}), steady_context(prompt, first.lengths)
+        )
+        spec = spec.model_copy(update={"budget": priced})
+        if max(priced) > 0 and not self._drafting_pays(config, spec, prompt, first.lengths):
+            return spec.model_copy(update={"budget": [0] * len(priced)})
+        return spec
+
+    def _drafting_pays(
+        self, config: SchedulerConfig, spec: Speculation, prompt: np.ndarray, lengths: np.ndarray
+    ) -> bool:
+        """Whether engines with ``spec`` beat plain ones on a step like the workload's first (what a launch knows):
+        a stream's steady token (it keeps its engines full), else one engine's share of the step, tail included.
+        An engine built with a drafter pays the lost async scheduling at every running count, so a budget that
+        gains where few sequences run can still lose over the step."""
+        plain = self.profile.model_copy(update={"speculation": None})
+        drafted = self.profile.model_copy(update={"speculation": spec})
+        if mode_for(config, self.registry).pipeline == STREAM:
+            return steady_step(drafted, prompt, lengths)[1] < steady_step(plain, prompt, lengths)[1]
+        engines = max(self.cluster.total_gpus // max(self.profile.gpus_per_actor, 1), 1)
+        share = slice(0, None, engines)
+        return one_engine_s(drafted, prompt[share], lengths[share]) < one_engine_s(plain, prompt[share], lengths[share])
 
     def drafting(self, spec: Speculation | None, watermark: float = 0.0) -> Simulator:
         """This simulator with its engines under ``spec``'s speculative decoding (None: the profile's own) and vLLM's
