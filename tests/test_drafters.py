@@ -500,8 +500,8 @@ def test_an_acceptance_priced_by_position_charges_each_sequence_where_it_is(regi
 
 def test_a_drafter_whose_step_loses_to_plain_engines_is_dropped_whatever_its_tail_gain(registry):
     """At a low acceptance a drafter's price per running count can gain where few sequences run while the lost
-    async scheduling costs every step more: the simulator checks a step like the workload's first on one engine
-    and runs plain engines where drafting loses there; at an acceptance that pays it keeps the budget."""
+    async scheduling costs every step more: the simulator runs the workload's first step with and without it and
+    runs plain engines where drafting loses there; where a long tail gains it keeps the budget."""
     from rlhfless_sdk.planning.engine_model import priced_budget, steady_context
 
     config = registry.scheduler("rlhfless").derive(name="rlhfless.history", drafter="history")

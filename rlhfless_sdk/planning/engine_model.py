@@ -556,16 +556,6 @@ def priced_budget(profile: TimePerTokenProfile, context: float) -> list[int]:
     return out
 
 
-def one_engine_s(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.ndarray) -> float:
-    """Seconds one engine of ``profile`` takes to decode samples of ``prompt[i]`` + ``response[i]`` tokens, all
-    queued at once (a synchronous step's share of an engine): its last token's time."""
-    n = len(response)
-    s = EngineSamples(
-        range(n), [0] * n, np.asarray(prompt).tolist(), [0] * n, np.asarray(response).tolist(), [], [0] * n
-    )
-    return run_engines(profile, s, 1, range(n))[0].last_token
-
-
 def run_engines(
     profile: TimePerTokenProfile, s: EngineSamples, engines: int, order: Iterable[int]
 ) -> list[EngineModel]:

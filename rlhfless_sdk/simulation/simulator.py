@@ -42,7 +42,7 @@ from rlhfless_sdk.api.records import (
     TimePerTokenProfile,
 )
 from rlhfless_sdk.api.speculation import Acceptance, Speculation, drafts_on
-from rlhfless_sdk.planning.engine_model import one_engine_s, priced_budget, steady_context, steady_step
+from rlhfless_sdk.planning.engine_model import priced_budget, steady_context, steady_step
 from rlhfless_sdk.planning.planner import StepPlanner, planner_for
 from rlhfless_sdk.rollout.billing import StepUsage, billing, held, stopped_at
 from rlhfless_sdk.rollout.controller import StepController, StepOutcome
@@ -209,24 +209,28 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
             self.profile.model_copy(update={"speculation": spec}), steady_context(prompt, first.lengths)
         )
         spec = spec.model_copy(update={"budget": priced})
-        if max(priced) > 0 and not self._drafting_pays(config, spec, prompt, first.lengths):
+        if max(priced) > 0 and not self._drafting_pays(config, spec, workload, prompt, first.lengths):
             return spec.model_copy(update={"budget": [0] * len(priced)})
         return spec
 
     def _drafting_pays(
-        self, config: SchedulerConfig, spec: Speculation, prompt: np.ndarray, lengths: np.ndarray
+        self, config: SchedulerConfig, spec: Speculation, workload: Workload, prompt: np.ndarray, lengths: np.ndarray
     ) -> bool:
-        """Whether engines with ``spec`` beat plain ones on a step like the workload's first (what a launch knows):
-        a stream's steady token (it keeps its engines full), else one engine's share of the step, tail included.
+        """Whether engines with ``spec`` beat plain ones on the workload's first step (what a launch knows): that
+        step run by ``config`` with and without the drafter; a stream's steady token (it keeps its engines full).
         An engine built with a drafter pays the lost async scheduling at every running count, so a budget that
         gains where few sequences run can still lose over the step."""
         plain = self.profile.model_copy(update={"speculation": None})
         drafted = self.profile.model_copy(update={"speculation": spec})
         if mode_for(config, self.registry).pipeline == STREAM:
             return steady_step(drafted, prompt, lengths)[1] < steady_step(plain, prompt, lengths)[1]
-        engines = max(self.cluster.total_gpus // max(self.profile.gpus_per_actor, 1), 1)
-        share = slice(0, None, engines)
-        return one_engine_s(drafted, prompt[share], lengths[share]) < one_engine_s(plain, prompt[share], lengths[share])
+        first = replace(workload, steps=workload.steps[:1])
+        with isolated_history():
+            times = [
+                sum(r.time_s for r in self.drafting(s, config.kv_watermark)._run(config, first, None, False).reports)
+                for s in (spec, None)
+            ]
+        return times[0] < times[1]
 
     def drafting(self, spec: Speculation | None, watermark: float = 0.0) -> Simulator:
         """This simulator with its engines under ``spec``'s speculative decoding (None: the profile's own) and vLLM's
