@@ -364,12 +364,14 @@ class EngineModel:
         a = p.decode_base_s + 0.0 + (p.decode_per_seq_s + p.decode_per_seq_comm_s) * batch + c * ctx
         return k * a + c * batch * k * (k - 1) / 2.0
 
-    def _overlapped(self, k: int, rate: tuple[float, ...]) -> float:
+    def _overlapped(self, k: int, rate: tuple[float, ...] | None = None) -> float:
         """Seconds for k decode steps when memory reads and compute overlap: each step takes
         ``overhead + max(weights + c * context, b * B)``; the context grows by B a step, so the first steps may
         be compute-bound and the rest memory-bound. ``rate``: (tokens a step yields a sequence, draft tokens it
         computes), as ``_rate`` gives."""
         p = self.prof
+        if rate is None:  # the whole batch at the overall acceptance
+            rate = p.speculation.at(self.B) if p.speculation is not None else (1.0, 0.0)
         tau, drafted = rate[0], rate[1]
         slow = 1.0 + p.speculation.sync_penalty if p.speculation is not None else 1.0  # async scheduling off
         o = (p.decode_overhead_s + p.decode_per_seq_comm_s * self.B) * slow + self._draft_overhead()
@@ -420,7 +422,7 @@ class EngineModel:
             return 0.0
         return spec.acceptance.search_s_per_token
 
-    def _steps_within(self, room: float, most: int, rate: tuple[float, ...]) -> int:
+    def _steps_within(self, room: float, most: int, rate: tuple[float, ...] | None = None) -> int:
         lo, hi = 0, max(most, 0)
         while lo < hi:
             mid = (lo + hi + 1) // 2
