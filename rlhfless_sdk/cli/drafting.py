@@ -64,8 +64,8 @@ def drafter_lines(rows: Sequence[dict[str, Any]], gpus: int) -> list[str]:
         label = "ASSUMED" if d["assumption"] else "measured"
         if d["drafts_at"] is None:
             out.append(
-                f"{row['name']}: drafter {d['name']} priced to lose at every running count on these engines at its "
-                f"{label} acceptance ({d['acceptance']}): they run without it"
+                f"{row['name']}: drafter {d['name']} priced to lose on these engines (at every running count, or "
+                f"over the workload's first step) at its {label} acceptance ({d['acceptance']}): they run without it"
             )
             continue
         lo, hi = d["drafts_at"]
