@@ -75,6 +75,18 @@ class NgramParams(_Matching):
     )
 
 
+def batch_size_schedule(budget: Sequence[int]) -> list[tuple[int, int, int]]:
+    """A budget (draft tokens at 1, 2, ... running sequences) as vLLM's ``num_speculative_tokens_per_batch_size``:
+    ``(first, last, k)`` ranges of running counts, the last one's k going on to any batch size."""
+    ranges: list[tuple[int, int, int]] = []
+    for running, k in enumerate(budget, start=1):
+        if ranges and ranges[-1][2] == k:
+            ranges[-1] = (ranges[-1][0], running, int(k))
+        else:
+            ranges.append((running, running, int(k)))
+    return ranges
+
+
 class NgramDrafter:
     """vLLM's own n-gram drafter: the tokens that followed the last n-gram's latest earlier occurrence in the same
     request (prompt and response), a fixed budget a step. On the engines it is vLLM's ``ngram`` method."""
@@ -100,19 +112,12 @@ class NgramDrafter:
         return config
 
     def schedule(self) -> list[tuple[int, int, int]]:
-        """The budget as vLLM's ``num_speculative_tokens_per_batch_size``: ``(first, last, k)`` ranges of running
-        counts, the last one's k (0 once a step would turn compute-bound) going on to any batch size."""
-        ranges: list[tuple[int, int, int]] = []
-        running = 1
-        while True:
-            k = self.draft_tokens(running)
-            if ranges and ranges[-1][2] == k:
-                ranges[-1] = (ranges[-1][0], running, k)
-            else:
-                ranges.append((running, running, k))
-            if k == 0:
-                return ranges
-            running += 1
+        """The budget as vLLM's ``num_speculative_tokens_per_batch_size`` (``batch_size_schedule``), up to the
+        first running count that drafts nothing (0 once a step would turn compute-bound)."""
+        budget = [self.draft_tokens(1)]
+        while budget[-1] > 0:
+            budget.append(self.draft_tokens(len(budget) + 1))
+        return batch_size_schedule(budget)
 
     def drafts_on(self, device: str) -> bool:
         """Whether this drafter drafts on engines of ``device`` (``gpu`` or ``cpu``)."""

@@ -100,8 +100,8 @@ def price_drafter(args: Any, plan: LaunchPlan, registry: Registry) -> LaunchPlan
         log.info("rlhfless: drafter %r drafts its own budget, unpriced: no acceptance ships for it", ref.name)
         return plan
     drafter = registry.create("drafter", ref)
-    budget = [int(drafter.draft_tokens(r, None)) for r in range(1, plan.profile.max_num_seqs + 1)]
-    profile = plan.profile.model_copy(update={"speculation": Speculation(acceptance=acceptance, budget=budget)})
+    spec = Speculation.of_drafter(acceptance, drafter, plan.profile.max_num_seqs)
+    profile = plan.profile.model_copy(update={"speculation": spec})
     new = int(_flag(args, "rollout", "max_new_tokens", None) or 1024)
     context = max(int(_flag(args, "data", "max_len", 2048) or 2048) - new, 0) + new / 2
     priced = priced_budget(profile, context)

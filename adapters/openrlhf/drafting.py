@@ -38,6 +38,8 @@ def speculative_config(ref: Any, device: str = "gpu", budget: Sequence[int] | No
     (``gpu`` or ``cpu``); sets ``RLHFLESS_DRAFTER`` for the engines started after it. None for ``none``, and for a
     drafter that does not draft on ``device`` (``drafts_on``). ``budget``: draft tokens a step at 1, 2, ...
     running sequences (the last entry beyond), priced by the launch; without it, the drafter's own."""
+    from rlhfless_policies.drafters import batch_size_schedule
+
     from rlhfless_sdk.api.config import PolicyRef
     from rlhfless_sdk.api.speculation import drafts_on
 
@@ -57,7 +59,7 @@ def speculative_config(ref: Any, device: str = "gpu", budget: Sequence[int] | No
         config = dict(method())
         if budget is not None:  # vLLM's batch-size schedule, at most the drafter's own tokens
             config["num_speculative_tokens"] = max(max(budget), 1)
-            config["num_speculative_tokens_per_batch_size"] = schedule_of(budget)
+            config["num_speculative_tokens_per_batch_size"] = batch_size_schedule(budget)
         return config
     os.environ[ENV] = drafter_env(ref, budget)
     most = max(int(drafter.draft_tokens(1, None)), 1) if budget is None else max(max(budget), 1)
@@ -70,18 +72,6 @@ def drafter_env(ref: Any, budget: Sequence[int] | None = None) -> str:
 
     raw = PolicyRef.model_validate(ref).model_dump(mode="json")
     return json.dumps(raw if budget is None else {**raw, "budget": [int(k) for k in budget]})
-
-
-def schedule_of(budget: Sequence[int]) -> list[tuple[int, int, int]]:
-    """``budget`` as vLLM's ``num_speculative_tokens_per_batch_size``: ``(first, last, k)`` ranges of running
-    counts, the last one going on to any batch size."""
-    ranges: list[tuple[int, int, int]] = []
-    for running, k in enumerate(budget, start=1):
-        if ranges and ranges[-1][2] == k:
-            ranges[-1] = (ranges[-1][0], running, k)
-        else:
-            ranges.append((running, running, int(k)))
-    return ranges
 
 
 class PromptTable:

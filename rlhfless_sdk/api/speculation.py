@@ -122,13 +122,6 @@ class Acceptance(_Drafted):
             raise ValueError(f"by_position: each slice's accepted_at has the budget K = {self.budget}")
         return self
 
-    def at_position(self, share: float) -> _Drafted:
-        """The acceptance of a step starting at ``share`` of its response (the overall one without slices)."""
-        for p in self.by_position:
-            if share < p.upto:
-                return p
-        return self.by_position[-1] if self.by_position else self
-
 
 #: What an engine built with a drafter loses per decode step: vLLM 0.29 runs async scheduling (the host schedules
 #: step N+1 while the model runs step N) only for EAGLE/MTP drafters (vllm-project/vllm#31998). Published figures
@@ -157,6 +150,15 @@ class Speculation(Record):
     _cache: dict[int, tuple[float, float]] = PrivateAttr(default_factory=dict)
     _slice_cache: dict[tuple[int, int], tuple[float, float]] = PrivateAttr(default_factory=dict)
     _tally: list[float] = PrivateAttr(default_factory=lambda: [0.0, 0.0])  # tokens, sequence steps (engines add)
+
+    @classmethod
+    def of_drafter(cls, acceptance: Acceptance, drafter: object, max_num_seqs: int) -> Speculation:
+        """``drafter``'s own budget (its ``draft_tokens`` at 1 .. ``max_num_seqs`` running, no length known) at
+        ``acceptance``; a negative count raises ValueError."""
+        budget = [int(drafter.draft_tokens(r, None)) for r in range(1, max_num_seqs + 1)]
+        if any(k < 0 for k in budget):
+            raise ValueError(f"draft_tokens returned {min(budget)} (< 0)")
+        return cls(acceptance=acceptance, budget=budget)
 
     def tally(self, tokens: float, steps: float) -> None:
         """Engines of this speculation add what they decoded: ``tokens`` in ``steps`` sequence-steps."""

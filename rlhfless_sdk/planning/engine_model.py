@@ -252,8 +252,8 @@ class EngineModel:
                 heapq.heappop(self.heap)
             k = self.heap[0][0] - self.S
             rate = self._rate(s) if p.speculation is not None else (1.0, 0.0)
-            if len(rate) > 2:  # the acceptance changes along a response: re-read the batch's positions this often
-                k = min(k, POSITION_STEPS)
+            if p.speculation is not None and p.speculation.acceptance.by_position:
+                k = min(k, POSITION_STEPS)  # the acceptance changes along a response: re-read the positions this often
             if k > 0 and self.B > 1 and self.ctx + self.B * k > p.kv_capacity_tokens:
                 k = (p.kv_capacity_tokens - self.ctx) // self.B
                 if k <= 0:  # KV full: preempt the newest sequence; it is recomputed once a sequence finishes
@@ -364,7 +364,7 @@ class EngineModel:
         a = p.decode_base_s + 0.0 + (p.decode_per_seq_s + p.decode_per_seq_comm_s) * batch + c * ctx
         return k * a + c * batch * k * (k - 1) / 2.0
 
-    def _overlapped(self, k: int, rate: tuple[float, ...] | None = None) -> float:
+    def _overlapped(self, k: int, rate: tuple[float, float] | None = None) -> float:
         """Seconds for k decode steps when memory reads and compute overlap: each step takes
         ``overhead + max(weights + c * context, b * B)``; the context grows by B a step, so the first steps may
         be compute-bound and the rest memory-bound. ``rate``: (tokens a step yields a sequence, draft tokens it
@@ -393,10 +393,9 @@ class EngineModel:
         search = h * (k * self.ctx + self.B * k * (k - 1) / 2.0)
         return bound * (o + compute) + rest * mem + cb * rest * (rest - 1) / 2.0 + search
 
-    def _rate(self, s: EngineSamples) -> tuple[float, ...]:
+    def _rate(self, s: EngineSamples) -> tuple[float, float]:
         """(tokens a verification step yields a running sequence, draft tokens it computes) for this batch; where
-        the acceptance depends on the position in the response, averaged over where each sequence is, with a
-        third entry (True) saying so."""
+        the acceptance depends on the position in the response, averaged over where each sequence is."""
         spec = self.prof.speculation
         ends = [piece.upto for piece in spec.acceptance.by_position]
         if not ends:
@@ -406,7 +405,7 @@ class EngineModel:
         for sid in self.stack:
             share = (generated[sid] + S - admit_step[sid]) / target[sid] if target[sid] > 0 else 0.0
             counts[min(bisect.bisect_right(ends, share), last)] += 1
-        return (*spec.at_positions(self.B, counts), True)
+        return spec.at_positions(self.B, counts)
 
     def _draft_overhead(self) -> float:
         """Host seconds a drafting step spends proposing, but for the per-context-token search."""
@@ -422,7 +421,7 @@ class EngineModel:
             return 0.0
         return spec.acceptance.search_s_per_token
 
-    def _steps_within(self, room: float, most: int, rate: tuple[float, ...] | None = None) -> int:
+    def _steps_within(self, room: float, most: int, rate: tuple[float, float] | None = None) -> int:
         lo, hi = 0, max(most, 0)
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -494,23 +493,35 @@ def steady_step(profile: TimePerTokenProfile, prompt: np.ndarray, response: np.n
     if ctx <= 0:
         return 0.0, 0.0
     running = max(min(float(profile.max_num_seqs), profile.kv_capacity_tokens / max(ctx, 1.0)), 1.0)
-    c, s = profile.decode_per_ctx_token_s, profile.decode_per_seq_s
-    comm = profile.decode_per_seq_comm_s * running
     spec = profile.speculation
-    tau, drafted = spec.at(int(running)) if spec is not None else (1.0, 0.0)
-    slow = 1.0 + spec.sync_penalty if spec is not None else 1.0  # async scheduling off on a drafting engine
-    c, s, comm = c * slow, s * slow, comm * slow
-    extra = 0.0
-    if spec is not None and drafted > 0:  # the proposer's host time: a step, each sequence, each context token
+    if spec is None:
+        return running, decode_step_s(profile, running, ctx)
+    tau, drafted = spec.at(int(running))
+    host = 0.0
+    if drafted > 0:  # the proposer's host time: a step, each sequence, each context token
         acc = spec.acceptance
-        extra = spec.draft_overhead_s + (acc.search_s_per_seq + acc.search_s_per_token * ctx) * running
-    s *= 1.0 + drafted
+        host = spec.draft_overhead_s + (acc.search_s_per_seq + acc.search_s_per_token * ctx) * running
+    return running, decode_step_s(profile, running, ctx, drafted, 1.0 + spec.sync_penalty, host) / tau
+
+
+def decode_step_s(
+    profile: TimePerTokenProfile,
+    running: float,
+    context: float,
+    drafted: float = 0.0,
+    slow: float = 1.0,
+    host: float = 0.0,
+) -> float:
+    """Seconds one decode step of ``running`` sequences, each holding ``context`` KV tokens, takes on ``profile``:
+    the engine model's step (overlapped roofline or additive), each sequence computing ``1 + drafted`` positions,
+    the model's part ``slow`` times longer (an engine without async scheduling), plus the proposer's ``host``."""
+    c = profile.decode_per_ctx_token_s * slow
+    s = profile.decode_per_seq_s * slow * (1.0 + drafted)
+    comm = profile.decode_per_seq_comm_s * running * slow
     if profile.decode_overlap:
         o = profile.decode_overhead_s * slow
-        step = o + extra + comm + max(profile.decode_base_s * slow - o + c * ctx * running, s * running)
-    else:
-        step = profile.decode_base_s * slow + extra + comm + s * running + c * ctx * running
-    return running, step / tau
+        return o + host + comm + max(profile.decode_base_s * slow - o + c * context * running, s * running)
+    return profile.decode_base_s * slow + host + comm + s * running + c * context * running
 
 
 def token_cost(profile: TimePerTokenProfile, running: int, context: float, k: int | None) -> float:
@@ -519,23 +530,14 @@ def token_cost(profile: TimePerTokenProfile, running: int, context: float, k: in
     a verification step with ``k`` draft tokens (0: a step that drafts nothing, still without async scheduling),
     its proposer's host time included, over the tokens it yields a sequence. The engine model's step formula."""
     spec = profile.speculation
-    tau, drafted, slow, host = 1.0, 0.0, 1.0, 0.0
-    c = profile.decode_per_ctx_token_s
-    if k is not None and spec is not None:
-        slow = 1.0 + spec.sync_penalty
-        if k > 0:
-            acc = spec.acceptance
-            tau, drafted = acc.tokens_per_step(k), acc.drafted(k)
-            host = spec.draft_overhead_s + (acc.search_s_per_seq + acc.search_s_per_token * context) * running
-    ctx = context * running
-    compute = profile.decode_per_seq_s * (1.0 + drafted) * running * slow
-    comm = profile.decode_per_seq_comm_s * running * slow
-    if profile.decode_overlap:
-        o = profile.decode_overhead_s * slow
-        step = o + host + comm + max(profile.decode_base_s * slow - o + c * slow * ctx, compute)
-    else:
-        step = profile.decode_base_s * slow + host + comm + compute + c * slow * ctx
-    return step / tau
+    if k is None or spec is None:
+        return decode_step_s(profile, running, context)
+    tau, drafted, host = 1.0, 0.0, 0.0
+    if k > 0:
+        acc = spec.acceptance
+        tau, drafted = acc.tokens_per_step(k), acc.drafted(k)
+        host = spec.draft_overhead_s + (acc.search_s_per_seq + acc.search_s_per_token * context) * running
+    return decode_step_s(profile, running, context, drafted, 1.0 + spec.sync_penalty, host) / tau
 
 
 def priced_budget(profile: TimePerTokenProfile, context: float) -> list[int]:

@@ -190,9 +190,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
             drafter = self.registry.create("drafter", ref)
             if not drafts_on(drafter, self.profile.device):
                 return None  # a drafter that drafts nothing on these engines (a GPU-only one on CPU engines)
-            budget = [int(drafter.draft_tokens(r, None)) for r in range(1, self.profile.max_num_seqs + 1)]
-            if any(k < 0 for k in budget):
-                raise ValueError(f"draft_tokens returned {min(budget)} (< 0)")
+            spec = Speculation.of_drafter(acceptance, drafter, self.profile.max_num_seqs)
         except Exception as exc:
             warnings.warn(
                 f"drafter {ref.name!r} raised ({type(exc).__name__}: {exc}); scheduler {config.name!r} runs without "
@@ -200,7 +198,6 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
                 stacklevel=2,
             )
             return None
-        spec = Speculation(acceptance=acceptance, budget=budget)
         if workload is None or not workload.steps:
             return spec
         first = workload.steps[0]

@@ -90,10 +90,10 @@ class Tally:
     steps: int = 0
     drafts: int = 0
     drafted: int = 0
-    kept_at: list[int] = field(default_factory=list)  # drafts whose j-th token was kept, j = 1..budget
+    kept_at: list[int] = field(init=False)  # drafts whose j-th token was kept, j = 1..budget
 
     def __post_init__(self) -> None:
-        self.kept_at = self.kept_at or [0] * self.budget
+        self.kept_at = [0] * self.budget
 
     def add(self, yielded: int, drafted: int, kept: int) -> None:
         self.tokens += yielded
