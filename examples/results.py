@@ -46,7 +46,16 @@ EVERY = " ".join(
 )
 SIM = "rlhfless simulate"
 DRAFTED = " ".join(
-    f"--scheduler {s}" for s in ("openrlhf", "openrlhf-async", "rlhfless", "rlhfless-fast", "rlhfless-onpolicy")
+    f"--scheduler {s}"
+    for s in (
+        "openrlhf",
+        "verl",
+        "openrlhf-async",
+        "openrlhf-async-partial",
+        "rlhfless",
+        "rlhfless-fast",
+        "rlhfless-onpolicy",
+    )
 )
 
 
