@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import rlhfless_test_helpers as H  # registered by conftest.py
 from hypothesis import HealthCheck, given, settings
@@ -181,5 +182,55 @@ def test_two_steps_through_openrlhfs_engines_with_the_history_drafter(model):
         steps, tokens = seen[1]["steps"] - seen[0]["steps"], seen[1]["tokens"] - seen[0]["tokens"]
         assert seen[1]["drafts"] > seen[0]["drafts"] and tokens > 1.5 * steps  # the history's drafts were accepted
         assert len(gen.pool.history) == 6  # the second step's, for the next; the first's went at its start
+    finally:
+        ray.shutdown()
+
+
+def test_the_stream_sends_a_finished_sample_to_the_drafters_running_its_siblings(model):
+    """``rlhfless-stream`` with ``suffix`` on two of OpenRLHF's engines (RLHFless's class, built by
+    ``create_vllm_engines``), each group's samples split across them. A length replay makes samples 0 and 2 of a
+    group stop early and 1 and 3 run on (EOS ignored), so a finished sample's siblings still run on the other engine:
+    it is sent to that engine's drafter at once (``told``), and every group comes back whole, once."""
+    ray = pytest.importorskip("ray")
+    from rlhfless_openrlhf.engine_factory import create_engines
+    from rlhfless_openrlhf.generator import RlhflessSamplesGenerator
+    from rlhfless_openrlhf.rollout_actor import rollout_args
+    from transformers import AutoTokenizer
+
+    from rlhfless_sdk import get_plugin_manager
+    from rlhfless_sdk.api.batch import PromptBatch
+    from rlhfless_sdk.api.profiles import load_profile
+    from rlhfless_sdk.workloads.replay import LengthReplay
+    from rlhfless_sdk.workloads.synthetic import SyntheticWorkload
+    from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
+
+    registry = get_plugin_manager().registry
+    batch, _ = SyntheticWorkload(2, 1, seed=0).batch()
+    batch = PromptBatch(uids=batch.uids, prompt_lengths=batch.prompt_lengths, n_samples=np.array([4, 4]))
+    trace = Workload("split", [WorkloadStep(step=0, batch=batch, lengths=np.array([4, 60, 4, 60] * 2))])
+    H.local_ray(ray, cpus=4, gpus=2)
+    try:
+        engines = create_engines(2, model, cpu=True, drafter="suffix")
+        args = rollout_args(4, batch_size=2)
+        args.train = SimpleNamespace(async_enable=True, async_queue_size=1, partial_rollout_enable=True)
+        gen = RlhflessSamplesGenerator(
+            SimpleNamespace(args=args),
+            [([0, 1], PROMPTS[:2], ["0"] * 2, [None] * 2)],
+            None,
+            AutoTokenizer.from_pretrained(model),
+            engines,
+            scheduler=registry.scheduler("rlhfless-stream").derive(drafter="suffix"),
+            profile=load_profile("qwen2.5-3b-l40s"),
+            registry=registry,
+            replay=LengthReplay(trace, 64),
+        )
+        experiences, *_ = gen.generate_samples(max_new_tokens=64, temperature=1.0, n_samples_per_prompt=4, max_len=512)
+        prompts = [e.prompts[0] for e in experiences]
+        assert len(prompts) == 8 and sorted(set(prompts)) == sorted(PROMPTS[:2])
+        assert all(len(set(prompts[g : g + 4])) == 1 for g in (0, 4))  # each group whole, together
+        assert sorted(int(e.response_length[0]) for e in experiences) == [4] * 4 + [60] * 4
+        stats = [ray.get(e.rl_drafter_stats.remote()) for e in engines]
+        assert all(s is not None and s["failed"] is None for s in stats)
+        assert sum(s["told"] for s in stats) >= 2, stats  # each group's early finishers reached the other engine
     finally:
         ray.shutdown()

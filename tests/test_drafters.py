@@ -376,6 +376,34 @@ def test_a_finished_siblings_tokens_stay_with_the_running_ones_until_the_group_i
     assert prop.siblings.finished(prop.prompts.find(table[0])[1]) == []
 
 
+def test_a_sibling_finished_on_another_engine_is_drafted_from_until_the_group_is_observed(monkeypatch):
+    """The stream splits a group across engines: a sample that finished elsewhere, sent to this engine's proposer
+    (``finished_elsewhere``), is drafted from to the group's running sample here, counted, and dropped once the
+    group is observed (it is history then, not held twice)."""
+    pytest.importorskip("ray")
+    prop = _proposer(monkeypatch)
+    prompt = [5, 6, 7, 8]
+    prop.expect([prompt])
+    sampled, counts, table = _rows(prompt, [[70, 50, 51]])
+    assert prop.propose(sampled, counts, table) == [[]]  # nothing to match yet
+    prop.finished_elsewhere([(prompt, [[50, 51, 60, 61, 62]])])
+    assert prop.stats["told"] == 1 and prop.finished_siblings(prompt) == [[50, 51, 60, 61, 62]]
+    sampled, counts, table = _rows(prompt, [[70, 50, 51, 60]])
+    assert prop.propose(sampled, counts, table) == [[61, 62]]
+    prop.observe([(prompt, [[50, 51, 60, 61, 62]])])
+    assert prop.finished_siblings(prompt) == [] and prop.siblings._held == 0
+
+
+def test_finished_siblings_from_other_engines_are_bounded(monkeypatch):
+    pytest.importorskip("ray")
+    from rlhfless_openrlhf.drafting import SiblingMemory
+
+    memory = SiblingMemory(max_tokens=100)
+    for i in range(30):
+        memory.add(bytes([i]), [np.arange(10)])
+    assert memory._held <= 100 and memory.finished(bytes([29])) and not memory.finished(bytes([0]))
+
+
 def test_a_carried_samples_earlier_tokens_are_its_response_and_its_siblings_match_it(monkeypatch):
     """Two samples of one prompt carried from an earlier step, each run with its tokens after the prompt and told
     so with the prompt's length: they are one group (not two prompts of their own), and one is drafted what the

@@ -153,6 +153,17 @@ class SiblingMemory:
                     self._finished.setdefault(key, []).append(response)
                     self._held += response.size
         self._last = {key: [r.copy() for r in rs] for key, rs in running.items()}
+        self._evict()
+
+    def add(self, key: bytes, responses: Sequence[np.ndarray]) -> None:
+        """Finished responses of ``key``'s group that ran on another engine (the stream splits groups)."""
+        held = self._finished.setdefault(key, [])
+        for response in responses:
+            held.append(response)
+            self._held += response.size
+        self._evict()
+
+    def _evict(self) -> None:
         while self._held > self.max_tokens and self._finished:
             _, gone = self._finished.popitem(last=False)
             self._held -= sum(r.size for r in gone)
@@ -186,7 +197,8 @@ class EngineProposer:
         self.failed: str | None = None
         self.active = True  # off: no drafts (plain decoding steps), e.g. for a scheduler that runs without it
         # steps: a running row's decode (or verification) steps; tokens: what they sampled (1 + the accepted drafts)
-        self.stats = {"steps": 0, "tokens": 0, "drafts": 0, "drafted_tokens": 0}
+        # told: finished samples of this engine's groups that ran on another engine (``finished_elsewhere``)
+        self.stats = {"steps": 0, "tokens": 0, "drafts": 0, "drafted_tokens": 0, "told": 0}
 
     def activate(self, on: bool) -> None:
         self.active = bool(on)
@@ -216,6 +228,21 @@ class EngineProposer:
                 self.siblings.forget(prompt_key(prompt))
         except Exception as exc:
             self._fail("observe", exc)
+
+    def finished_elsewhere(self, groups: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]]) -> None:
+        """Finished samples of groups running here that ran on other engines: (prompt token ids, the responses'
+        token ids), held as finished siblings until the group is observed."""
+        from rlhfless_policies.drafters import prompt_key
+
+        if self.failed:
+            return
+        try:
+            for prompt, responses in groups:
+                key = prompt_key([int(t) for t in prompt])
+                self.siblings.add(key, [np.asarray(r, dtype=np.int64) for r in responses])
+                self.stats["told"] += len(responses)
+        except Exception as exc:
+            self._fail("finished_elsewhere", exc)
 
     def finished_siblings(self, prompt: Sequence[int]) -> list[list[int]]:
         """The finished responses of ``prompt`` held for its running samples (until its group is observed)."""

@@ -498,6 +498,12 @@ class RlhflessRolloutActorImpl(RolloutRayActor.__ray_actor_class__):  # type: ig
         if self._rl_drafter and groups:
             await self.llm.collective_rpc(drafting.drafter_call, args=("observe", groups))
 
+    async def rl_drafter_siblings(self, groups: list[tuple[list[int], list[list[int]]]]) -> None:
+        """Finished samples of groups running here that ran on another engine (prompt token ids, responses' token
+        ids), for the drafter's finished siblings."""
+        if self._rl_drafter and groups:
+            await self.llm.collective_rpc(drafting.drafter_call, args=("finished_elsewhere", groups))
+
     async def rl_drafter_stats(self) -> dict[str, Any] | None:
         """The drafter's counters in this engine (None without one)."""
         if not self._rl_drafter:

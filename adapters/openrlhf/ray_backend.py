@@ -10,6 +10,7 @@ nothing of OpenRLHF's trainer: the samples generator (``generator.py``) builds i
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -53,25 +54,57 @@ class EnginePool:
         self.retired: set[int] = set()
         self.drafting = False  # the engines run a drafter: finished responses feed its history
         self.history: list[tuple[list[int], list[int]]] = []  # finished (prompt, response) not yet shared
+        self._lock = threading.Lock()
+        self.told: list = []  # calls sending a finished sample to the engines running its siblings, not yet answered
 
-    def finished(self, response: dict[str, Any]) -> None:
-        """A finished sample's response (OpenRLHF's dict): kept for the drafters' history when they run."""
+    def finished(self, response: dict[str, Any], siblings_on: Sequence[int] = ()) -> None:
+        """A finished sample's response (OpenRLHF's dict): kept for the drafters' history when they run, and sent
+        at once to the drafters of ``siblings_on``, the engines running its group's other samples (the stream
+        splits a group across engines; each engine holds the finished siblings it ran itself)."""
         if not self.drafting:
             return
         tokens, ranges = response.get("observation_tokens"), response.get("action_ranges")
-        if tokens and ranges:
-            start, end = ranges[0][0], ranges[-1][1]
-            self.history.append((list(tokens[:start]), list(tokens[start:end])))
+        if not (tokens and ranges):
+            return
+        start, end = ranges[0][0], ranges[-1][1]
+        prompt, made = list(tokens[:start]), list(tokens[start:end])
+        with self._lock:  # the stream's feeder thread calls this; its generator's thread shares the history
+            self.history.append((prompt, made))
+        if siblings_on:
+            self._reap_told()
+            payload = ray.put([(prompt, [made])])  # once, not once per engine
+            refs = [self.handles[e].rl_drafter_siblings.remote(payload) for e in siblings_on]
+            with self._lock:
+                self.told += refs
+
+    def _reap_told(self, wait: bool = False) -> None:
+        """Drop the answered calls of ``finished``'s sends (all of them, waited for, with ``wait``); an engine lost
+        meanwhile is left to the calls that mark it dead (a drafter's sibling is only a hint)."""
+        with self._lock:
+            refs, self.told = self.told, []
+        if not refs:
+            return
+        done, left = ray.wait(refs, num_returns=len(refs), timeout=None if wait else 0)
+        with self._lock:
+            self.told += left
+        for ref in done:
+            try:
+                ray.get(ref)
+            except ENGINE_ERRORS as exc:
+                if not engine_lost(exc):
+                    raise
 
     def share_history(self) -> None:
         """Every finished response since the last call, grouped by prompt, to every live engine's drafter (so a
-        prompt's history reaches whichever engine runs it next)."""
-        if not self.history:
+        prompt's history reaches whichever engine runs it next), after the finished siblings sent before it."""
+        self._reap_told(wait=True)
+        with self._lock:
+            history, self.history = self.history, []
+        if not history:
             return
         groups: dict[tuple[int, ...], list[list[int]]] = {}
-        for prompt, response in self.history:
+        for prompt, response in history:
             groups.setdefault(tuple(prompt), []).append(response)
-        self.history = []
         payload = ray.put([(list(p), rs) for p, rs in groups.items()])  # once, not once per engine
         self.gather("rl_drafter_observe", self.live(), payload)
 

@@ -281,7 +281,7 @@ class EngineStream:
                 self.loop.move(sid)
                 continue
             self.responses[sid] = response
-            self.pool.finished(response)
+            self.pool.finished(response, self.siblings_on(sid, engine))
             done.append(sid)
         if done:
             self.loop.finished(
@@ -291,6 +291,11 @@ class EngineStream:
                 [response_tokens(self.responses[sid]) for sid in done],
             )
         return done
+
+    def siblings_on(self, sid: int, engine: int) -> list[int]:
+        """The engines other than ``engine`` running samples of ``sid``'s group now."""
+        gid = self.book.group_of[sid]
+        return sorted({e for s, e in self.pending.values() if e != engine and self.book.group_of[s] == gid})
 
     def key_of(self, sid: int) -> str:
         """Sample ``sid``'s piece key on the engines (its group's uid and its index in the group)."""
