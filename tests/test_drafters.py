@@ -500,6 +500,33 @@ def test_simulate_names_a_bad_drafter_or_acceptance_and_prints_where_it_drafts_a
     assert "plain decoding" in res.output
 
 
+def test_a_preset_that_carries_its_tail_is_judged_on_the_steps_it_cuts_and_carries_into():
+    """``rlhfless-fast`` cuts a step's tail and carries it into the next. On the 16k long-reasoning workload of
+    docs/results.md at the measured ``suffix`` acceptance, its first step run alone (to its end) gains with the
+    drafter, while the step it cuts and the one it carries into lose: the simulator judges the first two steps, so
+    the drafter is dropped and the preset is never slower with ``--drafter suffix``."""
+    import json
+
+    from click.testing import CliRunner
+
+    from rlhfless_sdk.cli.main import main as cli
+
+    shape = ["--prompts", "512", "--samples", "8", "--median-length", "1500", "--sample-sigma", "0.5", "--runaway",
+             "0.03", "--max-length", "16384", "--gpus", "16", "--memory", "dedicated", "--no-frontier"]  # fmt: skip
+
+    def run(steps: int) -> list[dict]:
+        args = ["simulate", *shape, "--steps", str(steps), "--scheduler", "rlhfless-fast", "--drafter", "suffix"]
+        res = CliRunner().invoke(cli, [*args, "--json"])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.output)["schedulers"]
+
+    plain, drafted = run(2)
+    assert drafted["name"] == "rlhfless-fast.suffix" and drafted["drafter"]["drafts_at"] is None
+    assert drafted["total_time_s"] <= plain["total_time_s"] * 1.001  # up to the measured planning time charged
+    alone = run(1)[1]["drafter"]
+    assert alone["drafts_at"] is not None  # one step run to its end: the drafter gains there
+
+
 def test_an_acceptance_priced_by_position_charges_each_sequence_where_it_is(registry):
     """Slices that repeat the overall acceptance price a run as the overall one does; an acceptance that holds only
     in a response's last quarter gains less than one that holds everywhere, and more than none."""

@@ -65,7 +65,7 @@ def drafter_lines(rows: Sequence[dict[str, Any]], gpus: int) -> list[str]:
         if d["drafts_at"] is None:
             out.append(
                 f"{row['name']}: drafter {d['name']} priced to lose on these engines (at every running count, or "
-                f"over the workload's first step) at its {label} acceptance ({d['acceptance']}): they run without it"
+                f"over the workload's first two steps) at its {label} acceptance ({d['acceptance']}): they run without it"
             )
             continue
         lo, hi = d["drafts_at"]

@@ -213,15 +213,17 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
     def _drafting_pays(
         self, config: SchedulerConfig, spec: Speculation, workload: Workload, prompt: np.ndarray, lengths: np.ndarray
     ) -> bool:
-        """Whether engines with ``spec`` beat plain ones on the workload's first step (what a launch knows): that
-        step run by ``config`` with and without the drafter; a stream's steady token (it keeps its engines full).
-        An engine built with a drafter pays the lost async scheduling at every running count, so a budget that
-        gains where few sequences run can still lose over the step."""
+        """Whether engines with ``spec`` beat plain ones on the workload's first steps: the
+        first two steps run by ``config`` with and without the drafter (two, so that a scheduler that carries a
+        step's tail into the next is judged on the step it cuts and the one it carries into, not on a lone step
+        run to its end); a stream's steady token (it keeps its engines full). An engine built with a drafter pays
+        the lost async scheduling at every running count, so a budget that gains where few sequences run can still
+        lose over the steps."""
         plain = self.profile.model_copy(update={"speculation": None})
         drafted = self.profile.model_copy(update={"speculation": spec})
         if mode_for(config, self.registry).pipeline == STREAM:
             return steady_step(drafted, prompt, lengths)[1] < steady_step(plain, prompt, lengths)[1]
-        first = replace(workload, steps=workload.steps[:1])
+        first = replace(workload, steps=workload.steps[:2])
         with isolated_history():
             times = [
                 sum(r.time_s for r in self.drafting(s, config.kv_watermark)._run(config, first, None, False).reports)
