@@ -1185,3 +1185,31 @@ def test_a_drafter_drafts_where_the_launch_prices_a_gain_and_nowhere_at_a_losing
     monkeypatch.delenv(ENV, raising=False)
     plan, said = launched({"--scheduler.drafter": "history", "--scheduler.force": "true"})
     assert plan.scheduler.drafter.name == "history" and plan.draft_budget is None and "unpriced" in said[0]
+
+
+def test_the_launch_drops_a_drafter_that_gains_per_running_count_but_loses_over_the_first_steps(caplog):
+    """The launch decides as the simulator does (``Simulator.price_drafter`` on the planning workload): at the
+    measured ``suffix`` acceptance, ``rlhfless-onpolicy`` on OpenRLHF's default flags is priced to gain at low
+    running counts but to lose over the workload's first two steps (the lost async scheduling is paid at every
+    count), so the engines run without it and one line says so with both times; ``rlhfless`` on a long-response
+    launch keeps it."""
+    import logging
+
+    import rlhfless_openrlhf.decide as decide_module
+
+    def launched(scheduler: str, **flat):
+        with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+            caplog.clear()
+            plan = decide_module.decide(
+                _hierarchized(**flat), resolve({"--scheduler": scheduler, "--scheduler.drafter": "suffix"})
+            )
+        return plan, [r.getMessage() for r in caplog.records if "drafter 'suffix'" in r.getMessage()]
+
+    plan, said = launched("rlhfless-onpolicy")
+    assert plan.scheduler.drafter.name == "none" and plan.draft_budget is None
+    assert len(said) == 1 and "priced to lose over the workload's first two steps" in said[0], said
+    assert " s with it and " in said[0] and "this launch's flags" in said[0]
+    long = {"vllm.num_engines": 8, "rollout.max_new_tokens": 8192, "rollout.n_samples_per_prompt": 8}
+    plan, said = launched("rlhfless", **long, **{"rollout.batch_size": 128, "data.max_len": 9216})
+    assert plan.scheduler.drafter.name == "suffix" and max(plan.draft_budget) > 0
+    assert len(said) == 1 and "where it is priced to gain" in said[0], said

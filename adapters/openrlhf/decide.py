@@ -78,15 +78,17 @@ def launched_form(args: Any, plan: LaunchPlan, registry: Registry) -> LaunchPlan
 
 
 def price_drafter(args: Any, plan: LaunchPlan, registry: Registry) -> LaunchPlan:
-    """The scheduler's drafter drafts where the plan's profile prices a gain at its shipped acceptance: at each
-    running count of an engine, the draft count whose token costs least (``priced_budget``, for a sequence
-    halfway through ``--rollout.max_new_tokens`` after a prompt filling the rest of ``--data.max_len``), none where
-    a plain engine's token is cheaper. Priced to lose everywhere: the engines run without it. One line says which
-    and why; ``--scheduler.force`` keeps the drafter's own budget."""
+    """The scheduler's drafter drafts where the simulator prices a gain at its shipped acceptance
+    (``launch_split.price_drafter``, the simulator's own decision on the planning workload): at each running count
+    of an engine, the draft count whose token costs least, none where a plain engine's token is cheaper; and only
+    if engines with it beat plain ones over the workload's first two steps (a stream: its steady token). Priced to
+    lose: the engines run without it. One line says which and why; ``--scheduler.force`` keeps the drafter's own
+    budget."""
+    from rlhfless_openrlhf.launch_split import price_drafter as simulated_price
+
     from rlhfless_sdk.api.errors import UnknownPolicyError
     from rlhfless_sdk.api.profiles import load_acceptance
-    from rlhfless_sdk.api.speculation import Speculation
-    from rlhfless_sdk.planning.engine_model import priced_budget
+    from rlhfless_sdk.simulation.simulator import LOST_STEADY
 
     ref = plan.scheduler.drafter
     if ref.name == "none":
@@ -99,17 +101,18 @@ def price_drafter(args: Any, plan: LaunchPlan, registry: Registry) -> LaunchPlan
     except UnknownPolicyError:
         log.info("rlhfless: drafter %r drafts its own budget, unpriced: no acceptance ships for it", ref.name)
         return plan
-    drafter = registry.create("drafter", ref)
-    spec = Speculation.of_drafter(acceptance, drafter, plan.profile.max_num_seqs)
-    profile = plan.profile.model_copy(update={"speculation": spec})
-    new = int(_flag(args, "rollout", "max_new_tokens", None) or 1024)
-    context = max(int(_flag(args, "data", "max_len", 2048) or 2048) - new, 0) + new / 2
-    priced = priced_budget(profile, context)
+    price, source = simulated_price(args, plan, acceptance)
+    if price.spec is None:  # it drafts nothing on the profile's device
+        return plan
     why = f"profile {plan.profile.name!r}, {acceptance.source.split(';')[0]}"
-    if max(priced) == 0:
-        log.info("rlhfless: drafter %r is priced to lose at every running count (%s): the engines run without it",
-                 ref.name, why)  # fmt: skip
+    if price.lost is not None:
+        lost = price.lost
+        if price.times is not None and price.lost != LOST_STEADY:
+            lost += f", {price.times[0]:,.1f} s with it and {price.times[1]:,.1f} s without"
+            why += f"; the workload: {source}"
+        log.info("rlhfless: drafter %r is priced to lose %s (%s): the engines run without it", ref.name, lost, why)
         return plan.running(plan.scheduler.derive(drafter="none"), registry)
+    priced = price.spec.budget
     drafting = [r for r, k in enumerate(priced, start=1) if k > 0]
     log.info("rlhfless: drafter %r drafts at %d-%d running sequences an engine, where it is priced to gain (%s)",
              ref.name, drafting[0], drafting[-1], why)  # fmt: skip

@@ -283,6 +283,17 @@ class Pricing:
     def workload(self) -> tuple[Any, str]:
         return plan_workload(self.args, self.trace, self.profile.kv_capacity_tokens)
 
+    def simulator(self, registry: Any, acceptance: Any = None) -> Any:
+        """The simulator of OpenRLHF's engines (one where none is set), beside the learner under
+        ``--train.colocate_all``, drafting at ``acceptance`` (None: the one shipped for the drafter's name)."""
+        from rlhfless_sdk.api.records import Cluster
+        from rlhfless_sdk.simulation.simulator import Simulator
+
+        memory = "colocated" if flag(self.args, "train", "colocate_all", False) else "dedicated"
+        gpus = max(self.engines, 1) * self.tp
+        cluster = Cluster.of_gpus(gpus, min(gpus, NODE_GPUS))
+        return Simulator(self.profile, cluster, registry=registry, memory=memory, acceptance=acceptance)
+
 
 @dataclass(frozen=True)
 class SyncPrice:
@@ -306,18 +317,28 @@ def price_sync(args: Any, plan: Any) -> SyncPrice | None:
     learner under ``--train.colocate_all``. None where nothing can be priced (no engine)."""
     from rlhfless_sdk.api.history import isolated_history
     from rlhfless_sdk.api.plugins import get_plugin_manager
-    from rlhfless_sdk.api.records import Cluster
-    from rlhfless_sdk.simulation.simulator import Simulator
 
     p = Pricing.of(args, plan)
     if p.engines < 1:
         return None
     registry = get_plugin_manager().registry
     workload, source = p.workload()
-    memory = "colocated" if flag(args, "train", "colocate_all", False) else "dedicated"
-    gpus = p.engines * p.tp
-    sim = Simulator(p.profile, Cluster.of_gpus(gpus, min(gpus, NODE_GPUS)), registry=registry, memory=memory)
+    sim = p.simulator(registry)
     with isolated_history():
         ours = sum(r.time_s for r in sim.run(p.config, workload).reports)
         theirs = sum(r.time_s for r in sim.run(registry.scheduler("openrlhf"), workload).reports)
     return SyncPrice(ours, theirs, source)
+
+
+def price_drafter(args: Any, plan: Any, acceptance: Any) -> tuple[Any, str]:
+    """The plan's drafter priced as the simulator prices it (``Simulator.price_drafter``: per running count at the
+    planning workload's context, then its first two steps with and without it, a stream's steady token) at
+    ``acceptance``, on the engines OpenRLHF was given (one where none is set) and the planning workload
+    (``plan_workload``); and the workload's source."""
+    from rlhfless_sdk.api.history import isolated_history
+    from rlhfless_sdk.api.plugins import get_plugin_manager
+
+    p = Pricing.of(args, plan)
+    workload, source = p.workload()
+    with isolated_history():
+        return p.simulator(get_plugin_manager().registry, acceptance).price_drafter(p.config, workload), source

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,23 @@ def equal_peak(config: SchedulerConfig, fleet_actors: int) -> SchedulerConfig:
     every scheduler compared on the same peak GPUs; the fidelity check's: on the real run's engines and no more)."""
     most = min(config.max_actors or fleet_actors, fleet_actors)
     return config.derive(burst=1.0, max_actors=max(most, config.min_actors))
+
+
+#: Why a drafter is dropped (``DrafterPrice.lost``).
+LOST_PER_COUNT = "at every running count"
+LOST_STEPS = "over the workload's first two steps"
+LOST_STEADY = "over the stream's steady token"
+
+
+@dataclass(frozen=True)
+class DrafterPrice:
+    """A drafter priced on a simulator's engines: its speculation (None: the engines are built without one; a
+    budget of zeros: dropped), why it was dropped (``LOST_*``, None where it drafts) and, where the first steps
+    were run, their seconds with and without it (a stream: its steady token's)."""
+
+    spec: Speculation | None
+    lost: str | None = None
+    times: tuple[float, float] | None = None
 
 
 class Simulator(AsyncRun, StreamRun, TailUsage):
@@ -144,13 +161,14 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         """Every step of ``workload`` under ``config``, with the workload's work bound on this cluster. A
         predictor's length history reads only what this run records (``isolated_history``): a replayed workload's
         later steps are never seen before their turn, whatever an earlier run left in a history file."""
-        spec = self.speculation(config, workload)
+        price = self.price_drafter(config, workload)
+        spec = price.spec
         with isolated_history():
             result = self.drafting(spec, config.kv_watermark)._run(config, workload, on_step, frontier)
         drafted = None
-        if spec is not None and max(spec.budget) == 0:  # priced to lose everywhere: the engines run without it
+        if spec is not None and max(spec.budget) == 0:  # priced to lose: the engines run without it
             drafted = {"name": config.policy("drafter").name, "acceptance": spec.acceptance.source, "drafts_at": None}
-            drafted["assumption"] = spec.acceptance.assumption
+            drafted.update(assumption=spec.acceptance.assumption, lost=price.lost, lost_s=price.times)
         elif spec is not None:
             drafted_profile = self.bound_profile.model_copy(update={"speculation": spec})
             bound = work_bound(workload, drafted_profile, self.algo or workload.algo)
@@ -170,14 +188,19 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         )
 
     def speculation(self, config: SchedulerConfig, workload: Workload | None = None) -> Speculation | None:
-        """What ``config``'s drafter does on these engines: its budget for each running count, kept where the
-        priced gain is positive (``priced_budget``, at the context of ``workload``'s first step: what a launch
-        knows; without a workload, the drafter's own budget), and its acceptance (this simulator's, or the one
-        shipped for its name); None without a drafter, or with one that does not draft on these engines' device
-        (``drafts_on``)."""
+        """What ``config``'s drafter does on these engines (``price_drafter``'s speculation)."""
+        return self.price_drafter(config, workload).spec
+
+    def price_drafter(self, config: SchedulerConfig, workload: Workload | None = None) -> DrafterPrice:
+        """What ``config``'s drafter does on these engines, and why: its budget for each running count, kept where
+        the priced gain is positive (``priced_budget``, at the context of ``workload``'s first step; without a
+        workload, the drafter's own budget) and where engines with it beat plain ones over ``workload``'s first
+        steps (``_drafting_times``), and its acceptance (this simulator's, or the one shipped for its name); no
+        speculation without a drafter, or with one that does not draft on these engines' device (``drafts_on``).
+        The simulator and the launch decide with it."""
         ref = config.policy("drafter")
         if ref.name == KIND["drafter"].baseline:
-            return None
+            return DrafterPrice(None)
         try:
             acceptance = self.acceptance or load_acceptance(ref.name)
         except UnknownPolicyError:
@@ -189,7 +212,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         try:
             drafter = self.registry.create("drafter", ref)
             if not drafts_on(drafter, self.profile.device):
-                return None  # a drafter that drafts nothing on these engines (a GPU-only one on CPU engines)
+                return DrafterPrice(None)  # a drafter that drafts nothing on these engines (a GPU-only one on CPU)
             spec = Speculation.of_drafter(acceptance, drafter, self.profile.max_num_seqs)
         except Exception as exc:
             warnings.warn(
@@ -197,23 +220,27 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
                 "speculative decoding (drafter none)",
                 stacklevel=2,
             )
-            return None
+            return DrafterPrice(None)
         if workload is None or not workload.steps:
-            return spec
+            return DrafterPrice(spec)
         first = workload.steps[0]
         prompt = np.repeat(first.batch.prompt_lengths, first.batch.n_samples)
         priced = priced_budget(
             self.profile.model_copy(update={"speculation": spec}), steady_context(prompt, first.lengths)
         )
         spec = spec.model_copy(update={"budget": priced})
-        if max(priced) > 0 and not self._drafting_pays(config, spec, workload, prompt, first.lengths):
-            return spec.model_copy(update={"budget": [0] * len(priced)})
-        return spec
+        if max(priced) == 0:
+            return DrafterPrice(spec, lost=LOST_PER_COUNT)
+        drafted_s, plain_s = self._drafting_times(config, spec, workload, prompt, first.lengths)
+        if drafted_s >= plain_s:
+            lost = LOST_STEADY if mode_for(config, self.registry).pipeline == STREAM else LOST_STEPS
+            return DrafterPrice(spec.model_copy(update={"budget": [0] * len(priced)}), lost, (drafted_s, plain_s))
+        return DrafterPrice(spec, None, (drafted_s, plain_s))
 
-    def _drafting_pays(
+    def _drafting_times(
         self, config: SchedulerConfig, spec: Speculation, workload: Workload, prompt: np.ndarray, lengths: np.ndarray
-    ) -> bool:
-        """Whether engines with ``spec`` beat plain ones on the workload's first steps: the
+    ) -> tuple[float, float]:
+        """Engines with ``spec`` against plain ones on the workload's first steps, (drafted, plain) seconds: the
         first two steps run by ``config`` with and without the drafter (two, so that a scheduler that carries a
         step's tail into the next is judged on the step it cuts and the one it carries into, not on a lone step
         run to its end); a stream's steady token (it keeps its engines full). An engine built with a drafter pays
@@ -222,14 +249,17 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         plain = self.profile.model_copy(update={"speculation": None})
         drafted = self.profile.model_copy(update={"speculation": spec})
         if mode_for(config, self.registry).pipeline == STREAM:
-            return steady_step(drafted, prompt, lengths)[1] < steady_step(plain, prompt, lengths)[1]
+            return steady_step(drafted, prompt, lengths)[1], steady_step(plain, prompt, lengths)[1]
         first = replace(workload, steps=workload.steps[:2])
+        unplanned = copy.copy(self)  # planning takes as long either way: not charged, so the verdict is repeatable
+        unplanned.plan_s = 0.0
+        watermark = config.kv_watermark
         with isolated_history():
             times = [
-                sum(r.time_s for r in self.drafting(s, config.kv_watermark)._run(config, first, None, False).reports)
+                sum(r.time_s for r in unplanned.drafting(s, watermark)._run(config, first, None, False).reports)
                 for s in (spec, None)
             ]
-        return times[0] < times[1]
+        return times[0], times[1]
 
     def drafting(self, spec: Speculation | None, watermark: float = 0.0) -> Simulator:
         """This simulator with its engines under ``spec``'s speculative decoding (None: the profile's own) and vLLM's
