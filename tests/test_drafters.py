@@ -491,7 +491,7 @@ def test_simulate_names_a_bad_drafter_or_acceptance_and_prints_where_it_drafts_a
         cli, [*small, "--scheduler", "openrlhf", "--scheduler", "rlhfless", "--drafter", "history"]
     )
     assert res.exit_code == 0, res.output  # the acceptance measured on a CPU is priced to lose on a GPU's engines
-    assert "rlhfless.history: drafter history priced to lose on these engines" in res.output
+    assert "rlhfless.history: drafter history is priced to lose at every running count on these engines" in res.output
     res = CliRunner().invoke(
         cli, [*small, "--scheduler", "rlhfless", "--drafter", "history", "--acceptance", "das-assumption"]
     )

@@ -110,7 +110,7 @@ def price_drafter(args: Any, plan: LaunchPlan, registry: Registry) -> LaunchPlan
         if price.times is not None and price.lost != LOST_STEADY:
             lost += f", {price.times[0]:,.1f} s with it and {price.times[1]:,.1f} s without"
             why += f"; the workload: {source}"
-        log.info("rlhfless: drafter %r is priced to lose %s (%s): the engines run without it", ref.name, lost, why)
+        log.info("rlhfless: drafter %r %s (%s): the engines run without it", ref.name, lost, why)
         return plan.running(plan.scheduler.derive(drafter="none"), registry)
     priced = price.spec.budget
     drafting = [r for r, k in enumerate(priced, start=1) if k > 0]

@@ -11,7 +11,7 @@ from rlhfless_sdk.api.config import PolicyRef, SchedulerConfig
 from rlhfless_sdk.api.errors import RlhflessError
 from rlhfless_sdk.api.profiles import load_acceptance
 from rlhfless_sdk.api.speculation import Acceptance
-from rlhfless_sdk.simulation.simulator import LOST_STEPS
+from rlhfless_sdk.simulation.simulator import LOST_PER_COUNT, LOST_STEPS
 
 drafter_options = (
     click.option(
@@ -64,12 +64,12 @@ def drafter_lines(rows: Sequence[dict[str, Any]], gpus: int) -> list[str]:
             continue
         label = "ASSUMED" if d["assumption"] else "measured"
         if d["drafts_at"] is None:
-            lost = d.get("lost") or "at every running count"
+            lost = d.get("lost") or LOST_PER_COUNT
             if d.get("lost") == LOST_STEPS and d.get("lost_s"):
                 lost += " ({:,.1f} s with it, {:,.1f} s without)".format(*d["lost_s"])
             out.append(
-                f"{row['name']}: drafter {d['name']} priced to lose on these engines {lost} at its {label} "
-                f"acceptance ({d['acceptance']}): they run without it"
+                f"{row['name']}: drafter {d['name']} {lost} on these engines at its {label} acceptance "
+                f"({d['acceptance']}): they run without it"
             )
             continue
         lo, hi = d["drafts_at"]

@@ -52,6 +52,7 @@ from rlhfless_sdk.simulation.backend import SimulatedBackend, WorkloadIO
 from rlhfless_sdk.simulation.bound import WorkBound, work_bound
 from rlhfless_sdk.simulation.pipeline import AsyncRun
 from rlhfless_sdk.simulation.results import OnStep, SimulatedStep, SimulationResult
+from rlhfless_sdk.simulation.split import MIN_GAIN, runs_plan
 from rlhfless_sdk.simulation.stream import StreamRun
 from rlhfless_sdk.simulation.tail_prepare import TailUsage
 from rlhfless_sdk.workloads.traces import Workload, WorkloadStep
@@ -64,10 +65,10 @@ def equal_peak(config: SchedulerConfig, fleet_actors: int) -> SchedulerConfig:
     return config.derive(burst=1.0, max_actors=max(most, config.min_actors))
 
 
-#: Why a drafter is dropped (``DrafterPrice.lost``).
-LOST_PER_COUNT = "at every running count"
-LOST_STEPS = "over the workload's first two steps"
-LOST_STEADY = "over the stream's steady token"
+#: Why a drafter is dropped (``DrafterPrice.lost``), as a line says it after "drafter NAME".
+LOST_PER_COUNT = "is priced to lose at every running count"
+LOST_STEPS = f"is priced to gain less than {MIN_GAIN:.0%} over the workload's first two steps"
+LOST_STEADY = f"is priced to gain less than {MIN_GAIN:.0%} on the stream's steady token"
 
 
 @dataclass(frozen=True)
@@ -194,10 +195,11 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
     def price_drafter(self, config: SchedulerConfig, workload: Workload | None = None) -> DrafterPrice:
         """What ``config``'s drafter does on these engines, and why: its budget for each running count, kept where
         the priced gain is positive (``priced_budget``, at the context of ``workload``'s first step; without a
-        workload, the drafter's own budget) and where engines with it beat plain ones over ``workload``'s first
-        steps (``_drafting_times``), and its acceptance (this simulator's, or the one shipped for its name); no
-        speculation without a drafter, or with one that does not draft on these engines' device (``drafts_on``).
-        The simulator and the launch decide with it."""
+        workload, the drafter's own budget) and where engines with it beat plain ones by ``MIN_GAIN`` over
+        ``workload``'s first steps (``_drafting_times``; ``runs_plan``, the rule any plan meets), and its
+        acceptance (this simulator's, or the one shipped for its name); no speculation without a drafter, or with
+        one that does not draft on these engines' device (``drafts_on``). The simulator and the launch decide with
+        it."""
         ref = config.policy("drafter")
         if ref.name == KIND["drafter"].baseline:
             return DrafterPrice(None)
@@ -232,7 +234,7 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         if max(priced) == 0:
             return DrafterPrice(spec, lost=LOST_PER_COUNT)
         drafted_s, plain_s = self._drafting_times(config, spec, workload, prompt, first.lengths)
-        if drafted_s >= plain_s:
+        if not runs_plan(drafted_s, plain_s):  # the SDK's rule for any plan: it must gain MIN_GAIN on the model
             lost = LOST_STEADY if mode_for(config, self.registry).pipeline == STREAM else LOST_STEPS
             return DrafterPrice(spec.model_copy(update={"budget": [0] * len(priced)}), lost, (drafted_s, plain_s))
         return DrafterPrice(spec, None, (drafted_s, plain_s))
