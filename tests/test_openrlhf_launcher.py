@@ -1213,3 +1213,27 @@ def test_the_launch_drops_a_drafter_that_gains_per_running_count_but_loses_over_
     plan, said = launched("rlhfless", **long, **{"rollout.batch_size": 128, "data.max_len": 9216})
     assert plan.scheduler.drafter.name == "suffix" and max(plan.draft_budget) > 0
     assert len(said) == 1 and "where it is priced to gain" in said[0], said
+
+
+def test_no_drafter_is_built_on_cpu_engines_unless_forced(caplog):
+    """vLLM 0.29's CPU build does not sample the target's tokens once it verifies drafts at temperature 1
+    (``examples/drafter_sampling_check.py``): a CPU launch drops the drafter with a warning naming why;
+    ``--scheduler.force`` builds it, saying the same."""
+    import logging
+
+    import rlhfless_openrlhf.decide as decide_module
+
+    def launched(**ours):
+        with caplog.at_level(logging.INFO, logger="rlhfless.openrlhf"):
+            caplog.clear()
+            request = resolve({"--scheduler": "rlhfless", "--scheduler.drafter": "suffix", **ours})
+            plan = decide_module.decide(_hierarchized(), request, cpu=True)
+        return plan, [r for r in caplog.records if "drafter 'suffix'" in r.getMessage()]
+
+    plan, said = launched()
+    assert plan.scheduler.drafter.name == "none" and plan.draft_budget is None
+    assert len(said) == 1 and said[0].levelno == logging.WARNING, said
+    assert "not built on these CPU engines" in said[0].getMessage() and "temperature > 0" in said[0].getMessage()
+    plan, said = launched(**{"--scheduler.force": "true"})
+    assert plan.scheduler.drafter.name == "suffix"
+    assert any("is built on these CPU engines (--scheduler.force)" in r.getMessage() for r in said), said

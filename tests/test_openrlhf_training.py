@@ -115,7 +115,13 @@ ROWS = {
         samples=1,
         gpus=3,
     ),
-    "rlhfless-drafter-ngram": Row("rlhfless", ("--scheduler.drafter", "ngram")),
+    # the suffix drafter on the engines OpenRLHF trains with: forced, since a CPU launch builds none (vLLM's CPU build
+    # does not sample the target's tokens while verifying drafts); the mechanics only
+    "rlhfless-drafter-suffix": Row(
+        "rlhfless",
+        ("--scheduler.drafter", "suffix", "--scheduler.force"),
+        once=("drafter 'suffix' drafts its own budget, unpriced (--scheduler.force)",),
+    ),
     # OpenRLHF's README launches (tests/test_openrlhf_launcher.py: SHAPES), trained: PPO with a critic, a reward
     # model and a reference under --train.colocate_all; GRPO async with evaluation and --train.colocate_actor_ref,
     # where the stream builds a fill engine beside the learner

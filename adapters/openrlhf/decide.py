@@ -39,16 +39,19 @@ IS_CORRECTION_ABBREV = "--algo.advantage.is_correction_l"
 log = logging.getLogger("rlhfless.openrlhf")
 
 
-def decide(args: Any, request: LaunchRequest, argv: Sequence[str] = (), registry: Registry | None = None) -> LaunchPlan:
+def decide(
+    args: Any, request: LaunchRequest, argv: Sequence[str] = (), registry: Registry | None = None, *, cpu: bool = False
+) -> LaunchPlan:
     """The plan of ``request`` on OpenRLHF's parsed ``args`` (``argv``: OpenRLHF's command line, to tell a flag the
-    user passed from OpenRLHF's default). ``args`` itself is not changed: ``plan.apply`` sets the plan's flags."""
+    user passed from OpenRLHF's default; ``cpu``: vLLM's CPU build serves the engines). ``args`` itself is not
+    changed: ``plan.apply`` sets the plan's flags."""
     registry = registry or get_plugin_manager().registry
     scratch = copy.deepcopy(args)
     plan = launched_form(scratch, LaunchPlan.of(request), registry)
     refuse_modes(scratch)
     plan = carry_rules(scratch, plan, registry)
     plan = match_profile(scratch, plan)
-    plan = price_drafter(scratch, plan, registry)
+    plan = price_drafter(scratch, plan, registry, cpu)
     if plan.carries or plan.streams:
         check_oversampling(scratch, plan)
     if plan.streams:
@@ -77,13 +80,20 @@ def launched_form(args: Any, plan: LaunchPlan, registry: Registry) -> LaunchPlan
     return dataclasses.replace(plan, scheduler=form, mode=mode, launched_as=config.name)
 
 
-def price_drafter(args: Any, plan: LaunchPlan, registry: Registry) -> LaunchPlan:
+#: Why a drafter is not built on vLLM's CPU engines (measured by ``examples/drafter_sampling_check.py``).
+CPU_SAMPLING = (
+    "vLLM 0.29's CPU build does not sample what the target model would once it verifies drafts at temperature > 0 "
+    "(its own ngram method too: docs/drafters.md)"
+)
+
+
+def price_drafter(args: Any, plan: LaunchPlan, registry: Registry, cpu: bool = False) -> LaunchPlan:
     """The scheduler's drafter drafts where the simulator prices a gain at its shipped acceptance
     (``launch_split.price_drafter``, the simulator's own decision on the planning workload): at each running count
     of an engine, the draft count whose token costs least, none where a plain engine's token is cheaper; and only
     if engines with it beat plain ones over the workload's first two steps (a stream: its steady token). Priced to
     lose: the engines run without it. One line says which and why; ``--scheduler.force`` keeps the drafter's own
-    budget."""
+    budget. On vLLM's CPU engines (``cpu``) no drafter is built unless forced (``CPU_SAMPLING``)."""
     from rlhfless_openrlhf.launch_split import price_drafter as simulated_price
 
     from rlhfless_sdk.api.errors import UnknownPolicyError
@@ -93,6 +103,13 @@ def price_drafter(args: Any, plan: LaunchPlan, registry: Registry) -> LaunchPlan
     ref = plan.scheduler.drafter
     if ref.name == "none":
         return plan
+    if cpu and not plan.request.force:
+        log.warning("rlhfless: drafter %r is not built on these CPU engines: %s; they run without it "
+                    "(--scheduler.force builds it, for the mechanics only)", ref.name, CPU_SAMPLING)  # fmt: skip
+        return plan.running(plan.scheduler.derive(drafter="none"), registry)
+    if cpu:
+        log.warning("rlhfless: drafter %r is built on these CPU engines (--scheduler.force): %s", ref.name,
+                    CPU_SAMPLING)  # fmt: skip
     if plan.request.force:
         log.info("rlhfless: drafter %r drafts its own budget, unpriced (--scheduler.force)", ref.name)
         return plan

@@ -68,7 +68,7 @@ class Launch:
         from rlhfless_openrlhf.plan import apply
 
         out = original(config_module.hierarchize)(args)
-        self.plan = decide(out, self.request, sys.argv[1:] if self.argv is None else self.argv)
+        self.plan = decide(out, self.request, sys.argv[1:] if self.argv is None else self.argv, cpu=self.cpu)
         apply(self.plan, out)
         log.info("rlhfless: %s", self.plan.line())
         return out

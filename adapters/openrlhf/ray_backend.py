@@ -78,8 +78,9 @@ class EnginePool:
                 self.told += refs
 
     def _reap_told(self, wait: bool = False) -> None:
-        """Drop the answered calls of ``finished``'s sends (all of them, waited for, with ``wait``); an engine lost
-        meanwhile is left to the calls that mark it dead (a drafter's sibling is only a hint)."""
+        """Drop the answered calls of ``finished``'s sends (all of them, waited for, with ``wait``). A sibling is
+        only a hint to a drafter: one that failed is said, never raised; an engine lost meanwhile is left to the
+        calls that mark it dead."""
         with self._lock:
             refs, self.told = self.told, []
         if not refs:
@@ -90,9 +91,9 @@ class EnginePool:
         for ref in done:
             try:
                 ray.get(ref)
-            except ENGINE_ERRORS as exc:
+            except ENGINE_ERRORS as exc:  # a lost engine is marked dead by the calls that need it
                 if not engine_lost(exc):
-                    raise
+                    log.warning("rlhfless: a finished sibling did not reach an engine's drafter (%s)", exc)
 
     def share_history(self) -> None:
         """Every finished response since the last call, grouped by prompt, to every live engine's drafter (so a
