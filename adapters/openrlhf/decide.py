@@ -98,7 +98,6 @@ def price_drafter(args: Any, plan: LaunchPlan, registry: Registry, cpu: bool = F
 
     from rlhfless_sdk.api.errors import UnknownPolicyError
     from rlhfless_sdk.api.profiles import load_acceptance
-    from rlhfless_sdk.simulation.simulator import LOST_STEADY
 
     ref = plan.scheduler.drafter
     if ref.name == "none":
@@ -123,9 +122,8 @@ def price_drafter(args: Any, plan: LaunchPlan, registry: Registry, cpu: bool = F
         return plan
     why = f"profile {plan.profile.name!r}, {acceptance.source.split(';')[0]}"
     if price.lost is not None:
-        lost = price.lost
-        if price.times is not None and price.lost != LOST_STEADY:
-            lost += f", {price.times[0]:,.1f} s with it and {price.times[1]:,.1f} s without"
+        lost = price.said()
+        if price.over_steps:
             why += f"; the workload: {source}"
         log.info("rlhfless: drafter %r %s (%s): the engines run without it", ref.name, lost, why)
         return plan.running(plan.scheduler.derive(drafter="none"), registry)

@@ -81,6 +81,17 @@ class DrafterPrice:
     lost: str | None = None
     times: tuple[float, float] | None = None
 
+    @property
+    def over_steps(self) -> bool:
+        """Dropped over the workload's first steps (their seconds with and without it in ``times``)."""
+        return self.lost == LOST_STEPS and self.times is not None
+
+    def said(self) -> str | None:
+        """Why it was dropped, as a line says it after "drafter NAME" (None: it drafts)."""
+        if self.over_steps:
+            return f"{self.lost}, {self.times[0]:,.1f} s with it and {self.times[1]:,.1f} s without"
+        return self.lost
+
 
 class Simulator(AsyncRun, StreamRun, TailUsage):
     """Runs a scheduler over a workload on a simulated cluster; see the module docstring for the model."""
