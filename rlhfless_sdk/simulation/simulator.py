@@ -254,25 +254,24 @@ class Simulator(AsyncRun, StreamRun, TailUsage):
         self, config: SchedulerConfig, spec: Speculation, workload: Workload, prompt: np.ndarray, lengths: np.ndarray
     ) -> tuple[float, float]:
         """Engines with ``spec`` against plain ones on the workload's first steps, (drafted, plain) seconds: the
-        first two steps run by ``config`` with and without the drafter (two, so that a scheduler that carries a
-        step's tail into the next is judged on the step it cuts and the one it carries into, not on a lone step
-        run to its end); a stream's steady token (it keeps its engines full). An engine built with a drafter pays
-        the lost async scheduling at every running count, so a budget that gains where few sequences run can still
-        lose over the steps."""
+        first two steps run by ``config`` with and without the drafter, as they run in a longer run (the workload's
+        third step follows them, unjudged: a scheduler that carries a step's tail into the next cuts both steps
+        short, where a last step would run to its end); a stream's steady token (it keeps its engines full). An
+        engine built with a drafter pays the lost async scheduling at every running count, so a budget that gains
+        where few sequences run can still lose over the steps."""
         plain = self.profile.model_copy(update={"speculation": None})
         drafted = self.profile.model_copy(update={"speculation": spec})
         if mode_for(config, self.registry).pipeline == STREAM:
             return steady_step(drafted, prompt, lengths)[1], steady_step(plain, prompt, lengths)[1]
-        first = replace(workload, steps=workload.steps[:2])
+        judged = min(len(workload.steps), 2)
+        first = replace(workload, steps=workload.steps[: judged + 1])  # one more: the judged steps run as in a run
         unplanned = copy.copy(self)  # planning takes as long either way: not charged, so the verdict is repeatable
         unplanned.plan_s = 0.0
         watermark = config.kv_watermark
         with isolated_history():
-            times = [
-                sum(r.time_s for r in unplanned.drafting(s, watermark)._run(config, first, None, False).reports)
-                for s in (spec, None)
-            ]
-        return times[0], times[1]
+            runs = [unplanned.drafting(s, watermark)._run(config, first, None, False) for s in (spec, None)]
+        with_it, without = (sum(r.time_s for r in run.reports[:judged]) for run in runs)
+        return with_it, without
 
     def drafting(self, spec: Speculation | None, watermark: float = 0.0) -> Simulator:
         """This simulator with its engines under ``spec``'s speculative decoding (None: the profile's own) and vLLM's
