@@ -145,8 +145,9 @@ QUICK_DEMO = {"num_prompts": 4, "samples": 2, "epochs": 2, "max_new_tokens": 32,
     "--drafter",
     default=None,
     metavar="NAME",
-    help="Build the engines with this drafter (speculative decoding; history, ngram) and run each preset with it "
-    "(NAME.DRAFTER) beside the same preset without it, on the same engines; prints tokens a decode step.",
+    help="Build the engines with this drafter (speculative decoding; suffix, history, ngram) and run each preset "
+    "with it (NAME.DRAFTER) beside the same preset without it, on the same engines; prints tokens a decode step "
+    "(vLLM's CPU build does not verify drafts losslessly at temperature > 0: the mechanics and time only).",
 )
 @click.option(
     "--quick",

@@ -183,6 +183,10 @@ def _start_engines(settings: DemoSettings, say, ray, model, registry, profile) -
     ray.get([e.rl_stats.remote() for e in engines])
     startup_s = time.time() - t0
     say(f"engines ready in {startup_s:.0f} s")
+    if settings.drafter:
+        from rlhfless_openrlhf.tools.drafter_bench import CPU_CAVEAT
+
+        say(CPU_CAVEAT)
     return engines, startup_s
 
 

@@ -60,6 +60,12 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
 
 
 #: Each drafter measured at its whole budget every step (the simulator applies its budget rule to the acceptance).
+#: What a CPU engine's drafted runs show (docs/drafters.md, examples/drafter_sampling_check.py).
+CPU_CAVEAT = (
+    "note: vLLM's CPU build does not sample the target's tokens while it verifies drafts at temperature > 0 "
+    "(docs/drafters.md): these engines show the drafts' mechanics and time, not a lossless engine's acceptance"
+)
+
 WHOLE_BUDGET: dict[str, dict[str, Any]] = {
     name: {"step_tokens": 1_000_000, "long_tokens": 1} for name in ("history", "suffix")
 }
@@ -340,6 +346,7 @@ def print_report(report: dict[str, Any], say=print) -> None:
             f"temperature 0: the plain engine repeated itself on {lossless['plain_repeats']} prompts; identical "
             f"tokens with drafts: {same}"
         )
+    say(CPU_CAVEAT)
 
 
 def _mean_tps(run: dict[str, Any]) -> float:
