@@ -31,32 +31,19 @@ GPQA = "../shared/data/traces/gpqa-qwen2.5-7b-ppo"  # the project's shared data,
 
 LR = "--prompts 512 --samples 8 --median-length 1500 --sample-sigma 0.5 --runaway 0.03 --steps 10"
 FLEET = "--gpus 16 --memory dedicated --no-frontier --launch both --rollout-gpus best"
-EVERY = " ".join(
-    f"--scheduler {s}"
-    for s in (
-        "openrlhf",
-        "verl",
-        "openrlhf-async",
-        "openrlhf-async-partial",
-        "rlhfless",
-        "rlhfless-fast",
-        "rlhfless-onpolicy",
-        "rlhfless-paper",
-    )
+#: The baselines and presets every simulated table runs (EVERY adds the paper's scheduler; the drafter table: these).
+PRESETS = (
+    "openrlhf",
+    "verl",
+    "openrlhf-async",
+    "openrlhf-async-partial",
+    "rlhfless",
+    "rlhfless-fast",
+    "rlhfless-onpolicy",
 )
+EVERY = " ".join(f"--scheduler {s}" for s in (*PRESETS, "rlhfless-paper"))
 SIM = "rlhfless simulate"
-DRAFTED = " ".join(
-    f"--scheduler {s}"
-    for s in (
-        "openrlhf",
-        "verl",
-        "openrlhf-async",
-        "openrlhf-async-partial",
-        "rlhfless",
-        "rlhfless-fast",
-        "rlhfless-onpolicy",
-    )
-)
+DRAFTED = " ".join(f"--scheduler {s}" for s in PRESETS)
 
 
 @dataclass(frozen=True)
